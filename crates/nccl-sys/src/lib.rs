@@ -1,0 +1,1 @@
+//! Run-time loaded NCCL bindings (filled in by the GPU issue).

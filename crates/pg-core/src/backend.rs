@@ -1,0 +1,279 @@
+//! The `Backend` trait and the concept traits that point back to it (the wgpu-hal `Api` shape).
+//!
+//! A backend supplies primitives only: a device with its streams, events, memory and host clock, and a
+//! communicator that enqueues collectives on a stream.
+//! It never implements Work, the communicator cache or the watchdog: those live once, in
+//! [`crate::ProcessGroup`], and run unchanged on the simulated backend and on NCCL.
+
+use std::fmt::Debug;
+use std::sync::atomic::AtomicBool;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::{CommConfig, DType, ReduceOp, Result, UniqueId};
+
+/// A family of types that together make one backend.
+pub trait Backend: Sized + Send + Sync + Debug + 'static {
+    /// A short name for logs and result files (`mock`, `nccl`).
+    const NAME: &'static str;
+    /// One device as one process (or one simulated rank) sees it.
+    type Device: Device<B = Self>;
+    /// An ordered queue of device work.
+    type Stream: Stream<B = Self>;
+    /// A marker in a stream that other streams and the host can wait for.
+    type Event: Event<B = Self>;
+    /// Device memory holding elements of one dtype: a tensor without shape.
+    type Buffer: Buffer<B = Self>;
+    /// A communicator: the set of ranks that run collectives together.
+    type Communicator: Communicator<B = Self>;
+}
+
+/// One device, with its streams, memory, kernels and the host clock its callers live by.
+///
+/// Cloning gives another handle to the same device.
+/// The "current stream" is per host thread, as in PyTorch: set it with [`crate::StreamGuard`].
+pub trait Device: Clone + Send + Sync + Debug + 'static {
+    /// The backend this device belongs to.
+    type B: Backend<Device = Self>;
+
+    /// The local device ordinal (what the collective cache key is made of).
+    fn index(&self) -> usize;
+
+    /// A human description, e.g. `NVIDIA H200 (cuda:0)` or `simulated device 0`.
+    fn describe(&self) -> String;
+
+    /// The calling thread's current stream on this device (the default stream unless a guard set another).
+    fn current_stream(&self) -> <Self::B as Backend>::Stream;
+
+    /// Makes `stream` the calling thread's current stream; returns the previous one.
+    fn set_current_stream(&self, stream: &<Self::B as Backend>::Stream) -> <Self::B as Backend>::Stream;
+
+    /// A stream from the device's pool, of normal or high priority (PyTorch's `getStreamFromPool`).
+    fn stream_from_pool(&self, high_priority: bool) -> Result<<Self::B as Backend>::Stream>;
+
+    /// A new event handle; the backend's event object is created at its first record (S13).
+    fn create_event(&self) -> <Self::B as Backend>::Event;
+
+    /// Blocks the host until all work on every stream of the device is done.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Allocates `numel` elements of `dtype` for use on the calling thread's current stream.
+    ///
+    /// Dropping the last handle frees the memory to be reused by later allocations on that stream, at once:
+    /// a buffer used on another stream must be protected with [`Device::record_stream`] or kept alive.
+    fn alloc(&self, dtype: DType, numel: usize) -> Result<<Self::B as Backend>::Buffer>;
+
+    /// Tells the allocator that `stream` uses `buffer`: its memory is not reused before the work
+    /// enqueued on `stream` so far has finished (PyTorch's `recordStream`; S12). This orders nothing.
+    fn record_stream(&self, buffer: &<Self::B as Backend>::Buffer, stream: &<Self::B as Backend>::Stream)
+        -> Result<()>;
+
+    /// Enqueues a copy of `bytes` from the host into `buffer` on `stream` (the host data is staged, so the
+    /// caller may drop `bytes` at once). The length must equal the buffer's size in bytes.
+    fn copy_from_host(
+        &self,
+        buffer: &<Self::B as Backend>::Buffer,
+        bytes: &[u8],
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
+
+    /// Enqueues a copy of `buffer` to the host on `stream`, then waits for `stream`; returns the bytes.
+    fn copy_to_host(
+        &self,
+        buffer: &<Self::B as Backend>::Buffer,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<Vec<u8>>;
+
+    /// Enqueues a kernel on `stream` that sets every element of `buffer` to `value`.
+    fn fill(
+        &self,
+        buffer: &<Self::B as Backend>::Buffer,
+        value: f64,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
+
+    /// Enqueues a kernel on `stream` that spins for about `duration` of device time (PyTorch's `_sleep`).
+    fn sleep_kernel(&self, stream: &<Self::B as Backend>::Stream, duration: Duration) -> Result<()>;
+
+    /// Creates a new communicator unique id (done by one rank, then shared through the store).
+    fn new_unique_id(&self) -> Result<UniqueId>;
+
+    /// Joins communicator `id` as `rank` of `size` (NCCL's `ncclCommInitRankConfig`); blocks until every rank
+    /// has joined unless `config.nonblocking`.
+    fn create_communicator(
+        &self,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> Result<<Self::B as Backend>::Communicator>;
+
+    /// The host's monotonic clock, as a duration since a fixed origin (virtual time on the simulated backend).
+    fn now(&self) -> Duration;
+
+    /// Blocks the calling host thread for `duration`, returning early once `interrupt` is set and
+    /// [`Device::notify_host_threads`] has been called.
+    fn sleep(&self, duration: Duration, interrupt: &AtomicBool);
+
+    /// Wakes host threads sleeping in [`Device::sleep`] so they look at their interrupt flags.
+    fn notify_host_threads(&self);
+
+    /// Starts a host thread that belongs to this device's world (the watchdog, the heartbeat monitor).
+    fn spawn_host_thread(&self, name: &str, body: Box<dyn FnOnce() + Send + 'static>) -> Result<JoinHandle<()>>;
+}
+
+/// An ordered queue of device work. Cloning gives another handle to the same stream.
+pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
+    /// The backend this stream belongs to.
+    type B: Backend<Stream = Self>;
+
+    /// An id that is unique on its device (what a profiler shows as the stream id).
+    fn id(&self) -> u64;
+
+    /// Whether this stream came from the high-priority pool.
+    fn is_high_priority(&self) -> bool;
+
+    /// Makes later work on this stream wait until `event`'s recorded point has passed (no host wait).
+    fn wait_event(&self, event: &<Self::B as Backend>::Event) -> Result<()>;
+
+    /// Whether all work enqueued on this stream so far has finished.
+    fn query(&self) -> Result<bool>;
+
+    /// Blocks the host until all work enqueued on this stream so far has finished.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// A marker in a stream. An event never recorded counts as completed, as in CUDA.
+pub trait Event: Send + Sync + Debug + 'static {
+    /// The backend this event belongs to.
+    type B: Backend<Event = Self>;
+
+    /// Marks the point after all work enqueued on `stream` so far; creates the backend object on first use.
+    fn record(&self, stream: &<Self::B as Backend>::Stream) -> Result<()>;
+
+    /// Whether the recorded point has passed.
+    fn query(&self) -> Result<bool>;
+
+    /// Blocks the host until the recorded point has passed.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Whether the backend object exists yet (it is made at the first record).
+    fn is_created(&self) -> bool;
+}
+
+/// Device memory of one dtype. Cloning gives another handle to the same memory, like a tensor.
+pub trait Buffer: Clone + Send + Sync + Debug + 'static {
+    /// The backend this buffer belongs to.
+    type B: Backend<Buffer = Self>;
+
+    /// The element type.
+    fn dtype(&self) -> DType;
+
+    /// The number of elements.
+    fn numel(&self) -> usize;
+
+    /// The size in bytes.
+    fn size_bytes(&self) -> usize {
+        self.numel() * self.dtype().size()
+    }
+
+    /// The ordinal of the device that holds it.
+    fn device_index(&self) -> usize;
+}
+
+/// A communicator: the ranks that run collectives together, with their operations enqueued on a stream.
+///
+/// Every operation only enqueues: it returns once the work is on `stream`, not when it has run.
+/// Operations a backend lacks return [`crate::Error::Unsupported`].
+pub trait Communicator: Send + Sync + Debug + 'static {
+    /// The backend this communicator belongs to.
+    type B: Backend<Communicator = Self>;
+
+    /// This rank in the communicator.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn size(&self) -> usize;
+
+    /// Enqueues an all-reduce of `input` into `output` (they may be the same buffer).
+    fn all_reduce(
+        &self,
+        input: &<Self::B as Backend>::Buffer,
+        output: &<Self::B as Backend>::Buffer,
+        op: ReduceOp,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
+
+    /// Enqueues a broadcast of `root`'s `input` into every rank's `output`.
+    fn broadcast(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _output: &<Self::B as Backend>::Buffer,
+        _root: usize,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("broadcast on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues an all-gather of every rank's `input` into `output` (size times larger), in rank order.
+    fn all_gather(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _output: &<Self::B as Backend>::Buffer,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("all_gather on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues a reduce-scatter of `input` (size times larger) into `output`.
+    fn reduce_scatter(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _output: &<Self::B as Backend>::Buffer,
+        _op: ReduceOp,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("reduce_scatter on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues a send of `buffer` to `peer`.
+    fn send(
+        &self,
+        _buffer: &<Self::B as Backend>::Buffer,
+        _peer: usize,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("send on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues a receive into `buffer` from `peer`.
+    fn recv(
+        &self,
+        _buffer: &<Self::B as Backend>::Buffer,
+        _peer: usize,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("recv on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Whether a non-blocking init has finished (always true for a blocking one).
+    fn is_ready(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    /// The communicator's asynchronous error state (NCCL's `ncclCommGetAsyncError`): `Ok` when healthy.
+    ///
+    /// Safe to call from the watchdog thread while another thread enqueues.
+    fn async_error(&self) -> Result<()>;
+
+    /// Aborts the communicator: pending and future operations fail, blocked calls return.
+    ///
+    /// Safe to call from any thread, including while another thread is blocked in the communicator.
+    fn abort(&self, reason: &str) -> Result<()>;
+
+    /// Whether [`Communicator::abort`] was called.
+    fn is_aborted(&self) -> bool;
+
+    /// Flushes pending operations before destruction (NCCL's `ncclCommFinalize`).
+    fn finalize(&self) -> Result<()>;
+}

@@ -1,0 +1,131 @@
+//! The typed error every process-group call returns.
+
+use std::time::Duration;
+
+use pg_store::StoreError;
+
+use crate::OpType;
+
+/// The result type of pg-core.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, with the kinds kept apart the way PyTorch keeps its logs apart:
+/// a work timeout, a stuck watchdog and a store timeout are three different failures.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// A collective did not complete within its timeout (PyTorch's "Watchdog caught collective operation timeout").
+    #[error(
+        "collective operation timeout: Work(SeqNum={seq}, OpType={op}, NumelIn={numel_in}, NumelOut={numel_out}, \
+         Timeout(ms)={}) ran for {} milliseconds before timing out",
+        .timeout.as_millis(),
+        .elapsed.as_millis()
+    )]
+    WorkTimeout {
+        /// The Work's sequence number in its group.
+        seq: u64,
+        /// What the Work was.
+        op: OpType,
+        /// Elements in.
+        numel_in: usize,
+        /// Elements out.
+        numel_out: usize,
+        /// The timeout that ran out.
+        timeout: Duration,
+        /// How long it had run, from its host start time.
+        elapsed: Duration,
+    },
+    /// The communicator reported an error (NCCL's async error, or a failed NCCL call).
+    #[error("communicator error: {message}")]
+    Communicator {
+        /// The backend's description, with the NCCL result name where there is one.
+        message: String,
+    },
+    /// Another rank of the group reported a failure through the store.
+    #[error("rank {rank} of the group reported an error through the store")]
+    Remote {
+        /// The rank that failed first.
+        rank: usize,
+    },
+    /// The group or the communicator was aborted; the reason says by whom and why.
+    #[error("process group aborted: {reason}")]
+    Aborted {
+        /// Why it was aborted.
+        reason: String,
+    },
+    /// The watchdog stopped making progress (PyTorch's heartbeat monitor).
+    #[error("the watchdog made no progress for {} s (heartbeat timeout)", .elapsed.as_secs())]
+    HeartbeatTimeout {
+        /// How long the watchdog had been stuck.
+        elapsed: Duration,
+    },
+    /// A store operation failed: a timeout or a network error while rendezvousing.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The caller passed something wrong: a size, a dtype, a rank, an environment value.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The backend cannot do this (a reduction on a dtype, an op it lacks).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The device runtime failed (a CUDA driver error, a missing library).
+    #[error("backend error: {0}")]
+    Backend(String),
+}
+
+/// The kind of an [`Error`], for matching without the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// [`Error::WorkTimeout`].
+    WorkTimeout,
+    /// [`Error::Communicator`].
+    Communicator,
+    /// [`Error::Remote`].
+    Remote,
+    /// [`Error::Aborted`].
+    Aborted,
+    /// [`Error::HeartbeatTimeout`].
+    HeartbeatTimeout,
+    /// A [`StoreError::Timeout`].
+    StoreTimeout,
+    /// Any other [`Error::Store`]: the store could not be reached or answered wrongly.
+    StoreNetwork,
+    /// [`Error::InvalidArgument`].
+    InvalidArgument,
+    /// [`Error::Unsupported`].
+    Unsupported,
+    /// [`Error::Backend`].
+    Backend,
+}
+
+impl Error {
+    /// This error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::WorkTimeout { .. } => ErrorKind::WorkTimeout,
+            Error::Communicator { .. } => ErrorKind::Communicator,
+            Error::Remote { .. } => ErrorKind::Remote,
+            Error::Aborted { .. } => ErrorKind::Aborted,
+            Error::HeartbeatTimeout { .. } => ErrorKind::HeartbeatTimeout,
+            Error::Store(StoreError::Timeout { .. }) => ErrorKind::StoreTimeout,
+            Error::Store(_) => ErrorKind::StoreNetwork,
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::Backend(_) => ErrorKind::Backend,
+        }
+    }
+
+    /// A communicator error with this message.
+    pub fn communicator(message: impl Into<String>) -> Self {
+        Error::Communicator { message: message.into() }
+    }
+
+    /// An invalid-argument error with this message.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidArgument(message.into())
+    }
+
+    /// An unsupported-operation error with this message.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Error::Unsupported(message.into())
+    }
+}

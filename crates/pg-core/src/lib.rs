@@ -1,0 +1,22 @@
+//! Process groups for Rust: PyTorch's `ProcessGroupNCCL` semantics, written once over a [`Backend`].
+//!
+//! The crate has two halves.
+//! The [`Backend`] trait and its concept traits ([`Device`], [`Stream`], [`Event`], [`Buffer`],
+//! [`Communicator`]) are what a backend supplies: streams, events, memory and a communicator, nothing more.
+//! The process group, its communicator cache, Work, Future and (later) the watchdog are written once here,
+//! generic over the backend, and run unchanged on the simulated backend (`pg-mock`) and on NCCL (`pg-nccl`).
+#![forbid(unsafe_code)]
+
+mod backend;
+mod error;
+mod options;
+mod stream_guard;
+mod types;
+
+pub use backend::{Backend, Buffer, Communicator, Device, Event, Stream};
+pub use error::{Error, ErrorKind, Result};
+pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
+pub use stream_guard::StreamGuard;
+pub use types::{CommConfig, DType, OpType, ReduceOp, UniqueId};
+
+pub use pg_store as store;

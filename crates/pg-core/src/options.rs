@@ -1,0 +1,313 @@
+//! `Options`: how a process group behaves, from a builder and from PyTorch's environment variables.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// PyTorch's default NCCL process-group timeout: 10 minutes.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What the watchdog does when it finds an error (`TORCH_NCCL_ASYNC_ERROR_HANDLING`, default 3).
+///
+/// "Tear down" in PyTorch kills the process; in this library it means the group is aborted and every later
+/// call returns the error. The process is never killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorHandling {
+    /// 0: record the error on the Work, nothing else.
+    NoHandling,
+    /// 1: abort the communicators and tear the group down.
+    TearDown,
+    /// 2: abort the communicators, keep the group usable for reporting.
+    CleanUpOnly,
+    /// 3 (default): tear the group down without aborting communicators first.
+    SkipCleanUp,
+}
+
+impl ErrorHandling {
+    /// PyTorch's `SHOULD_CLEAN_UP`: abort the communicators.
+    pub fn should_clean_up(self) -> bool {
+        !matches!(self, ErrorHandling::NoHandling | ErrorHandling::SkipCleanUp)
+    }
+
+    /// PyTorch's `SHOULD_TEAR_DOWN`: the group is dead after the error.
+    pub fn should_tear_down(self) -> bool {
+        !matches!(self, ErrorHandling::NoHandling | ErrorHandling::CleanUpOnly)
+    }
+
+    fn from_code(code: i64) -> Option<Self> {
+        Some(match code {
+            0 => ErrorHandling::NoHandling,
+            1 => ErrorHandling::TearDown,
+            2 => ErrorHandling::CleanUpOnly,
+            3 => ErrorHandling::SkipCleanUp,
+            _ => return None,
+        })
+    }
+}
+
+/// The settings of one process group. Build them with [`Options::builder`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Per-Work timeout, from the Work's host start time (default 10 min).
+    pub timeout: Duration,
+    /// Take the communication streams from the high-priority pool (`TORCH_NCCL_HIGH_PRIORITY`).
+    pub high_priority_stream: bool,
+    /// `wait()` blocks the host until the Work completes or times out (`TORCH_NCCL_BLOCKING_WAIT`).
+    pub blocking_wait: bool,
+    /// Keep inputs and outputs alive on the Work instead of `record_stream` (`TORCH_NCCL_AVOID_RECORD_STREAMS`).
+    pub avoid_record_streams: bool,
+    /// Create the collective communicator when the group is created, not at the first op (PyTorch: `device_id`).
+    pub eager_init: bool,
+    /// Create communicators with non-blocking init (`TORCH_NCCL_USE_COMM_NONBLOCKING`).
+    pub nonblocking_init: bool,
+    /// What the watchdog does on an error (`TORCH_NCCL_ASYNC_ERROR_HANDLING`).
+    pub error_handling: ErrorHandling,
+    /// Run the watchdog thread (it never runs with blocking wait, as in PyTorch).
+    pub enable_watchdog: bool,
+    /// How often the watchdog polls the in-flight Works (PyTorch: 100 ms).
+    pub watchdog_period: Duration,
+    /// How often a blocking `wait()` polls for completion (PyTorch: 1 ms).
+    pub blocking_wait_poll: Duration,
+    /// Watchdog heartbeat timeout (`TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`, default 480 s).
+    pub heartbeat_timeout: Duration,
+    /// Run the heartbeat monitor (`TORCH_NCCL_ENABLE_MONITORING`, default on).
+    pub enable_monitoring: bool,
+    /// Flight-recorder entries kept (`TORCH_NCCL_TRACE_BUFFER_SIZE`, default 2000; 0 disables it).
+    pub trace_buffer_size: usize,
+    /// Dump the flight recorder on timeout (`TORCH_NCCL_DUMP_ON_TIMEOUT`, default on).
+    pub dump_on_timeout: bool,
+    /// Where dumps go: the rank is appended (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE`, default `/tmp/nccl_trace_rank_`).
+    pub dump_path_prefix: String,
+    /// Write the failing rank to the store so peers learn of it (`TORCH_NCCL_PROPAGATE_ERROR`).
+    pub propagate_error: bool,
+    /// Desync debugging: trace keys in the store and a desync report on timeout (`TORCH_NCCL_DESYNC_DEBUG`).
+    pub desync_debug: bool,
+    /// The group's name (PyTorch's `group_name`, `"0"` for the default group).
+    pub group_name: String,
+    /// The group's description (PyTorch's `group_desc`, `default_pg` for the default group).
+    pub group_desc: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+            high_priority_stream: false,
+            blocking_wait: false,
+            avoid_record_streams: false,
+            eager_init: false,
+            nonblocking_init: false,
+            error_handling: ErrorHandling::SkipCleanUp,
+            enable_watchdog: true,
+            watchdog_period: Duration::from_millis(100),
+            blocking_wait_poll: Duration::from_millis(1),
+            heartbeat_timeout: Duration::from_secs(480),
+            enable_monitoring: true,
+            trace_buffer_size: 2000,
+            dump_on_timeout: true,
+            dump_path_prefix: "/tmp/nccl_trace_rank_".to_owned(),
+            propagate_error: false,
+            desync_debug: false,
+            group_name: "0".to_owned(),
+            group_desc: "default_pg".to_owned(),
+        }
+    }
+}
+
+impl Options {
+    /// A builder starting from PyTorch's defaults.
+    pub fn builder() -> OptionsBuilder {
+        OptionsBuilder { options: Options::default() }
+    }
+}
+
+/// Builds [`Options`]; environment overrides are applied last, as PyTorch reads them in the constructor.
+#[derive(Debug, Clone)]
+pub struct OptionsBuilder {
+    options: Options,
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.options.$name = value;
+            self
+        }
+    };
+}
+
+impl OptionsBuilder {
+    setter!(/// Sets [`Options::timeout`].
+        timeout: Duration);
+    setter!(/// Sets [`Options::high_priority_stream`].
+        high_priority_stream: bool);
+    setter!(/// Sets [`Options::blocking_wait`].
+        blocking_wait: bool);
+    setter!(/// Sets [`Options::avoid_record_streams`].
+        avoid_record_streams: bool);
+    setter!(/// Sets [`Options::eager_init`].
+        eager_init: bool);
+    setter!(/// Sets [`Options::nonblocking_init`].
+        nonblocking_init: bool);
+    setter!(/// Sets [`Options::error_handling`].
+        error_handling: ErrorHandling);
+    setter!(/// Sets [`Options::enable_watchdog`].
+        enable_watchdog: bool);
+    setter!(/// Sets [`Options::watchdog_period`].
+        watchdog_period: Duration);
+    setter!(/// Sets [`Options::blocking_wait_poll`].
+        blocking_wait_poll: Duration);
+    setter!(/// Sets [`Options::heartbeat_timeout`].
+        heartbeat_timeout: Duration);
+    setter!(/// Sets [`Options::enable_monitoring`].
+        enable_monitoring: bool);
+    setter!(/// Sets [`Options::trace_buffer_size`].
+        trace_buffer_size: usize);
+    setter!(/// Sets [`Options::dump_on_timeout`].
+        dump_on_timeout: bool);
+    setter!(/// Sets [`Options::dump_path_prefix`].
+        dump_path_prefix: String);
+    setter!(/// Sets [`Options::propagate_error`].
+        propagate_error: bool);
+    setter!(/// Sets [`Options::desync_debug`].
+        desync_debug: bool);
+    setter!(/// Sets [`Options::group_name`].
+        group_name: String);
+    setter!(/// Sets [`Options::group_desc`].
+        group_desc: String);
+
+    /// The options, without looking at the environment.
+    pub fn build(self) -> Options {
+        self.options
+    }
+
+    /// The options with PyTorch's environment variables applied on top (invalid values are errors).
+    pub fn build_with_env(self) -> Result<Options> {
+        self.build_with_env_from(|name| std::env::var(name).ok())
+    }
+
+    /// The options with environment variables read through `lookup` applied on top (for tests and tools).
+    pub fn build_with_env_from(mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<Options> {
+        let env = Env { lookup: &lookup };
+        let o = &mut self.options;
+        env.bool(&["TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"], &mut o.blocking_wait)?;
+        env.bool(&["TORCH_NCCL_HIGH_PRIORITY"], &mut o.high_priority_stream)?;
+        env.bool(&["TORCH_NCCL_AVOID_RECORD_STREAMS"], &mut o.avoid_record_streams)?;
+        env.bool(&["TORCH_NCCL_USE_COMM_NONBLOCKING"], &mut o.nonblocking_init)?;
+        env.bool(&["TORCH_NCCL_ENABLE_MONITORING"], &mut o.enable_monitoring)?;
+        env.bool(&["TORCH_NCCL_DUMP_ON_TIMEOUT"], &mut o.dump_on_timeout)?;
+        env.bool(&["TORCH_NCCL_PROPAGATE_ERROR"], &mut o.propagate_error)?;
+        env.bool(&["TORCH_NCCL_DESYNC_DEBUG", "NCCL_DESYNC_DEBUG"], &mut o.desync_debug)?;
+        if let Some((name, code)) = env.int(&["TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"])? {
+            o.error_handling = ErrorHandling::from_code(code)
+                .ok_or_else(|| Error::invalid(format!("{name}={code}: expected 0, 1, 2 or 3")))?;
+        }
+        if let Some((name, secs)) = env.int(&["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"])? {
+            let secs = u64::try_from(secs).map_err(|_| Error::invalid(format!("{name}={secs}: must be >= 0")))?;
+            o.heartbeat_timeout = Duration::from_secs(secs);
+        }
+        if let Some((name, size)) = env.int(&["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"])? {
+            o.trace_buffer_size =
+                usize::try_from(size).map_err(|_| Error::invalid(format!("{name}={size}: must be >= 0")))?;
+        }
+        if let Some(prefix) = env.string(&["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]) {
+            o.dump_path_prefix = prefix;
+        }
+        if o.blocking_wait {
+            // PyTorch starts no watchdog under blocking wait: errors surface in `wait()`.
+            o.enable_watchdog = false;
+        }
+        Ok(self.options)
+    }
+}
+
+struct Env<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Env<'_> {
+    /// The first of `names` that is set, with its value.
+    fn first(&self, names: &[&'static str]) -> Option<(&'static str, String)> {
+        names.iter().find_map(|name| (self.lookup)(name).map(|value| (*name, value)))
+    }
+
+    fn bool(&self, names: &[&'static str], target: &mut bool) -> Result<()> {
+        if let Some((name, value)) = self.first(names) {
+            *target = match value.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" => false,
+                _ => return Err(Error::invalid(format!("{name}={value:?}: expected 0 or 1 (or true/false)"))),
+            };
+        }
+        Ok(())
+    }
+
+    fn int(&self, names: &[&'static str]) -> Result<Option<(&'static str, i64)>> {
+        match self.first(names) {
+            None => Ok(None),
+            Some((name, value)) => value
+                .trim()
+                .parse()
+                .map(|parsed| Some((name, parsed)))
+                .map_err(|_| Error::invalid(format!("{name}={value:?}: expected an integer"))),
+        }
+    }
+
+    fn string(&self, names: &[&'static str]) -> Option<String> {
+        self.first(names).map(|(_, value)| value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(vars: &[(&str, &str)], expect: impl Fn(Result<Options>)) {
+        let lookup = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned());
+        expect(Options::builder().build_with_env_from(lookup));
+    }
+
+    #[test]
+    fn defaults_match_pytorch() {
+        check(&[], |o| {
+            let o = o.unwrap();
+            assert_eq!(o.timeout, Duration::from_secs(600));
+            assert!(!o.blocking_wait && !o.high_priority_stream && !o.avoid_record_streams);
+            assert_eq!(o.error_handling, ErrorHandling::SkipCleanUp);
+            assert_eq!(o.heartbeat_timeout, Duration::from_secs(480));
+            assert_eq!(o.trace_buffer_size, 2000);
+            assert!(o.enable_watchdog);
+        });
+    }
+
+    #[test]
+    fn env_overrides_builder() {
+        check(&[("TORCH_NCCL_BLOCKING_WAIT", "1")], |o| {
+            let o = o.unwrap();
+            assert!(o.blocking_wait);
+            assert!(!o.enable_watchdog, "no watchdog under blocking wait");
+        });
+        check(&[("NCCL_BLOCKING_WAIT", "true")], |o| assert!(o.unwrap().blocking_wait));
+        check(&[("TORCH_NCCL_HIGH_PRIORITY", "1")], |o| assert!(o.unwrap().high_priority_stream));
+        check(&[("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")], |o| assert!(o.unwrap().avoid_record_streams));
+        check(&[("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")], |o| {
+            assert_eq!(o.unwrap().error_handling, ErrorHandling::TearDown)
+        });
+        check(&[("TORCH_NCCL_TRACE_BUFFER_SIZE", "16")], |o| assert_eq!(o.unwrap().trace_buffer_size, 16));
+    }
+
+    #[test]
+    fn invalid_env_values_are_errors_naming_the_variable() {
+        for bad in ["abc", "-1", "2147483647"] {
+            check(&[("TORCH_NCCL_BLOCKING_WAIT", bad)], |o| {
+                let message = o.unwrap_err().to_string();
+                assert!(message.contains("TORCH_NCCL_BLOCKING_WAIT"), "{message}");
+            });
+        }
+        check(&[("TORCH_NCCL_ASYNC_ERROR_HANDLING", "7")], |o| {
+            assert!(o.unwrap_err().to_string().contains("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+        });
+        check(&[("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "soon")], |o| assert!(o.is_err()));
+    }
+}

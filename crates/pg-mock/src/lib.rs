@@ -1,0 +1,2 @@
+//! The simulated backend of pg.
+#![forbid(unsafe_code)]
