@@ -1,6 +1,45 @@
-//! `cargo xtask`: the project's tasks in one binary.
+//! `cargo xtask`: the project's tasks in one binary (the cargo-xtask pattern).
 #![forbid(unsafe_code)]
 
-fn main() {
-    println!("cargo xtask: no tasks yet");
+use std::process::ExitCode;
+
+const HELP: &str = "\
+cargo xtask <task> [options]
+
+Tasks:
+  experiments [--backend mock|nccl] [--world-size N] [--json PATH]
+                         the seed's three experiments (cache, semantics, streams)
+  gpu-test [--bundle DIR] build and run the real-GPU suite, one process per GPU
+  bench [store|all-reduce] [options]
+                         benchmarks; results go to bench/results/
+  interop                store interop tests against PyTorch (sets up a virtual environment)
+  faults [--backend mock|nccl] [--json PATH]
+                         the fault matrix
+  fr-analyze DIR         reads every rank's flight-recorder dump and reports the first divergence
+  tidy                   repository checks (also run by cargo test)
+
+Run `cargo xtask <task> --help` for a task's options.
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        print!("{HELP}");
+        return ExitCode::SUCCESS;
+    };
+    let result = match task.as_str() {
+        "-h" | "--help" | "help" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => Err(format!("unknown task '{other}'\n\n{HELP}")),
+    };
+    let _ = rest;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
 }
