@@ -1,0 +1,4 @@
+//! The pg-mock test suite: one binary, one module per concept, data-driven cases.
+
+mod basics;
+mod common;
