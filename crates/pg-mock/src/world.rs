@@ -408,27 +408,47 @@ impl Inner {
         }
     }
 
-    /// Spawns a registered host thread (registered here, in the parent, before it runs).
-    pub(crate) fn spawn<T: Send + 'static>(
+    /// Registers a host thread that is about to be spawned (by the parent, so the count is right at once).
+    fn register(&self, name: &str) -> usize {
+        let parent = self.current();
+        self.lock().add_thread(name.to_owned(), parent)
+    }
+
+    /// Forgets a registered thread that could not be spawned.
+    fn unregister(&self, tid: usize) {
+        let mut state = self.lock();
+        state.threads.remove(&tid);
+        state.version += 1;
+        drop(state);
+        self.notify();
+    }
+
+    /// Spawns the host thread registered as `tid`.
+    fn spawn_registered<T: Send + 'static>(
         self: &Arc<Self>,
+        tid: usize,
         name: &str,
         body: impl FnOnce() -> T + Send + 'static,
     ) -> std::io::Result<JoinHandle<T>> {
-        let parent = self.current();
-        let tid = self.lock().add_thread(name.to_owned(), parent);
         let inner = Arc::clone(self);
         let spawned = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
             let _enter = Enter::new(inner, tid);
             body()
         });
         if spawned.is_err() {
-            let mut state = self.lock();
-            state.threads.remove(&tid);
-            state.version += 1;
-            drop(state);
-            self.notify();
+            self.unregister(tid);
         }
         spawned
+    }
+
+    /// Spawns a registered host thread (registered here, in the parent, before it runs).
+    pub(crate) fn spawn<T: Send + 'static>(
+        self: &Arc<Self>,
+        name: &str,
+        body: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<JoinHandle<T>> {
+        let tid = self.register(name);
+        self.spawn_registered(tid, name, body)
     }
 }
 
@@ -488,15 +508,22 @@ impl World {
             self.inner.config.devices
         );
         let body = Arc::new(body);
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let body = Arc::clone(&body);
-                let device = self.device(rank);
-                self.inner
-                    .spawn(&format!("rank{rank}"), move || body(rank, device))
-                    .unwrap_or_else(|e| panic!("pg-mock: cannot spawn rank {rank}: {e}"))
-            })
-            .collect();
+        // Register every rank before any runs, so that no rank sees a world without the others.
+        let tids: Vec<usize> = (0..n).map(|rank| self.inner.register(&format!("rank{rank}"))).collect();
+        let mut handles = Vec::with_capacity(n);
+        for (rank, tid) in tids.iter().copied().enumerate() {
+            let body = Arc::clone(&body);
+            let device = self.device(rank);
+            match self.inner.spawn_registered(tid, &format!("rank{rank}"), move || body(rank, device)) {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    for later in &tids[rank + 1..] {
+                        self.inner.unregister(*later);
+                    }
+                    panic!("pg-mock: cannot spawn rank {rank}: {e}");
+                }
+            }
+        }
         let mut results = Vec::with_capacity(n);
         let mut first_panic = None;
         for handle in handles {

@@ -1,4 +1,5 @@
 //! The pg-mock test suite: one binary, one module per concept, data-driven cases.
 
 mod basics;
+mod clock;
 mod common;
