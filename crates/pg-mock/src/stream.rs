@@ -14,7 +14,7 @@ use std::time::Duration;
 use pg_core::{DType, Error, Result};
 
 use crate::backend::Mock;
-use crate::clock::{dur, show, Cond, OpRef, Time};
+use crate::clock::{dur, Cond, OpRef, Time};
 use crate::communicator::SlotKey;
 use crate::event::MockEvent;
 use crate::hazard::VClock;
@@ -349,7 +349,7 @@ impl State {
     /// The description of the condition "all work on `stream` so far is done", for reports.
     pub(crate) fn describe_stream(&self, stream: usize) -> String {
         let s = &self.streams[stream];
-        format!("stream {} of device {} (finishes its work at {})", s.id, s.device, show(s.last_finish))
+        format!("stream {} of device {}", s.id, s.device)
     }
 }
 

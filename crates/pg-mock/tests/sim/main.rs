@@ -2,4 +2,6 @@
 
 mod basics;
 mod clock;
+mod collectives;
+mod streams;
 mod common;
