@@ -28,7 +28,8 @@ pub(crate) struct Allocator {
     /// Free blocks by (stream, size in bytes), most recently freed last.
     free: HashMap<(usize, usize), Vec<u64>>,
     next_block: u64,
-    pub(crate) next_buffer: u64,
+    /// The last buffer number handed out on each device (numbers are per device, so they are deterministic).
+    pub(crate) next_buffer: HashMap<usize, u64>,
 }
 
 impl State {

@@ -11,7 +11,7 @@ use crate::world::Inner;
 /// The shared part of a buffer; the block returns to the allocator when the last handle goes.
 pub(crate) struct BufferHandle {
     pub(crate) inner: Arc<Inner>,
-    /// The allocation's number (`buffer #N` in hazard reports).
+    /// The allocation's number on its device (`buffer #N` in hazard reports).
     pub(crate) id: u64,
     /// The memory block it lives in.
     pub(crate) block: u64,
@@ -47,9 +47,14 @@ impl fmt::Debug for MockBuffer {
 }
 
 impl MockBuffer {
-    /// The allocation's number, as hazard reports name it (`buffer #N`).
+    /// The allocation's number on its device, as hazard reports name it (`buffer #N`).
     pub fn id(&self) -> u64 {
         self.handle.id
+    }
+
+    /// Which memory block the buffer lives in, like a data pointer: equal for a buffer that reuses freed memory.
+    pub fn address(&self) -> u64 {
+        self.handle.block
     }
 
     pub(crate) fn block(&self) -> u64 {

@@ -199,8 +199,9 @@ impl pg_core::Device for MockDevice {
             .ok_or_else(|| Error::invalid(format!("alloc: {numel} elements of {dtype} overflow the address space")))?;
         let stream = pg_core::Device::current_stream(self);
         let mut state = self.inner.lock();
-        state.alloc.next_buffer += 1;
-        let id = state.alloc.next_buffer;
+        let counter = state.alloc.next_buffer.entry(self.index).or_default();
+        *counter += 1;
+        let id = *counter;
         let block = state.allocate(Some(tid), stream.index, bytes, id);
         self.inner.raise(state);
         let handle = BufferHandle { inner: Arc::clone(&self.inner), id, block, dtype, numel, device: self.index };

@@ -78,10 +78,13 @@ fn all_reduce_every_op_and_dtype() {
 fn other_collectives() {
     check(3, DType::F32, Op::Broadcast(1), |r| vec![r as f64; 2], &same(3, &[1.0, 1.0]));
     check(3, DType::I64, Op::AllGather, |r| vec![r as f64, 10.0], &same(3, &[0.0, 10.0, 1.0, 10.0, 2.0, 10.0]));
-    check(2, DType::F64, Op::ReduceScatter(ReduceOp::Sum), |r| vec![r as f64, 1.0, 2.0, 3.0], &[
-        vec![1.0, 2.0],
-        vec![4.0, 6.0],
-    ]);
+    check(
+        2,
+        DType::F64,
+        Op::ReduceScatter(ReduceOp::Sum),
+        |r| vec![r as f64, 1.0, 2.0, 3.0],
+        &[vec![1.0, 2.0], vec![4.0, 6.0]],
+    );
     check(3, DType::F32, Op::SendRecv, |r| vec![r as f64 + 5.0; 3], &[vec![0.0; 3], vec![0.0; 3], vec![5.0, 5.0, 5.0]]);
     check(1, DType::F32, Op::AllReduce(ReduceOp::Sum), |_| vec![3.0], &[vec![3.0]]);
 }

@@ -3,5 +3,6 @@
 mod basics;
 mod clock;
 mod collectives;
-mod streams;
 mod common;
+mod hazards;
+mod streams;

@@ -37,9 +37,8 @@ fn the_current_stream_is_per_thread_and_guarded() {
             let _guard = StreamGuard::<Mock>::new(&d, &pool);
             assert_eq!(d.current_stream(), pool);
             let other = d.clone();
-            let seen = d
-                .spawn_host_thread("other", Box::new(move || assert_eq!(other.current_stream().id(), 0)))
-                .unwrap();
+            let seen =
+                d.spawn_host_thread("other", Box::new(move || assert_eq!(other.current_stream().id(), 0))).unwrap();
             seen.join().unwrap();
         }
         assert_eq!(d.current_stream().id(), 0);
