@@ -681,3 +681,52 @@ fn s27_every_communicator_creation_is_logged_and_counted() {
         ))
     );
 }
+
+/// Runs `body` on 2 ranks with hazards recorded, and returns rank 0's hazard messages.
+fn hazards_of(body: impl Fn(&Rank) + Sync) -> Vec<(pg_mock::HazardKind, String)> {
+    let (world, _) = run_in(world_with(2, HazardMode::Record), 2, body);
+    world.hazards().into_iter().filter(|h| h.device == 0).map(|h| (h.kind, h.message)).collect()
+}
+
+#[test]
+fn mistake_reading_on_another_stream_after_wait_on_the_current_one_is_caught() {
+    let hazards = hazards_of(|r| {
+        let group = r.group("0", Options::builder());
+        let buffer = r.filled(1.0, 256);
+        group.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+        let other = r.device.stream_from_pool(false).unwrap();
+        r.device.copy_to_host(&buffer, &other).unwrap();
+    });
+    assert_eq!(hazards.len(), 1, "{hazards:#?}");
+    let (kind, message) = &hazards[0];
+    println!("caught: {message}");
+    assert_eq!(*kind, pg_mock::HazardKind::ReadAfterWrite);
+    assert!(message.contains("all_reduce") && message.contains("copy_to_host"), "{message}");
+    // The same read on the stream that waited is fine.
+    let clean = hazards_of(|r| {
+        let group = r.group("0", Options::builder());
+        let buffer = r.filled(1.0, 256);
+        group.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+        r.read(&buffer);
+    });
+    assert!(clean.is_empty(), "{clean:#?}");
+}
+
+#[test]
+fn mistake_treating_future_done_as_gpu_completion_is_caught() {
+    let hazards = hazards_of(|r| {
+        let group = r.group("0", Options::builder());
+        let buffer = r.filled(1.0, 256);
+        r.sleep_current(SLEEP);
+        let future = group.all_reduce(&buffer, ReduceOp::Sum).unwrap().future();
+        assert!(future.is_done());
+        // Wrong: done() is not device completion; reading the value on a fresh stream races the op.
+        let reader = r.device.stream_from_pool(false).unwrap();
+        r.device.copy_to_host(&future.value()[0], &reader).unwrap();
+    });
+    assert_eq!(hazards.len(), 1, "{hazards:#?}");
+    let (kind, message) = &hazards[0];
+    println!("caught: {message}");
+    assert_eq!(*kind, pg_mock::HazardKind::ReadAfterWrite);
+    assert!(message.contains("Future"), "the message names the likely mistake: {message}");
+}
