@@ -11,8 +11,10 @@ mod error;
 mod hash;
 mod prefix;
 mod store;
+pub mod tcp;
 
 pub use error::StoreError;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use store::{Store, DEFAULT_STORE_TIMEOUT};
+pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer};
