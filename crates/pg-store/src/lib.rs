@@ -8,12 +8,14 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod file;
 mod hash;
 mod prefix;
 mod store;
 pub mod tcp;
 
 pub use error::StoreError;
+pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use store::{Store, DEFAULT_STORE_TIMEOUT};
