@@ -11,6 +11,7 @@ mod error;
 mod file;
 mod hash;
 mod prefix;
+pub mod rendezvous;
 mod store;
 pub mod tcp;
 
