@@ -1,6 +1,7 @@
 //! One suite of operations run against every store: hash, file, TCP, and prefix stores over them.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +13,11 @@ struct Case {
     queues: bool,
 }
 
+/// A fresh path per call: tests run in parallel threads of one process.
 fn temp_file(name: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("pg-store-suite-{}-{name}", std::process::id()));
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("pg-store-suite-{}-{name}-{n}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     path
 }

@@ -73,7 +73,7 @@ impl Conn {
     fn new(stream: TcpStream) -> Self {
         Self {
             stream,
-            rbuf: vec![0; 64 * 1024],
+            rbuf: vec![0; 16 * 1024],
             rstart: 0,
             rend: 0,
             read_timeout: None,
