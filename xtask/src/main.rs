@@ -3,6 +3,9 @@
 
 use std::process::ExitCode;
 
+mod bench_store;
+mod interop;
+
 const HELP: &str = "\
 cargo xtask <task> [options]
 
@@ -32,6 +35,8 @@ fn main() -> ExitCode {
             print!("{HELP}");
             Ok(())
         }
+        "interop" => interop::main(rest),
+        "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     let _ = rest;

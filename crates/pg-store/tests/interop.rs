@@ -15,9 +15,15 @@ use pg_store::{FileStore, Store, TcpStore};
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The interpreter to use, or `None` (after saying so) when torch cannot be imported.
+///
+/// With `PG_INTEROP_REQUIRE=1` (set by `cargo xtask interop`) a missing torch is a failure, not a skip.
 fn python(test: &str) -> Option<String> {
     let python = std::env::var("PG_INTEROP_PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let probe = Command::new(&python).args(["-W", "ignore", "-c", "import torch.distributed"]).output();
+    let required = std::env::var("PG_INTEROP_REQUIRE").is_ok_and(|v| v == "1");
+    if required && !probe.as_ref().is_ok_and(|output| output.status.success()) {
+        panic!("{test}: PG_INTEROP_REQUIRE=1 but `{python} -c 'import torch.distributed'` failed: {probe:?}");
+    }
     match probe {
         Ok(output) if output.status.success() => Some(python),
         Ok(output) => {

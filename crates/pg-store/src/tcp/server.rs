@@ -169,8 +169,7 @@ fn bind(host: Option<&str>, port: u16) -> Result<TcpListener, StoreError> {
     };
     let mut last_error = None;
     for addr in candidates {
-        // mio's listener uses a backlog of 1024 and SO_REUSEADDR, like a server expecting connect storms.
-        match TcpListener::bind(addr) {
+        match listen(addr) {
             Ok(listener) => return Ok(listener),
             Err(error) => last_error = Some(format!("{addr}: {error}")),
         }
@@ -179,6 +178,21 @@ fn bind(host: Option<&str>, port: u16) -> Result<TcpListener, StoreError> {
         "The server socket has failed to listen on any local network address. port: {port}, {}",
         last_error.unwrap_or_else(|| "no address to bind".into())
     )))
+}
+
+/// Opens a listening socket with SO_REUSEADDR and the largest backlog the host allows (`somaxconn`), as
+/// PyTorch's libuv server does, so that a connect storm of thousands of workers is not dropped.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
+    let family = if addr.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
+    let socket = rustix::net::socket_with(family, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
+    sockopt::set_socket_reuseaddr(&socket, true)?;
+    rustix::net::bind(&socket, &addr)?;
+    // A negative backlog means the kernel's maximum.
+    rustix::net::listen(&socket, -1)?;
+    let listener = std::net::TcpListener::from(socket);
+    listener.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(listener))
 }
 
 #[derive(Debug)]
@@ -249,7 +263,8 @@ impl EventLoop {
                 match event.token() {
                     LISTENER => self.accept(),
                     WAKER => {}
-                    Token(id) => self.drive(id),
+                    // A peer that closed its side must be read to the end now: no later event will say so.
+                    Token(id) => self.drive(id, !event.is_read_closed() && !event.is_error()),
                 }
             }
         }
@@ -287,7 +302,7 @@ impl EventLoop {
                     self.counters.open_connections.fetch_add(1, Ordering::Relaxed);
                     self.counters.accepted.fetch_add(1, Ordering::Relaxed);
                     // Data may already be waiting; edge-triggered readiness would not report it again.
-                    self.drive(id);
+                    self.drive(id, false);
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
@@ -306,13 +321,17 @@ impl EventLoop {
 
     /// Serves one connection until its socket would block: handles buffered requests, sends replies and
     /// reads more.
-    fn drive(&mut self, id: usize) {
-        if let Err(reason) = self.drive_inner(id) {
+    ///
+    /// With `short_read_drains`, a read shorter than the buffer is taken to have drained the socket (bytes
+    /// arriving later raise a new edge-triggered event), which saves a system call per request; it must be
+    /// false when the peer's end of stream may already be pending.
+    fn drive(&mut self, id: usize, short_read_drains: bool) {
+        if let Err(reason) = self.drive_inner(id, short_read_drains) {
             self.close(id, reason);
         }
     }
 
-    fn drive_inner(&mut self, id: usize) -> Result<(), Close> {
+    fn drive_inner(&mut self, id: usize, short_read_drains: bool) -> Result<(), Close> {
         loop {
             self.handle_buffered(id)?;
             let Some(conn) = self.conns.get_mut(id).and_then(Option::as_mut) else { return Ok(()) };
@@ -332,6 +351,13 @@ impl EventLoop {
                     let conn = self.conns[id].as_mut().expect("the connection was just used");
                     conn.rbuf.extend_from_slice(&self.scratch[..n]);
                     self.counters.peak_buffered.fetch_max(unparsed + n, Ordering::Relaxed);
+                    if short_read_drains && n < READ_CHUNK {
+                        self.handle_buffered(id)?;
+                        if let Some(conn) = self.conns.get_mut(id).and_then(Option::as_mut) {
+                            flush(conn)?;
+                        }
+                        return Ok(());
+                    }
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
