@@ -300,3 +300,24 @@ fn a_value_split_across_many_writes_is_reassembled() {
     }
     assert_eq!(store.get("big").unwrap(), value);
 }
+
+#[test]
+fn a_client_that_reads_its_replies_late_gets_them_all() {
+    let store = server();
+    let value: Vec<u8> = (0..1024 * 1024).map(|i| (i % 253) as u8).collect();
+    store.set("big", &value).unwrap();
+    let mut stream = validated(store.port());
+    // 24 MiB of replies pile up behind a peer that does not read: the server stops reading it, waits for
+    // writable events, and resumes.
+    let requests = 24;
+    for _ in 0..requests {
+        send(&mut stream, &Request::Get { key: b"/big".to_vec() });
+    }
+    for _ in 0..requests {
+        assert_eq!(read_n(&mut stream, 8), (value.len() as u64).to_le_bytes());
+        assert!(read_n(&mut stream, value.len()) == value, "reply bytes intact");
+    }
+    send(&mut stream, &Request::Ping { nonce: 9 });
+    assert_eq!(read_n(&mut stream, 4), 9u32.to_le_bytes());
+    assert_eq!(store.get("big").unwrap().len(), value.len(), "other clients were served meanwhile");
+}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
 use super::protocol::{
     decode_request, parse_stoll, Limits, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING, WAIT_CANCELED,
@@ -212,6 +212,8 @@ struct Conn {
     waiting_on: Vec<Vec<u8>>,
     /// The barrier this connection is blocked in.
     barrier: Option<Vec<u8>>,
+    /// Whether the connection is registered for writable events (only while replies are pending).
+    write_interest: bool,
 }
 
 impl Conn {
@@ -280,8 +282,7 @@ impl EventLoop {
                         self.conns.push(None);
                         self.conns.len() - 1
                     });
-                    if let Err(error) =
-                        self.poll.registry().register(&mut stream, Token(id), Interest::READABLE | Interest::WRITABLE)
+                    if let Err(error) = self.poll.registry().register(&mut stream, Token(id), Interest::READABLE)
                     {
                         tracing::warn!(%peer, %error, "TCP store server cannot register a connection");
                         self.free.push(id);
@@ -298,6 +299,7 @@ impl EventLoop {
                         awaited: 0,
                         waiting_on: Vec::new(),
                         barrier: None,
+                        write_interest: false,
                     });
                     self.counters.open_connections.fetch_add(1, Ordering::Relaxed);
                     self.counters.accepted.fetch_add(1, Ordering::Relaxed);
@@ -332,12 +334,20 @@ impl EventLoop {
     }
 
     fn drive_inner(&mut self, id: usize, short_read_drains: bool) -> Result<(), Close> {
+        let mut drained = false;
         loop {
-            self.handle_buffered(id)?;
+            let backlogged = self.handle_buffered(id)?;
             let Some(conn) = self.conns.get_mut(id).and_then(Option::as_mut) else { return Ok(()) };
-            flush(conn)?;
+            flush(self.poll.registry(), id, conn)?;
             if conn.pending_write() > WRITE_HIGH_WATER {
                 // The peer does not read its replies; a writable event resumes this connection.
+                return Ok(());
+            }
+            if backlogged {
+                // Requests wait in the buffer behind replies that are now sent: handle them first.
+                continue;
+            }
+            if drained {
                 return Ok(());
             }
             let unparsed = conn.rbuf.len() - conn.rstart;
@@ -348,16 +358,9 @@ impl EventLoop {
             match conn.stream.read(&mut self.scratch) {
                 Ok(0) => return Err(Close::Eof),
                 Ok(n) => {
-                    let conn = self.conns[id].as_mut().expect("the connection was just used");
                     conn.rbuf.extend_from_slice(&self.scratch[..n]);
                     self.counters.peak_buffered.fetch_max(unparsed + n, Ordering::Relaxed);
-                    if short_read_drains && n < READ_CHUNK {
-                        self.handle_buffered(id)?;
-                        if let Some(conn) = self.conns.get_mut(id).and_then(Option::as_mut) {
-                            flush(conn)?;
-                        }
-                        return Ok(());
-                    }
+                    drained = short_read_drains && n < READ_CHUNK;
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
@@ -366,15 +369,17 @@ impl EventLoop {
         }
     }
 
-    fn handle_buffered(&mut self, id: usize) -> Result<(), Close> {
+    /// Handles every whole request in the connection's buffer; returns `true` when it stopped because too
+    /// many reply bytes are pending (requests may remain), `false` when the buffer holds no whole request.
+    fn handle_buffered(&mut self, id: usize) -> Result<bool, Close> {
         loop {
-            let Some(conn) = self.conns.get(id).and_then(Option::as_ref) else { return Ok(()) };
+            let Some(conn) = self.conns.get(id).and_then(Option::as_ref) else { return Ok(false) };
             if conn.pending_write() > WRITE_HIGH_WATER {
-                return Ok(());
+                return Ok(true);
             }
             let decoded = decode_request(&conn.rbuf[conn.rstart..], conn.validated, &self.limits)
                 .map_err(|e| Close::Protocol(e.to_string()))?;
-            let Some((request, used)) = decoded else { return Ok(()) };
+            let Some((request, used)) = decoded else { return Ok(false) };
             let conn = self.conns[id].as_mut().expect("checked above");
             conn.rstart += used;
             self.handle(id, request)?;
@@ -572,9 +577,9 @@ impl EventLoop {
 
     /// Queues `bytes` for another connection and tries to send them at once.
     fn send_now(&mut self, id: usize, bytes: &[u8]) {
-        let Some(conn) = self.conn(id) else { return };
+        let Some(conn) = self.conns.get_mut(id).and_then(Option::as_mut) else { return };
         conn.wbuf.extend_from_slice(bytes);
-        if let Err(reason) = flush(conn) {
+        if let Err(reason) = flush(self.poll.registry(), id, conn) {
             self.close(id, reason);
         }
     }
@@ -624,18 +629,33 @@ impl EventLoop {
 }
 
 /// Sends what the connection's reply buffer holds, until the socket would block.
-fn flush(conn: &mut Conn) -> Result<(), Close> {
+///
+/// The connection asks for writable events only while replies are pending, as libuv does; otherwise every
+/// acknowledgement of sent bytes would wake the loop.
+fn flush(registry: &Registry, id: usize, conn: &mut Conn) -> Result<(), Close> {
     while conn.wstart < conn.wbuf.len() {
         match conn.stream.write(&conn.wbuf[conn.wstart..]) {
             Ok(0) => return Err(Close::Eof),
             Ok(n) => conn.wstart += n,
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                if !conn.write_interest {
+                    registry
+                        .reregister(&mut conn.stream, Token(id), Interest::READABLE | Interest::WRITABLE)
+                        .map_err(Close::Io)?;
+                    conn.write_interest = true;
+                }
+                return Ok(());
+            }
             Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
             Err(error) => return Err(Close::Io(error)),
         }
     }
     conn.wbuf.clear();
     conn.wstart = 0;
+    if conn.write_interest {
+        registry.reregister(&mut conn.stream, Token(id), Interest::READABLE).map_err(Close::Io)?;
+        conn.write_interest = false;
+    }
     Ok(())
 }
 
