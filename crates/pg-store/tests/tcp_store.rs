@@ -257,6 +257,8 @@ fn clients_that_break_the_protocol_are_disconnected_and_others_keep_working() {
     let port = server.port();
     let good = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
     good.set("k", b"v").unwrap();
+    // SET has no reply: a round trip proves the server holds the value before the bad ADD below.
+    good.ping().unwrap();
 
     // Garbage before VALIDATE, such as a port scanner's probe.
     let mut scanner = raw(port);
@@ -306,6 +308,8 @@ fn a_client_that_reads_its_replies_late_gets_them_all() {
     let store = server();
     let value: Vec<u8> = (0..1024 * 1024).map(|i| (i % 253) as u8).collect();
     store.set("big", &value).unwrap();
+    // SET has no reply: a round trip on the same connection proves the server holds the value.
+    store.ping().unwrap();
     let mut stream = validated(store.port());
     // 24 MiB of replies pile up behind a peer that does not read: the server stops reading it, waits for
     // writable events, and resumes.
