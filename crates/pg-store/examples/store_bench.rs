@@ -22,6 +22,7 @@ struct Options {
     out: String,
     clients: Vec<usize>,
     total_ops: usize,
+    reps: usize,
 }
 
 fn parse() -> Result<Options, String> {
@@ -30,7 +31,8 @@ fn parse() -> Result<Options, String> {
         python: None,
         out: "bench/results".into(),
         clients: vec![1, 8, 64, 1024],
-        total_ops: 20_000,
+        total_ops: 10_000,
+        reps: 3,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -47,6 +49,7 @@ fn parse() -> Result<Options, String> {
                     .collect::<Result<_, _>>()?
             }
             "--ops" => options.total_ops = value()?.parse().map_err(|_| "--ops: bad number".to_owned())?,
+            "--reps" => options.reps = value()?.parse().map_err(|_| "--reps: bad number".to_owned())?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -103,13 +106,16 @@ struct Measurement {
     clients: usize,
     ops: usize,
     seconds: f64,
+    /// The throughput of each run, sorted.
+    rates: Vec<f64>,
     p50_us: f64,
     p99_us: f64,
 }
 
 impl Measurement {
+    /// The median throughput of the runs.
     fn throughput(&self) -> f64 {
-        self.ops as f64 / self.seconds
+        self.rates.get(self.rates.len() / 2).copied().unwrap_or(0.0)
     }
 }
 
@@ -165,73 +171,105 @@ fn timed(latencies: &mut Vec<Duration>, op: impl FnOnce()) {
     latencies.push(start.elapsed());
 }
 
-fn measure(server: &'static str, port: u16, clients: usize, total_ops: usize) -> Vec<Measurement> {
-    let connections: Vec<Arc<TcpStore>> = (0..clients)
-        .map(|_| Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server")))
-        .collect();
-    let per_client = (total_ops / clients).max(20);
+/// One run of one operation by every client; returns the latencies, the wall time and the operation count.
+fn run_op(
+    server: &str,
+    op: &str,
+    connections: &[Arc<TcpStore>],
+    port: u16,
+    per_client: usize,
+) -> (Vec<Duration>, f64, usize) {
+    let clients = connections.len();
     let value = Arc::new(vec![b'v'; 64]);
+    match op {
+        "set" => {
+            let (latencies, seconds) = drive(connections, move |c, s, lat| {
+                for i in 0..per_client {
+                    timed(lat, || s.set(&format!("set/{c}/{}", i % 64), &value).expect("set"));
+                }
+                // SET has no reply: one round trip proves the server has handled every set.
+                s.check(&["nothing"]).expect("check");
+            });
+            (latencies, seconds, clients * per_client)
+        }
+        "get" => {
+            for (c, s) in connections.iter().enumerate() {
+                s.set(&format!("get/{c}"), &value).expect("set");
+            }
+            let (latencies, seconds) = drive(connections, move |c, s, lat| {
+                let key = format!("get/{c}");
+                for _ in 0..per_client {
+                    timed(lat, || assert_eq!(s.get(&key).expect("get").len(), 64));
+                }
+            });
+            (latencies, seconds, clients * per_client)
+        }
+        "add" => {
+            let base = connections[0].add("add/counter", 0).expect("add");
+            let (latencies, seconds) = drive(connections, move |_, s, lat| {
+                for _ in 0..per_client {
+                    timed(lat, || {
+                        s.add("add/counter", 1).expect("add");
+                    });
+                }
+            });
+            let total = connections[0].add("add/counter", 0).expect("add") - base;
+            assert_eq!(total as usize, clients * per_client, "{server}: lost adds");
+            (latencies, seconds, clients * per_client)
+        }
+        _ => wait_wakeup(connections, port, clients),
+    }
+}
+
+/// Measures every operation with `clients` clients on every server, alternating servers run by run so that
+/// both see the same background load; the throughput reported is the median of `reps` runs.
+fn measure(servers: &[(&'static str, u16)], clients: usize, total_ops: usize, reps: usize) -> Vec<Measurement> {
+    let per_client = (total_ops / clients).max(20);
+    let pools: Vec<Vec<Arc<TcpStore>>> = servers
+        .iter()
+        .map(|&(_, port)| {
+            (0..clients)
+                .map(|_| Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server")))
+                .collect()
+        })
+        .collect();
     let mut results = Vec::new();
     for op in OPS {
-        let (mut latencies, seconds, ops) = match op {
-            "set" => {
-                let value = Arc::clone(&value);
-                let (latencies, seconds) = drive(&connections, move |c, s, lat| {
-                    for i in 0..per_client {
-                        timed(lat, || s.set(&format!("set/{c}/{}", i % 64), &value).expect("set"));
-                    }
-                    // SET has no reply: one round trip proves the server has handled every set.
-                    s.check(&["nothing"]).expect("check");
-                });
-                (latencies, seconds, clients * per_client)
+        let mut runs: Vec<(Vec<Duration>, Vec<f64>, f64, usize)> =
+            vec![(Vec::new(), Vec::new(), 0.0, 0); servers.len()];
+        for _ in 0..reps {
+            for (index, &(server, port)) in servers.iter().enumerate() {
+                // A SET has no reply and costs little: ten times as many make a run long enough to time.
+                let count = if op == "set" { per_client * 10 } else { per_client };
+                let (latencies, seconds, ops) = run_op(server, op, &pools[index], port, count);
+                let run = &mut runs[index];
+                run.0.extend(latencies);
+                run.1.push(ops as f64 / seconds);
+                run.2 += seconds;
+                run.3 += ops;
             }
-            "get" => {
-                for (c, s) in connections.iter().enumerate() {
-                    s.set(&format!("get/{c}"), &value).expect("set");
-                }
-                let (latencies, seconds) = drive(&connections, move |c, s, lat| {
-                    let key = format!("get/{c}");
-                    for _ in 0..per_client {
-                        timed(lat, || assert_eq!(s.get(&key).expect("get").len(), 64));
-                    }
-                });
-                (latencies, seconds, clients * per_client)
-            }
-            "add" => {
-                let base = connections[0].add("add/counter", 0).expect("add");
-                let (latencies, seconds) = drive(&connections, move |_, s, lat| {
-                    for _ in 0..per_client {
-                        timed(lat, || {
-                            s.add("add/counter", 1).expect("add");
-                        });
-                    }
-                });
-                let total = connections[0].add("add/counter", 0).expect("add") - base;
-                assert_eq!(total as usize, clients * per_client, "{server}: lost adds");
-                (latencies, seconds, clients * per_client)
-            }
-            _ => {
-                let (latencies, seconds, wakeups) = wait_wakeup(&connections, port, clients);
-                (latencies, seconds, wakeups)
-            }
-        };
-        latencies.sort_unstable();
-        let m = Measurement {
-            server,
-            op,
-            clients,
-            ops,
-            seconds,
-            p50_us: percentile(&latencies, 50),
-            p99_us: percentile(&latencies, 99),
-        };
-        eprintln!(
-            "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s  p50 {:>8.1} us  p99 {:>8.1} us",
-            m.throughput(),
-            m.p50_us,
-            m.p99_us
-        );
-        results.push(m);
+        }
+        for (&(server, _), (mut latencies, mut rates, seconds, ops)) in servers.iter().zip(runs) {
+            latencies.sort_unstable();
+            rates.sort_by(f64::total_cmp);
+            let m = Measurement {
+                server,
+                op,
+                clients,
+                ops,
+                seconds,
+                rates,
+                p50_us: percentile(&latencies, 50),
+                p99_us: percentile(&latencies, 99),
+            };
+            eprintln!(
+                "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us",
+                m.throughput(),
+                m.p50_us,
+                m.p99_us
+            );
+            results.push(m);
+        }
     }
     results
 }
@@ -331,12 +369,13 @@ fn main() {
         }
         None => (None, None),
     };
+    let mut servers = vec![("pg-store", ours.port)];
+    if let Some(theirs) = &theirs {
+        servers.push(("pytorch", theirs.port));
+    }
     let mut results = Vec::new();
     for &clients in &options.clients {
-        results.extend(measure("pg-store", ours.port, clients, options.total_ops));
-        if let Some(theirs) = &theirs {
-            results.extend(measure("pytorch", theirs.port, clients, options.total_ops));
-        }
+        results.extend(measure(&servers, clients, options.total_ops, options.reps));
     }
     drop(ours);
     drop(theirs);
@@ -363,13 +402,14 @@ fn main() {
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
             json,
-            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"p50_us\": {:.2}, \"p99_us\": {:.2}}}{}",
+            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"p50_us\": {:.2}, \"p99_us\": {:.2}}}{}",
             json_string(m.server),
             json_string(m.op),
             m.clients,
             m.ops,
             m.seconds,
             m.throughput(),
+            m.rates.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
             m.p50_us,
             m.p99_us,
             if i + 1 < results.len() { "," } else { "" }
@@ -386,6 +426,11 @@ fn main() {
     let _ = writeln!(md, "- PyTorch: {pytorch}");
     let _ =
         writeln!(md, "- Servers: `pgstore serve` and a Python `TCPStore` master, each its own process on 127.0.0.1.");
+    let _ = writeln!(
+        md,
+        "- Runs: {} per configuration, alternating the servers run by run; ops/s is the median run, latencies are over all runs; {} operations per run (at least 20 per client; ten times as many for `set`).",
+        options.reps, options.total_ops
+    );
     let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
     let _ = writeln!(md, "- `set`: SET has no reply, so its latency is the client's send time; its throughput includes one closing round trip per client. `get` is WAIT then GET (two round trips), as PyTorch's client does. `add`: every client adds to one counter (checked exact). `wait-wakeup`: every client waits on one key that another client sets; latency runs from the moment the set is sent to each `wait` returning (a waiter whose WAIT reaches the server after the set is answered at once).\n");
     let _ = writeln!(

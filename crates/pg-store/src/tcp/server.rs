@@ -282,8 +282,7 @@ impl EventLoop {
                         self.conns.push(None);
                         self.conns.len() - 1
                     });
-                    if let Err(error) = self.poll.registry().register(&mut stream, Token(id), Interest::READABLE)
-                    {
+                    if let Err(error) = self.poll.registry().register(&mut stream, Token(id), Interest::READABLE) {
                         tracing::warn!(%peer, %error, "TCP store server cannot register a connection");
                         self.free.push(id);
                         continue;
