@@ -3,8 +3,10 @@
 
 use std::process::ExitCode;
 
+mod bench_store;
 mod experiments;
 mod gpu;
+mod interop;
 mod tidy;
 
 const HELP: &str = "\
@@ -38,6 +40,8 @@ fn main() -> ExitCode {
         }
         "experiments" => experiments::main(rest),
         "tidy" => tidy::main(),
+        "interop" => interop::main(rest),
+        "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     match result {

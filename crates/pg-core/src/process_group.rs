@@ -439,7 +439,7 @@ impl<B: Backend> ProcessGroup<B> {
                 rank: inner.rank,
                 cache_key: cache_key.to_owned(),
                 store_key: store_key.to_owned(),
-                source,
+                source: Box::new(source),
             })?),
         };
         let config = CommConfig {
