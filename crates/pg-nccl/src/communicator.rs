@@ -6,9 +6,10 @@ use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use nccl_sys::{Library, Status};
-use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, UniqueId};
+use pg_core::{Buffer as _, CommConfig, Error, KernelKind, ReduceOp, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
+use crate::device::launches;
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
@@ -144,7 +145,12 @@ impl Communicator {
     }
 
     /// Issues one call under the issue mutex, on the device's context, and finishes an in-progress return.
-    fn issue(&self, call: impl FnOnce(&Library, nccl_sys::Comm) -> nccl_sys::Result<Status>) -> pg_core::Result<()> {
+    fn issue(
+        &self,
+        name: &'static str,
+        stream: &Stream,
+        call: impl FnOnce(&Library, nccl_sys::Comm) -> nccl_sys::Result<Status>,
+    ) -> pg_core::Result<()> {
         let _issuing = self.lock_issue();
         let comm = self.live()?;
         if !self.ready.load(Ordering::Acquire) {
@@ -156,6 +162,7 @@ impl Communicator {
         if status.is_in_progress() {
             self.wait_while_in_progress()?;
         }
+        launches::log(self.device.ordinal(), stream.0.id(), KernelKind::Comm, name);
         Ok(())
     }
 
@@ -201,7 +208,7 @@ impl Communicator {
     ) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, 1))?;
         let op = red_op(op, input.dtype)?;
-        self.issue(|lib, comm| {
+        self.issue("reduce", stream, |lib, comm| {
             // SAFETY: both buffers hold `numel` elements of the dtype on the communicator's device (checked), and
             // stay allocated until the stream passes this op (the process group records them on the stream);
             // the issue mutex is held.
@@ -235,7 +242,7 @@ impl pg_core::Communicator for Communicator {
     fn all_reduce(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, 1))?;
         let op = red_op(op, input.dtype)?;
-        self.issue(|lib, comm| {
+        self.issue("all_reduce", stream, |lib, comm| {
             // SAFETY: as in `reduce`.
             unsafe {
                 lib.all_reduce(
@@ -256,7 +263,7 @@ impl pg_core::Communicator for Communicator {
         if root >= self.size {
             return Err(Error::invalid(format!("root {root} of {} ranks", self.size)));
         }
-        self.issue(|lib, comm| {
+        self.issue("broadcast", stream, |lib, comm| {
             // SAFETY: as in `reduce`.
             unsafe {
                 lib.broadcast(
@@ -274,7 +281,7 @@ impl pg_core::Communicator for Communicator {
 
     fn all_gather(&self, input: &Buffer, output: &Buffer, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(input, output, (self.size, 1))?;
-        self.issue(|lib, comm| {
+        self.issue("all_gather", stream, |lib, comm| {
             // SAFETY: as in `reduce`; the output holds `size` times the input (checked).
             unsafe {
                 lib.all_gather(
@@ -292,7 +299,7 @@ impl pg_core::Communicator for Communicator {
     fn reduce_scatter(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, self.size))?;
         let op = red_op(op, input.dtype)?;
-        self.issue(|lib, comm| {
+        self.issue("reduce_scatter", stream, |lib, comm| {
             // SAFETY: as in `reduce`; the input holds `size` times the output (checked).
             unsafe {
                 lib.reduce_scatter(
@@ -311,7 +318,7 @@ impl pg_core::Communicator for Communicator {
     fn send(&self, buffer: &Buffer, peer: usize, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(buffer, buffer, (1, 1))?;
         self.check_peer(peer)?;
-        self.issue(|lib, comm| {
+        self.issue("send", stream, |lib, comm| {
             // SAFETY: as in `reduce`.
             unsafe { lib.send(buffer.ptr(), buffer.numel, data_type(buffer.dtype), peer, comm, stream.0.raw() as _) }
         })
@@ -320,7 +327,7 @@ impl pg_core::Communicator for Communicator {
     fn recv(&self, buffer: &Buffer, peer: usize, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(buffer, buffer, (1, 1))?;
         self.check_peer(peer)?;
-        self.issue(|lib, comm| {
+        self.issue("recv", stream, |lib, comm| {
             // SAFETY: as in `reduce`.
             unsafe { lib.recv(buffer.ptr(), buffer.numel, data_type(buffer.dtype), peer, comm, stream.0.raw() as _) }
         })

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use pg_core::{Buffer as _, CommConfig, DType, Error, UniqueId};
+use pg_core::{Buffer as _, CommConfig, DType, Error, KernelKind, KernelLaunch, UniqueId};
 
 use crate::conv::{cuda_error, fill_pattern, nccl_error};
 use crate::{Buffer, Communicator, Event, Nccl, Stream};
@@ -101,11 +101,34 @@ impl pg_core::Device for Device {
     fn fill(&self, buffer: &Buffer, value: f64, stream: &Stream) -> pg_core::Result<()> {
         self.check_buffer(buffer)?;
         let (width, pattern) = fill_pattern(buffer.dtype, value);
-        self.cuda.fill(&buffer.cuda, width, pattern, &stream.0).map_err(cuda_error)
+        self.cuda.fill(&buffer.cuda, width, pattern, &stream.0).map_err(cuda_error)?;
+        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Fill, "fill");
+        Ok(())
     }
 
     fn sleep_kernel(&self, stream: &Stream, duration: Duration) -> pg_core::Result<()> {
-        self.cuda.sleep_kernel(&stream.0, duration).map_err(cuda_error)
+        self.cuda.sleep_kernel(&stream.0, duration).map_err(cuda_error)?;
+        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Sleep, "sleep");
+        Ok(())
+    }
+
+    fn kernel_launches(&self) -> Vec<KernelLaunch> {
+        launches::of(self.cuda.ordinal())
+    }
+
+    fn versions(&self) -> Vec<(String, String)> {
+        let mut versions = vec![
+            ("device".to_owned(), self.cuda.name().to_owned()),
+            ("sm_clock_khz".to_owned(), self.cuda.clock_rate_khz().to_string()),
+        ];
+        match nccl_sys::library() {
+            Ok(lib) => {
+                versions.push(("nccl".to_owned(), lib.version().to_string()));
+                versions.push(("nccl_library".to_owned(), lib.path().display().to_string()));
+            }
+            Err(err) => versions.push(("nccl".to_owned(), format!("unavailable: {err}"))),
+        }
+        versions
     }
 
     fn new_unique_id(&self) -> pg_core::Result<UniqueId> {
@@ -145,5 +168,33 @@ impl pg_core::Device for Device {
             .name(name.to_owned())
             .spawn(body)
             .map_err(|err| Error::Backend(format!("spawning host thread {name}: {err}")))
+    }
+}
+
+/// The kernels this backend launched itself, per device: a bounded log (the newest [`launches::KEPT`]).
+pub(crate) mod launches {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use pg_core::{KernelKind, KernelLaunch};
+
+    /// Entries kept per process.
+    pub(crate) const KEPT: usize = 4096;
+
+    static LOG: Mutex<VecDeque<(usize, KernelLaunch)>> = Mutex::new(VecDeque::new());
+
+    /// Logs a launch on `device`'s stream `stream_id`.
+    pub(crate) fn log(device: usize, stream_id: u64, kind: KernelKind, name: &'static str) {
+        let mut log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() == KEPT {
+            log.pop_front();
+        }
+        log.push_back((device, KernelLaunch { stream_id, kind, name: name.to_owned() }));
+    }
+
+    /// The logged launches on `device`, oldest first.
+    pub(crate) fn of(device: usize) -> Vec<KernelLaunch> {
+        let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().filter(|(d, _)| *d == device).map(|(_, launch)| launch.clone()).collect()
     }
 }

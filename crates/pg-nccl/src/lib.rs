@@ -18,6 +18,7 @@ mod communicator;
 mod conv;
 mod device;
 mod event;
+pub mod raw;
 mod stream;
 
 pub use buffer::Buffer;

@@ -1,0 +1,180 @@
+//! The all_reduce benchmark's Rust contestants: a raw NCCL loop (nccl-sys) and the process group.
+//!
+//! Per size, interleaved raw / pg, for each trial: align the ranks (a one-element all_reduce and a stream
+//! synchronize), queue a spin kernel so the host runs ahead, record a timing event, enqueue K in-place
+//! all_reduces (the process group: `all_reduce` then `wait()` each, the synchronous form), record an event,
+//! synchronise. Device time per op = elapsed / K; host enqueue and `wait()` times are host clocks around each
+//! call. Medians over trials (device) and over every op (host). Results are checked once per size.
+
+use std::time::{Duration, Instant};
+
+use pg_core::{DType, Device as _, Options, ReduceOp};
+use pg_nccl::raw::RawComm;
+use pg_nccl::{Buffer, Stream};
+use serde_json::{json, Value};
+
+use crate::smoke::{all_equal, filled, group, rank_sum, read, Group};
+use crate::Rank;
+
+fn e(err: impl std::fmt::Display) -> String {
+    err.to_string()
+}
+
+pub fn sizes(max: usize) -> Vec<usize> {
+    let all = [8, 64, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
+    all.into_iter().filter(|&s| s <= max).collect()
+}
+
+fn ops_per_trial(bytes: usize) -> usize {
+    match bytes {
+        0..=1_048_576 => 200,
+        1_048_577..=67_108_864 => 20,
+        67_108_865..=268_435_456 => 10,
+        _ => 5,
+    }
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+struct Sample {
+    device_us: f64,
+    enqueue_us: Vec<f64>,
+    wait_us: Vec<f64>,
+}
+
+enum Contestant<'a> {
+    Raw { comm: &'a RawComm, stream: &'a Stream },
+    Pg { pg: &'a Group },
+}
+
+impl Contestant<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Contestant::Raw { .. } => "raw",
+            Contestant::Pg { .. } => "pg",
+        }
+    }
+}
+
+fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: usize) -> Result<Sample, String> {
+    let device = &ctx.device;
+    let cuda = device.cuda();
+    let stream = match who {
+        Contestant::Raw { stream, .. } => (*stream).clone(),
+        Contestant::Pg { .. } => device.current_stream(),
+    };
+    // Align the ranks.
+    match who {
+        Contestant::Raw { comm, stream } => comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?,
+        Contestant::Pg { pg } => pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?,
+    }
+    stream.cuda().synchronize().map_err(e)?;
+    let start = cuda.timing_event().map_err(e)?;
+    let end = cuda.timing_event().map_err(e)?;
+    cuda.sleep_kernel(stream.cuda(), Duration::from_millis(5)).map_err(e)?;
+    start.record(stream.cuda()).map_err(e)?;
+    let mut enqueue_us = Vec::with_capacity(ops);
+    let mut wait_us = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        match who {
+            Contestant::Raw { comm, stream } => {
+                let t = Instant::now();
+                comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?;
+                enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Contestant::Pg { pg } => {
+                let t = Instant::now();
+                let work = pg.all_reduce(buffer, ReduceOp::Sum).map_err(e)?;
+                enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+                let t = Instant::now();
+                work.wait().map_err(e)?;
+                wait_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+    }
+    end.record(stream.cuda()).map_err(e)?;
+    let elapsed = end.elapsed_since(&start).map_err(e)?;
+    Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us })
+}
+
+pub fn run(ctx: &Rank) -> Result<Value, String> {
+    let device = &ctx.device;
+    let world = ctx.world;
+    let me = (ctx.rank + 1) as f64;
+    // The raw communicator: its own unique id through the store, its own stream from the pool.
+    let id = if ctx.rank == 0 {
+        let id = device.new_unique_id().map_err(e)?;
+        ctx.store.set("bench-raw-id", &id.0).map_err(e)?;
+        id
+    } else {
+        pg_core::UniqueId(ctx.store.get("bench-raw-id").map_err(e)?)
+    };
+    let raw = RawComm::new(device, &id, world, ctx.rank).map_err(e)?;
+    let raw_stream = device.stream_from_pool(false).map_err(e)?;
+    let pg = group(ctx, "bench", Options::builder())?;
+    let tiny = filled(ctx, DType::F32, 1, 1.0)?;
+    pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+
+    let mut rows = Vec::new();
+    for bytes in sizes(ctx.settings.bench_max_bytes) {
+        let numel = (bytes / 4).max(1);
+        let ops = ops_per_trial(bytes);
+        let buffer = filled(ctx, DType::F32, numel, me)?;
+        // Check once per size, outside timing: raw, then pg.
+        raw.all_reduce_in_place(&buffer, ReduceOp::Sum, &raw_stream).map_err(e)?;
+        raw_stream.cuda().synchronize().map_err(e)?;
+        all_equal(&read(ctx, &buffer)?, rank_sum(world)).map_err(|m| format!("raw {bytes} B: {m}"))?;
+        let buffer = filled(ctx, DType::F32, numel, me)?;
+        pg.all_reduce_sync(&buffer, ReduceOp::Sum).map_err(e)?;
+        all_equal(&read(ctx, &buffer)?, rank_sum(world)).map_err(|m| format!("pg {bytes} B: {m}"))?;
+
+        let contestants = [Contestant::Raw { comm: &raw, stream: &raw_stream }, Contestant::Pg { pg: &pg }];
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(), Vec::new()];
+        // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
+        for who in &contestants {
+            trial(ctx, who, &buffer, &tiny, ops.min(20))?;
+        }
+        for _ in 0..ctx.settings.bench_trials {
+            for (index, who) in contestants.iter().enumerate() {
+                let buffer = filled(ctx, DType::F32, numel, 1.0)?;
+                samples[index].push(trial(ctx, who, &buffer, &tiny, ops)?);
+            }
+        }
+        for (who, samples) in contestants.iter().zip(samples) {
+            let mut device_us: Vec<f64> = samples.iter().map(|s| s.device_us).collect();
+            let mut enqueue: Vec<f64> = samples.iter().flat_map(|s| s.enqueue_us.iter().copied()).collect();
+            let mut wait: Vec<f64> = samples.iter().flat_map(|s| s.wait_us.iter().copied()).collect();
+            let time_us = median(&mut device_us);
+            let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
+            let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
+            rows.push(json!({
+                "contestant": who.name(),
+                "bytes": bytes,
+                "ops_per_trial": ops,
+                "trials": ctx.settings.bench_trials,
+                "time_us": time_us,
+                "algbw_gbps": algbw,
+                "busbw_gbps": busbw,
+                "host_enqueue_us": median(&mut enqueue),
+                "wait_us": if wait.is_empty() { Value::Null } else { json!(median(&mut wait)) },
+                "device_us_trials": device_us,
+            }));
+        }
+        println!("  rank {} {bytes} B done", ctx.rank);
+    }
+    device.synchronize().map_err(e)?;
+    pg.shutdown().map_err(e)?;
+    drop(raw);
+    Ok(json!({ "task": "bench", "rows": rows }))
+}

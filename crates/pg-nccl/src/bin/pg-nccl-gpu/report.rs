@@ -1,0 +1,161 @@
+//! Merges the ranks' results of a task, prints its tables, writes `<task>.json` and `<task>.md`.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::Settings;
+
+/// Reports `task` from its ranks' results; returns whether every check passed.
+pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, String> {
+    let (ok, markdown) = match task {
+        "smoke" => smoke(ranks),
+        "experiments" => experiments(ranks),
+        "bench" => bench(ranks),
+        other => return Err(format!("no report for task {other}")),
+    };
+    print!("{markdown}");
+    let merged = json!({ "task": task, "passed": ok, "world_size": ranks.len(), "versions": ranks[0]["versions"], "ranks": ranks });
+    let json_path = settings.out.join(format!("{task}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let md_path = settings.out.join(format!("{task}.md"));
+    std::fs::write(&md_path, &markdown).map_err(|e| format!("{}: {e}", md_path.display()))?;
+    Ok(ok)
+}
+
+fn smoke(ranks: &[Value]) -> (bool, String) {
+    let mut md = String::from("\n| check | ");
+    for rank in 0..ranks.len() {
+        let _ = write!(md, "rank {rank} | ");
+    }
+    md.push_str("\n|---|");
+    md.push_str(&"---|".repeat(ranks.len()));
+    md.push('\n');
+    let mut ok = true;
+    let checks = ranks[0]["checks"].as_array().cloned().unwrap_or_default();
+    for (index, check) in checks.iter().enumerate() {
+        let _ = write!(md, "| {} | ", check["name"].as_str().unwrap_or("?"));
+        for rank in ranks {
+            let this = &rank["checks"][index];
+            let passed = this["passed"] == json!(true);
+            ok &= passed;
+            let detail = match &this["detail"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let _ = write!(md, "{} {} | ", if passed { "ok" } else { "FAIL" }, detail.replace('|', "/"));
+        }
+        md.push('\n');
+    }
+    ok &= !checks.is_empty();
+    (ok, md)
+}
+
+fn experiments(ranks: &[Value]) -> (bool, String) {
+    let world = ranks.len() as u64;
+    let sum = |f: &dyn Fn(&Value) -> u64| ranks.iter().map(f).sum::<u64>();
+    let creations = sum(&|r| r["cache"]["comm_creations"].as_u64().unwrap_or(0));
+    let correct = sum(&|r| r["cache"]["correct_ops"].as_u64().unwrap_or(0));
+    let after_first = sum(&|r| r["cache"]["creations_after_first_op"].as_u64().unwrap_or(0));
+    let mut ok = creations == 3 * world && correct == 9 * world && after_first == 0;
+    let mut md = String::new();
+    let _ = writeln!(md, "\n### Experiment 1: communicator cache (3 groups of identical membership x {world} ranks)\n");
+    let _ = writeln!(md, "| communicator creations | correct rank ops | creations after the first op per group |");
+    let _ = writeln!(md, "|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| {creations} (expect {}) | {correct} (expect {}) | {after_first} (expect 0) |",
+        3 * world,
+        9 * world
+    );
+
+    let sleep_ms = ranks[0]["semantics"]["sleep_ms_nominal"].as_f64().unwrap_or(f64::NAN);
+    let _ = writeln!(
+        md,
+        "\n### Experiment 2: completion semantics (80M-cycle sleep = {sleep_ms:.1} ms nominal, 16 MiB all_reduce)\n"
+    );
+    let _ = writeln!(md, "| config | host time of the action (per rank) | completed after action | Future.done() after enqueue | correct |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    let expected_completed = [0, 0, 1, 0];
+    let rows = ranks[0]["semantics"]["rows"].as_array().cloned().unwrap_or_default();
+    for (index, row) in rows.iter().enumerate() {
+        let mut times = Vec::new();
+        let mut completed = Vec::new();
+        let mut done = true;
+        let mut right = true;
+        for rank in ranks {
+            let this = &rank["semantics"]["rows"][index];
+            let us = this["host_action_us"].as_f64().unwrap_or(f64::NAN);
+            times.push(if us >= 1000.0 { format!("{:.1} ms", us / 1e3) } else { format!("{us:.1} us") });
+            let c = this["completed_after_action"].as_u64().unwrap_or(9);
+            completed.push(c.to_string());
+            ok &= c == expected_completed.get(index).copied().unwrap_or(9);
+            done &= this["future_done_after_enqueue"] == json!(true);
+            right &= this["correct"] == json!(true);
+        }
+        ok &= done && right;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            row["config"].as_str().unwrap_or("?"),
+            times.join(", "),
+            completed.join(", "),
+            done,
+            right
+        );
+    }
+
+    let _ = writeln!(md, "\n### Experiment 3: streams\n");
+    let _ = writeln!(md, "| rank | current stream | comm stream | comm kernel streams | on another stream |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for (rank, value) in ranks.iter().enumerate() {
+        let s = &value["streams"];
+        let other = s["comm_kernels_on_other_stream"] == json!(true);
+        ok &= other;
+        let _ = writeln!(
+            md,
+            "| {rank} | {} | {} | {} | {other} |",
+            s["current_stream"], s["comm_stream"], s["comm_kernel_streams"]
+        );
+    }
+    (ok, md)
+}
+
+fn bench(ranks: &[Value]) -> (bool, String) {
+    let mut md = String::new();
+    let world = ranks.len();
+    let _ = writeln!(
+        md,
+        "\n### all_reduce, {world} ranks, f32 in place (time: slowest rank's median; host: slowest rank's median)\n"
+    );
+    let _ = writeln!(md, "| size | contestant | time/op us | busbw GB/s | host enqueue us/op | wait() us |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let rows = ranks[0]["rows"].as_array().cloned().unwrap_or_default();
+    for (index, row) in rows.iter().enumerate() {
+        let max = |key: &str| {
+            ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+        };
+        let bytes = row["bytes"].as_u64().unwrap_or(0);
+        let time = max("time_us");
+        let busbw = bytes as f64 / (time * 1e-6) / 1e9 * 2.0 * (world as f64 - 1.0) / world as f64;
+        let wait = if row["wait_us"].is_null() { "-".to_owned() } else { format!("{:.2}", max("wait_us")) };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {time:.2} | {busbw:.1} | {:.2} | {wait} |",
+            human(bytes),
+            row["contestant"].as_str().unwrap_or("?"),
+            max("host_enqueue_us")
+        );
+    }
+    (!rows.is_empty(), md)
+}
+
+pub fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
