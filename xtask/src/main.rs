@@ -1,6 +1,9 @@
 //! `cargo xtask`: the project's tasks in one binary (the cargo-xtask pattern).
 #![forbid(unsafe_code)]
 
+mod bench_allreduce;
+mod gpu_test;
+
 use std::process::ExitCode;
 
 const HELP: &str = "\
@@ -32,6 +35,8 @@ fn main() -> ExitCode {
             print!("{HELP}");
             Ok(())
         }
+        "gpu-test" => gpu_test::run(rest),
+        "bench" => bench_allreduce::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     let _ = rest;

@@ -30,6 +30,7 @@ const USAGE: &str = "\
 usage: pg-nccl-gpu run [--nproc N] [--tasks smoke,experiments,bench] [--out DIR]
                        [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
+       pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
 ";
 
 /// Settings shared by the launcher and the ranks.
@@ -88,6 +89,10 @@ fn main() -> ExitCode {
             Some(task) => run_rank(&task, &settings),
             None => Err(format!("rank needs --task\n{USAGE}")),
         },
+        "merge-bench" => {
+            let label = std::env::var("PG_BENCH_LABEL").unwrap_or_default();
+            report::merge_bench(&settings.out, &label).map(drop)
+        }
         other => Err(format!("unknown command {other}\n{USAGE}")),
     };
     match result {

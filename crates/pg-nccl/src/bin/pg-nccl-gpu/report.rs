@@ -159,3 +159,154 @@ pub fn human(bytes: u64) -> String {
         b => format!("{b} B"),
     }
 }
+
+/// One contestant at one size, over the ranks: the slowest rank's time and host medians.
+#[derive(Debug, Clone)]
+pub struct BenchRow {
+    pub contestant: String,
+    pub bytes: u64,
+    pub time_us: f64,
+    pub busbw_gbps: f64,
+    pub enqueue_us: f64,
+    pub wait_us: Option<f64>,
+}
+
+fn rust_rows(bench: &Value) -> Vec<BenchRow> {
+    let ranks = bench["ranks"].as_array().cloned().unwrap_or_default();
+    let world = ranks.len().max(1) as f64;
+    let rows = ranks.first().and_then(|r| r["rows"].as_array().cloned()).unwrap_or_default();
+    rows.iter()
+        .enumerate()
+        .map(|(index, row)| {
+            let max = |key: &str| {
+                ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+            };
+            let bytes = row["bytes"].as_u64().unwrap_or(0);
+            let time_us = max("time_us");
+            BenchRow {
+                contestant: row["contestant"].as_str().unwrap_or("?").to_owned(),
+                bytes,
+                time_us,
+                busbw_gbps: bytes as f64 / (time_us * 1e-6) / 1e9 * 2.0 * (world - 1.0) / world,
+                enqueue_us: max("host_enqueue_us"),
+                wait_us: if row["wait_us"].is_null() { None } else { Some(max("wait_us")) },
+            }
+        })
+        .collect()
+}
+
+fn torch_rows(torch: &Value) -> Vec<BenchRow> {
+    let rows = torch["rows"].as_array().cloned().unwrap_or_default();
+    rows.iter()
+        .map(|row| BenchRow {
+            contestant: "torch".into(),
+            bytes: row["bytes"].as_u64().unwrap_or(0),
+            time_us: row["time_us"].as_f64().unwrap_or(f64::NAN),
+            busbw_gbps: row["busbw_gbps"].as_f64().unwrap_or(f64::NAN),
+            enqueue_us: row["host_enqueue_us"].as_f64().unwrap_or(f64::NAN),
+            wait_us: row["wait_us"].as_f64(),
+        })
+        .collect()
+}
+
+/// Joins `bench.json` (raw, pg) and `torch.json` (if present) in `dir` into `allreduce.md`/`allreduce.json`.
+pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
+    let load = |name: &str| -> Result<Option<Value>, String> {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
+            Err(_) => Ok(None),
+        }
+    };
+    let bench = load("bench.json")?.ok_or("no bench.json: run the bench task first")?;
+    let torch = load("torch.json")?;
+    let mut rows = rust_rows(&bench);
+    if let Some(torch) = &torch {
+        rows.extend(torch_rows(torch));
+    }
+    let mut sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let find = |c: &str, b: u64| rows.iter().find(|r| r.contestant == c && r.bytes == b);
+    let mut md = String::new();
+    let _ = writeln!(md, "# all_reduce: raw NCCL loop vs pg's process group vs PyTorch\n");
+    let _ = writeln!(md, "{label}\n");
+    let _ = writeln!(md, "Rust: {}", bench["versions"]);
+    if let Some(torch) = &torch {
+        let _ = writeln!(md, "\nPyTorch: {}", torch["versions"]);
+    }
+    let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of trials, slowest rank); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()).\n", bench["world_size"]);
+    let _ = writeln!(md, "| size | raw us | pg us | torch us | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | torch enqueue us | torch wait us |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut ok = true;
+    let mut summary = Vec::new();
+    let f = |row: Option<&BenchRow>, get: &dyn Fn(&BenchRow) -> Option<f64>| {
+        row.and_then(get).map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+    };
+    for &bytes in &sizes {
+        let (raw, pg, torch) = (find("raw", bytes), find("pg", bytes), find("torch", bytes));
+        let ratio = match (raw, pg) {
+            (Some(r), Some(p)) => Some(p.busbw_gbps / r.busbw_gbps),
+            _ => None,
+        };
+        if bytes >= 64 << 20 {
+            ok &= ratio.is_some_and(|r| r >= 0.98);
+        }
+        let overhead = match (raw, pg) {
+            (Some(r), Some(p)) => Some(p.enqueue_us - r.enqueue_us),
+            _ => None,
+        };
+        summary.push(json!({
+            "bytes": bytes,
+            "raw": raw.map(row_json), "pg": pg.map(row_json), "torch": torch.map(row_json),
+            "pg_over_raw_busbw": ratio, "pg_minus_raw_enqueue_us": overhead,
+        }));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            human(bytes),
+            f(raw, &|r| Some(r.time_us)),
+            f(pg, &|r| Some(r.time_us)),
+            f(torch, &|r| Some(r.time_us)),
+            f(raw, &|r| Some(r.busbw_gbps)),
+            f(pg, &|r| Some(r.busbw_gbps)),
+            f(torch, &|r| Some(r.busbw_gbps)),
+            ratio.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into()),
+            f(raw, &|r| Some(r.enqueue_us)),
+            f(pg, &|r| Some(r.enqueue_us)),
+            f(pg, &|r| r.wait_us),
+            f(torch, &|r| Some(r.enqueue_us)),
+            f(torch, &|r| r.wait_us),
+        );
+    }
+    let mut overheads: Vec<f64> = summary.iter().filter_map(|s| s["pg_minus_raw_enqueue_us"].as_f64()).collect();
+    let overhead = crate::bench::median(&mut overheads);
+    ok &= overhead <= 2.0;
+    let _ =
+        writeln!(md, "\nMedian over sizes of (pg host enqueue - raw host enqueue): {overhead:.2} us (target <= 2 us).");
+    let _ = writeln!(
+        md,
+        "pg busbw within 2% of raw at >= 64 MiB: {}.",
+        if ok { "yes" } else { "NO (or overhead over target)" }
+    );
+    std::fs::write(dir.join("allreduce.md"), &md).map_err(|e| e.to_string())?;
+    let merged = json!({
+        "label": label,
+        "rust_versions": bench["versions"],
+        "torch_versions": torch.as_ref().map(|t| t["versions"].clone()),
+        "world_size": bench["world_size"],
+        "pg_minus_raw_enqueue_us_median": overhead,
+        "targets_met": ok,
+        "sizes": summary,
+    });
+    std::fs::write(dir.join("allreduce.json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    print!("{md}");
+    Ok(ok)
+}
+
+fn row_json(row: &BenchRow) -> Value {
+    json!({
+        "time_us": row.time_us, "busbw_gbps": row.busbw_gbps,
+        "host_enqueue_us": row.enqueue_us, "wait_us": row.wait_us,
+    })
+}
