@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 SIZES = [8, 64, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
-SPIN_CYCLES = 10_000_000  # about 5 ms on an H200 (1.98 GHz), as the Rust side's 5 ms spin
 
 
 def ops_per_trial(size):
@@ -31,12 +30,17 @@ def ops_per_trial(size):
     return 5
 
 
-def trial(t, tiny, ops):
+def spin_cycles(ops, cycles_per_ms):
+    """As the Rust side: 100 us per op, at least 5 ms, so the host enqueues every op before the GPU gets there."""
+    return int(max(5.0, ops * 0.1) * cycles_per_ms)
+
+
+def trial(t, tiny, ops, cycles_per_ms):
     dist.all_reduce(tiny)
     torch.cuda.current_stream().synchronize()
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(SPIN_CYCLES)
+    torch.cuda._sleep(spin_cycles(ops, cycles_per_ms))
     start.record()
     enqueue, wait = [], []
     for _ in range(ops):
@@ -57,6 +61,7 @@ def main():
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--max-bytes", type=int, default=1 << 30)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--cycles-per-ms", type=int, default=1_980_000, help="SM clock (H200: 1.98 GHz)")
     args = parser.parse_args()
     assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "NCCL_NVLS_ENABLE=0 must be set"
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -74,11 +79,11 @@ def main():
         dist.all_reduce(t)
         want = world * (world + 1) / 2
         assert torch.all(t == want).item(), f"wrong sum at {size} B"
-        trial(t, tiny, min(ops, 20))  # warm-up
+        trial(t, tiny, min(ops, 20), args.cycles_per_ms)  # warm-up
         times, enq, wt = [], [], []
         for _ in range(args.trials):
             t = torch.ones(numel, device=device)
-            d, e, w = trial(t, tiny, ops)
+            d, e, w = trial(t, tiny, ops, args.cycles_per_ms)
             times.append(d)
             enq += e
             wt += w

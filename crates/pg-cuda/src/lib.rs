@@ -35,5 +35,10 @@ pub use event::{Event, TimingEvent};
 pub use host::{notify_host_threads, now, sleep};
 pub use stream::Stream;
 
+/// The PTX of pg's kernels (for checking it with `ptxas` on a machine with the toolkit).
+pub fn kernels_ptx() -> &'static str {
+    kernels::PTX
+}
+
 /// Streams per priority in a device's pool (PyTorch's `kStreamsPerPool`).
 pub const STREAMS_PER_POOL: usize = 32;

@@ -1,7 +1,7 @@
 //! The all_reduce benchmark's Rust contestants: a raw NCCL loop (nccl-sys) and the process group.
 //!
 //! Per size, interleaved raw / pg, for each trial: align the ranks (a one-element all_reduce and a stream
-//! synchronize), queue a spin kernel so the host runs ahead, record a timing event, enqueue K in-place
+//! synchronize), queue a spin kernel (100 us per op, at least 5 ms) so the host runs ahead, record a timing event, enqueue K in-place
 //! all_reduces (the process group: `all_reduce` then `wait()` each, the synchronous form), record an event,
 //! synchronise. Device time per op = elapsed / K; host enqueue and `wait()` times are host clocks around each
 //! call. Medians over trials (device) and over every op (host). Results are checked once per size.
@@ -32,6 +32,12 @@ fn ops_per_trial(bytes: usize) -> usize {
         67_108_865..=268_435_456 => 10,
         _ => 5,
     }
+}
+
+/// The spin queued before a trial: long enough for the host to enqueue every op before the GPU reaches them
+/// (PyTorch needs 30-45 us per op), so that events time the device, not the host.
+pub fn spin_for(ops: usize) -> Duration {
+    Duration::from_micros((ops as u64 * 100).max(5_000))
 }
 
 pub fn median(values: &mut [f64]) -> f64 {
@@ -82,7 +88,7 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
     stream.cuda().synchronize().map_err(e)?;
     let start = cuda.timing_event().map_err(e)?;
     let end = cuda.timing_event().map_err(e)?;
-    cuda.sleep_kernel(stream.cuda(), Duration::from_millis(5)).map_err(e)?;
+    cuda.sleep_kernel(stream.cuda(), spin_for(ops)).map_err(e)?;
     start.record(stream.cuda()).map_err(e)?;
     let mut enqueue_us = Vec::with_capacity(ops);
     let mut wait_us = Vec::with_capacity(ops);

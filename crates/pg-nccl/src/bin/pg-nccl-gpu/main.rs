@@ -89,6 +89,10 @@ fn main() -> ExitCode {
             Some(task) => run_rank(&task, &settings),
             None => Err(format!("rank needs --task\n{USAGE}")),
         },
+        "ptx" => {
+            print!("{}", pg_nccl::pg_cuda::kernels_ptx());
+            Ok(())
+        }
         "merge-bench" => {
             let label = std::env::var("PG_BENCH_LABEL").unwrap_or_default();
             report::merge_bench(&settings.out, &label).map(drop)

@@ -128,7 +128,8 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     });
 
     checks.run("S8/S20 the comm stream is a pool stream, not the current stream", || {
-        let comm = pg.comm_stream("0").ok_or("no comm stream for key 0")?;
+        let key = device.index().to_string();
+        let comm = pg.comm_stream(&key).ok_or_else(|| format!("no comm stream for key {key}"))?;
         let current = device.current_stream();
         ensure(comm != current && comm.id() != 0, || format!("comm {comm:?} current {current:?}"))?;
         ensure(!comm.is_high_priority(), || "normal group got a high-priority stream".into())?;
@@ -140,7 +141,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         let buffer = filled(ctx, DType::F32, 256, me)?;
         hp.all_reduce_sync(&buffer, ReduceOp::Sum).map_err(e)?;
         all_equal(&read(ctx, &buffer)?, want)?;
-        let comm = hp.comm_stream("0").ok_or("no comm stream")?;
+        let comm = hp.comm_stream(&device.index().to_string()).ok_or("no comm stream")?;
         ensure(comm.is_high_priority(), || format!("{comm:?}"))?;
         hp.shutdown().map_err(e)?;
         Ok(json!(comm.id()))
