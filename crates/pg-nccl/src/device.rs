@@ -181,7 +181,10 @@ pub(crate) mod launches {
     /// Entries kept per process.
     pub(crate) const KEPT: usize = 4096;
 
-    static LOG: Mutex<VecDeque<(usize, KernelLaunch)>> = Mutex::new(VecDeque::new());
+    /// (device, stream id, kind, name): no allocation on the enqueue path; names become Strings when read.
+    type Entry = (usize, u64, KernelKind, &'static str);
+
+    static LOG: Mutex<VecDeque<Entry>> = Mutex::new(VecDeque::new());
 
     /// Logs a launch on `device`'s stream `stream_id`.
     pub(crate) fn log(device: usize, stream_id: u64, kind: KernelKind, name: &'static str) {
@@ -189,12 +192,15 @@ pub(crate) mod launches {
         if log.len() == KEPT {
             log.pop_front();
         }
-        log.push_back((device, KernelLaunch { stream_id, kind, name: name.to_owned() }));
+        log.push_back((device, stream_id, kind, name));
     }
 
     /// The logged launches on `device`, oldest first.
     pub(crate) fn of(device: usize) -> Vec<KernelLaunch> {
         let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
-        log.iter().filter(|(d, _)| *d == device).map(|(_, launch)| launch.clone()).collect()
+        log.iter()
+            .filter(|entry| entry.0 == device)
+            .map(|&(_, stream_id, kind, name)| KernelLaunch { stream_id, kind, name: name.to_owned() })
+            .collect()
     }
 }

@@ -8,9 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use pg_core::{DType, Device as _, Options, ReduceOp};
+use pg_core::{DType, Device as _, Event as _, Options, ReduceOp, Stream as _, StreamGuard};
 use pg_nccl::raw::RawComm;
-use pg_nccl::{Buffer, Stream};
+use pg_nccl::{Buffer, Nccl, Stream};
 use serde_json::{json, Value};
 
 use crate::smoke::{all_equal, filled, group, rank_sum, read, Group};
@@ -60,8 +60,12 @@ struct Sample {
 }
 
 enum Contestant<'a> {
+    /// `ncclAllReduce` on a pool stream, nothing else.
     Raw { comm: &'a RawComm, stream: &'a Stream },
+    /// The process group, the caller's current stream being the legacy default stream (as in PyTorch).
     Pg { pg: &'a Group },
+    /// The process group with a pool stream made current (a `StreamGuard`), to see what the legacy stream costs.
+    PgOnStream { pg: &'a Group, stream: &'a Stream },
 }
 
 impl Contestant<'_> {
@@ -69,6 +73,14 @@ impl Contestant<'_> {
         match self {
             Contestant::Raw { .. } => "raw",
             Contestant::Pg { .. } => "pg",
+            Contestant::PgOnStream { .. } => "pg-current-pool-stream",
+        }
+    }
+
+    fn group(&self) -> Option<&Group> {
+        match self {
+            Contestant::Raw { .. } => None,
+            Contestant::Pg { pg } | Contestant::PgOnStream { pg, .. } => Some(pg),
         }
     }
 }
@@ -76,14 +88,19 @@ impl Contestant<'_> {
 fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: usize) -> Result<Sample, String> {
     let device = &ctx.device;
     let cuda = device.cuda();
+    let _guard = match who {
+        Contestant::PgOnStream { stream, .. } => Some(StreamGuard::<Nccl>::new(device, stream)),
+        _ => None,
+    };
     let stream = match who {
         Contestant::Raw { stream, .. } => (*stream).clone(),
-        Contestant::Pg { .. } => device.current_stream(),
+        _ => device.current_stream(),
     };
     // Align the ranks.
-    match who {
-        Contestant::Raw { comm, stream } => comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?,
-        Contestant::Pg { pg } => pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?,
+    match (who, who.group()) {
+        (Contestant::Raw { comm, stream }, _) => comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?,
+        (_, Some(pg)) => pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?,
+        (_, None) => unreachable!("only the raw contestant has no group"),
     }
     stream.cuda().synchronize().map_err(e)?;
     let start = cuda.timing_event().map_err(e)?;
@@ -93,13 +110,13 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
     let mut enqueue_us = Vec::with_capacity(ops);
     let mut wait_us = Vec::with_capacity(ops);
     for _ in 0..ops {
-        match who {
-            Contestant::Raw { comm, stream } => {
+        match (who, who.group()) {
+            (Contestant::Raw { comm, stream }, _) => {
                 let t = Instant::now();
                 comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?;
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
             }
-            Contestant::Pg { pg } => {
+            (_, Some(pg)) => {
                 let t = Instant::now();
                 let work = pg.all_reduce(buffer, ReduceOp::Sum).map_err(e)?;
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
@@ -107,6 +124,7 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
                 work.wait().map_err(e)?;
                 wait_us.push(t.elapsed().as_secs_f64() * 1e6);
             }
+            (_, None) => unreachable!("only the raw contestant has no group"),
         }
     }
     end.record(stream.cuda()).map_err(e)?;
@@ -128,6 +146,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     };
     let raw = RawComm::new(device, &id, world, ctx.rank).map_err(e)?;
     let raw_stream = device.stream_from_pool(false).map_err(e)?;
+    let user_stream = device.stream_from_pool(false).map_err(e)?;
     let pg = group(ctx, "bench", Options::builder())?;
     let tiny = filled(ctx, DType::F32, 1, 1.0)?;
     pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
@@ -145,8 +164,12 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         pg.all_reduce_sync(&buffer, ReduceOp::Sum).map_err(e)?;
         all_equal(&read(ctx, &buffer)?, rank_sum(world)).map_err(|m| format!("pg {bytes} B: {m}"))?;
 
-        let contestants = [Contestant::Raw { comm: &raw, stream: &raw_stream }, Contestant::Pg { pg: &pg }];
-        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(), Vec::new()];
+        let contestants = [
+            Contestant::Raw { comm: &raw, stream: &raw_stream },
+            Contestant::Pg { pg: &pg },
+            Contestant::PgOnStream { pg: &pg, stream: &user_stream },
+        ];
+        let mut samples: Vec<Vec<Sample>> = contestants.iter().map(|_| Vec::new()).collect();
         // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
         for who in &contestants {
             trial(ctx, who, &buffer, &tiny, ops.min(20))?;
@@ -179,8 +202,49 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         }
         println!("  rank {} {bytes} B done", ctx.rank);
     }
+    let host_costs = host_costs(ctx, &pg)?;
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
     drop(raw);
-    Ok(json!({ "task": "bench", "rows": rows }))
+    Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs }))
+}
+
+/// Medians of the host cost of the primitives the process group calls per op (20,000 calls each).
+fn host_costs(ctx: &Rank, pg: &Group) -> Result<Value, String> {
+    const N: usize = 20_000;
+    let device = &ctx.device;
+    let current = device.current_stream();
+    let key = device.index().to_string();
+    let comm_stream = pg.comm_stream(&key).ok_or("no comm stream")?;
+    let pool_stream = device.stream_from_pool(false).map_err(e)?;
+    let buffer = filled(ctx, DType::F32, 2, 1.0)?;
+    let measure = |body: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
+        let mut samples = Vec::with_capacity(N);
+        for _ in 0..N {
+            let t = Instant::now();
+            body()?;
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(median(&mut samples))
+    };
+    let timer = measure(&mut || Ok(()))?;
+    let record_default = measure(&mut || device.create_event().record(&current).map_err(e))?;
+    let record_pool = measure(&mut || device.create_event().record(&pool_stream).map_err(e))?;
+    let marker = device.create_event();
+    marker.record(&current).map_err(e)?;
+    let wait = measure(&mut || comm_stream.wait_event(&marker).map_err(e))?;
+    let record_stream = measure(&mut || device.record_stream(&buffer, &comm_stream).map_err(e))?;
+    let current_stream = measure(&mut || {
+        let _ = device.current_stream();
+        Ok(())
+    })?;
+    device.synchronize().map_err(e)?;
+    Ok(json!({
+        "timer": timer,
+        "event_create_record_drop_on_default_stream": record_default,
+        "event_create_record_drop_on_pool_stream": record_pool,
+        "stream_wait_event": wait,
+        "record_stream": record_stream,
+        "current_stream": current_stream,
+    }))
 }

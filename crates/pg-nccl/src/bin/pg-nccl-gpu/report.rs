@@ -148,6 +148,9 @@ fn bench(ranks: &[Value]) -> (bool, String) {
             max("host_enqueue_us")
         );
     }
+    for (rank, value) in ranks.iter().enumerate() {
+        let _ = writeln!(md, "\nrank {rank} host cost of primitives (median us): {}", value["host_costs_us"]);
+    }
     (!rows.is_empty(), md)
 }
 
@@ -235,8 +238,8 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         let _ = writeln!(md, "\nPyTorch: {}", torch["versions"]);
     }
     let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of trials, slowest rank); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()).\n", bench["world_size"]);
-    let _ = writeln!(md, "| size | raw us | pg us | torch us | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | torch enqueue us | torch wait us |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "| size | raw us | pg us | torch us | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | pg enqueue us (pool stream current) | torch enqueue us | torch wait us |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut ok = true;
     let mut summary = Vec::new();
     let f = |row: Option<&BenchRow>, get: &dyn Fn(&BenchRow) -> Option<f64>| {
@@ -244,6 +247,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     };
     for &bytes in &sizes {
         let (raw, pg, torch) = (find("raw", bytes), find("pg", bytes), find("torch", bytes));
+        let pg_pool = find("pg-current-pool-stream", bytes);
         let ratio = match (raw, pg) {
             (Some(r), Some(p)) => Some(p.busbw_gbps / r.busbw_gbps),
             _ => None,
@@ -258,11 +262,12 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         summary.push(json!({
             "bytes": bytes,
             "raw": raw.map(row_json), "pg": pg.map(row_json), "torch": torch.map(row_json),
+            "pg_current_pool_stream": pg_pool.map(row_json),
             "pg_over_raw_busbw": ratio, "pg_minus_raw_enqueue_us": overhead,
         }));
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             human(bytes),
             f(raw, &|r| Some(r.time_us)),
             f(pg, &|r| Some(r.time_us)),
@@ -274,6 +279,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             f(raw, &|r| Some(r.enqueue_us)),
             f(pg, &|r| Some(r.enqueue_us)),
             f(pg, &|r| r.wait_us),
+            f(pg_pool, &|r| Some(r.enqueue_us)),
             f(torch, &|r| Some(r.enqueue_us)),
             f(torch, &|r| r.wait_us),
         );
