@@ -135,3 +135,39 @@ impl Store for DirStore {
         *self.timeout.lock().unwrap_or_else(|e| e.into_inner()) = timeout;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_store(name: &str) -> DirStore {
+        let dir = std::env::temp_dir().join(format!("pg-dirstore-test-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        DirStore::new(&dir, Duration::from_millis(200)).unwrap()
+    }
+
+    #[test]
+    fn set_get_add_compare_set_and_timeout() {
+        let store = temp_store("ops");
+        store.set("smoke/0", b"id").unwrap();
+        assert_eq!(store.get("smoke/0").unwrap(), b"id");
+        assert!(store.check(&["smoke/0"]).unwrap());
+        assert_eq!(store.add("n", 2).unwrap(), 2);
+        assert_eq!(store.add("n", 3).unwrap(), 5);
+        assert_eq!(store.compare_set("c", b"", b"x").unwrap(), b"x");
+        assert_eq!(store.compare_set("c", b"y", b"z").unwrap(), b"x");
+        let err = store.get("missing").unwrap_err();
+        assert!(matches!(err, StoreError::Timeout { .. }), "{err}");
+        assert!(store.delete_key("n").unwrap());
+        let _ = fs::remove_dir_all(&store.dir);
+    }
+
+    #[test]
+    fn another_handle_sees_the_keys() {
+        let store = temp_store("clone");
+        let other = store.clone_store().unwrap();
+        store.set("k", b"v").unwrap();
+        assert_eq!(other.get("k").unwrap(), b"v");
+        let _ = fs::remove_dir_all(&store.dir);
+    }
+}

@@ -316,3 +316,43 @@ fn row_json(row: &BenchRow) -> Value {
         "host_enqueue_us": row.enqueue_us, "wait_us": row.wait_us,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rows: Value) -> Value {
+        json!({ "rows": rows, "versions": { "nccl": "2.28.9" } })
+    }
+
+    #[test]
+    fn merge_joins_contestants_and_checks_the_targets() {
+        let dir = std::env::temp_dir().join(format!("pg-merge-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |c: &str, bytes: u64, time: f64, enqueue: f64| {
+            json!({ "contestant": c, "bytes": bytes, "time_us": time, "host_enqueue_us": enqueue,
+                    "wait_us": if c == "raw" { Value::Null } else { json!(0.8) } })
+        };
+        let rows = json!([
+            row("raw", 8, 6.5, 9.5),
+            row("pg", 8, 7.7, 11.0),
+            row("raw", 64 << 20, 250.0, 11.0),
+            row("pg", 64 << 20, 251.0, 12.5),
+        ]);
+        let bench = json!({ "world_size": 2, "versions": {}, "ranks": [rank(rows.clone()), rank(rows)] });
+        std::fs::write(dir.join("bench.json"), bench.to_string()).unwrap();
+        assert!(merge_bench(&dir, "test").unwrap(), "busbw within 2% and overhead 1.5 us meet the targets");
+        let merged: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("allreduce.json")).unwrap()).unwrap();
+        assert_eq!(merged["sizes"].as_array().unwrap().len(), 2);
+        assert_eq!(merged["pg_minus_raw_enqueue_us_median"], json!(1.5));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human(8), "8 B");
+        assert_eq!(human(64 << 10), "64 KiB");
+        assert_eq!(human(1 << 30), "1 GiB");
+    }
+}
