@@ -3,6 +3,8 @@
 
 use std::process::ExitCode;
 
+mod fr_analyze;
+
 const HELP: &str = "\
 cargo xtask <task> [options]
 
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
             print!("{HELP}");
             Ok(())
         }
+        "fr-analyze" => fr_analyze::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     let _ = rest;
