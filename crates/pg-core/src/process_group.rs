@@ -308,7 +308,9 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// The watchdog's view of the group: sticky error state, last enqueued/started/completed sequence numbers.
     pub fn status(&self) -> GroupStatus {
-        self.inner.rel.status()
+        let mut status = self.inner.rel.status();
+        status.aborted_comms = self.inner.all_comms().iter().filter(|comm| comm.is_aborted()).count();
+        status
     }
 
     /// The sticky error state (PyTorch's `getError()`).
@@ -616,8 +618,12 @@ impl<B: Backend> Inner<B> {
 
 impl<B: Backend> Drop for Inner<B> {
     fn drop(&mut self) {
+        let live_comms = self.all_comms().iter().any(|comm| !comm.is_aborted());
         let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if !state.shut_down && state.error.is_none() && !self.all_comms().is_empty() {
+        if !state.shut_down && state.error.is_some() && live_comms {
+            // A group torn down without clean-up (error-handling mode 3) still holds live communicators.
+            self.abort_comms("the process group was dropped after an error");
+        } else if !state.shut_down && live_comms {
             tracing::warn!(
                 target: "pg",
                 pg_id = self.local_id,

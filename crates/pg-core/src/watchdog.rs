@@ -84,6 +84,8 @@ pub struct GroupStatus {
     pub last_completed_op: Option<OpType>,
     /// Works the watchdog still tracks.
     pub in_flight: usize,
+    /// Communicators of the group that are aborted.
+    pub aborted_comms: usize,
     /// Watchdog passes so far (the heartbeat).
     pub watchdog_passes: u64,
     /// Flight-recorder dumps written to files.
@@ -135,7 +137,7 @@ impl<B: Backend> Reliability<B> {
         self.status.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records a new Work in the flight recorder and the status, and hands it to the watchdog when one runs.
+    /// Records a new Work in the flight recorder and the status, and puts it on the in-flight list.
     pub(crate) fn track(&self, work: &Arc<WorkState<B>>, inputs: Vec<(usize, DType)>, watched: bool) {
         let probe = |event: &Arc<B::Event>| {
             let event = Arc::clone(event);
@@ -161,9 +163,14 @@ impl<B: Backend> Reliability<B> {
             cell.status.last_enqueued_seq = Some(work.seq);
             cell.status.last_enqueued_op = Some(work.op);
         }
-        if watched {
-            self.lock_works().push(Arc::clone(work));
+        let mut works = self.lock_works();
+        if !watched {
+            // With no watchdog (blocking wait) the list serves abort only: it keeps the Works a caller still
+            // holds, so that an abort from another thread reaches a blocked wait.
+            // A Work whose handles are all gone leaves once its op is done (its stash may guard its buffers).
+            works.retain(|work| Arc::strong_count(work) > 1 || !work.end_event.query().unwrap_or(true));
         }
+        works.push(Arc::clone(work));
     }
 
     /// Sets `error` on every in-flight Work and stops tracking them (abort and tear down).
@@ -452,6 +459,10 @@ pub(crate) fn on_error<B: Backend, G: GroupView<B>>(
     }
     let mode = options.error_handling;
     if mode.should_clean_up() {
+        // The in-flight Works fail with the error that makes their communicators go, not with a bare abort.
+        for work in rel.lock_works().iter() {
+            work.set_exception(error.clone());
+        }
         let reason = format!("rank {}: {error}", group.rank());
         if let Some(comm) = comm {
             if let Err(abort_error) = comm.abort(&reason) {
