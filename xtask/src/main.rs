@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 
+mod faults;
 mod fr_analyze;
 
 const HELP: &str = "\
@@ -16,7 +17,7 @@ Tasks:
                          benchmarks; results go to bench/results/
   interop                store interop tests against PyTorch (sets up a virtual environment)
   faults [--backend mock|nccl] [--json PATH]
-                         the fault matrix
+                         the fault matrix (issue 5)
   fr-analyze DIR         reads every rank's flight-recorder dump and reports the first divergence
   tidy                   repository checks (also run by cargo test)
 
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
             print!("{HELP}");
             Ok(())
         }
+        "faults" => faults::run(rest),
         "fr-analyze" => fr_analyze::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
