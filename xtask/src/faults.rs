@@ -96,6 +96,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         for failure in &outcome.failures {
             println!("    failed check: {failure}");
         }
+        for detail in &outcome.details {
+            println!("    {}", detail.replace('\n', "\n    "));
+        }
         rows.push(json!({
             "id": scenario.id,
             "scenario": scenario.name,

@@ -112,6 +112,8 @@ pub(crate) struct Reliability<B: Backend> {
     watchdog_stuck: AtomicBool,
     stall: Mutex<Option<Duration>>,
     store_broken: AtomicBool,
+    /// Store operations of the watchdog under way: a stopping group does not wait for one to time out.
+    in_store_op: AtomicU64,
 }
 
 impl<B: Backend> Reliability<B> {
@@ -126,6 +128,7 @@ impl<B: Backend> Reliability<B> {
             watchdog_stuck: AtomicBool::new(false),
             stall: Mutex::new(None),
             store_broken: AtomicBool::new(false),
+            in_store_op: AtomicU64::new(0),
         }
     }
 
@@ -209,13 +212,15 @@ impl<B: Backend> Reliability<B> {
     }
 
     /// Stops the threads and waits for them, except for the calling thread itself (the group may be dropped
-    /// on its own watchdog thread) and for a watchdog found stuck (it may never return).
+    /// on its own watchdog thread), for a watchdog found stuck (it may never return), and for one inside a
+    /// store operation (it may take the store's timeout): those end on their own, detached.
     pub(crate) fn stop_threads(&self, device: &B::Device) {
         self.signal_stop(device);
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
         let me = std::thread::current().id();
+        let detach = self.watchdog_stuck.load(Ordering::SeqCst) || self.in_store_op.load(Ordering::SeqCst) > 0;
         for thread in threads {
-            if thread.thread().id() == me || self.watchdog_stuck.load(Ordering::SeqCst) {
+            if thread.thread().id() == me || detach {
                 continue;
             }
             if thread.join().is_err() {
@@ -413,13 +418,25 @@ fn note_completed<B: Backend, G: GroupView<B>>(group: &G, work: &WorkState<B>) {
     }
 }
 
+/// Runs a store operation for the watchdog unless the group is stopping; marked as under way meanwhile.
+fn store_op<B: Backend, G: GroupView<B>, R>(group: &G, op: impl FnOnce(&dyn Store) -> R) -> Option<R> {
+    let rel = group.rel();
+    if rel.terminate.load(Ordering::SeqCst) {
+        return None;
+    }
+    rel.in_store_op.fetch_add(1, Ordering::SeqCst);
+    let result = op(group.store());
+    rel.in_store_op.fetch_sub(1, Ordering::SeqCst);
+    Some(result)
+}
+
 /// Writes a desync trace key; the first store failure turns desync tracing off, as in PyTorch.
 fn trace_update<B: Backend, G: GroupView<B>>(group: &G, key: &str, work: &WorkState<B>) {
     let rel = group.rel();
     if !group.options().desync_debug || rel.store_broken.load(Ordering::Relaxed) {
         return;
     }
-    if let Err(error) = group.store().set(key, &encode_trace(work.seq, work.op)) {
+    if let Some(Err(error)) = store_op(group, |store| store.set(key, &encode_trace(work.seq, work.op))) {
         tracing::warn!(target: "pg", pg_id = group.local_id(), %error, "desync trace update failed; turning it off");
         rel.store_broken.store(true, Ordering::Relaxed);
     }
@@ -437,12 +454,13 @@ pub(crate) fn on_error<B: Backend, G: GroupView<B>>(
     let options = group.options();
     let first = record_first_error(group, &error);
     if let (Some(work), true) = (timed_out, options.desync_debug) {
-        match DesyncReport::retrieve(group.store(), group.rank(), group.size(), work.seq, work.op) {
-            Ok(report) => {
+        match store_op(group, |store| DesyncReport::retrieve(store, group.rank(), group.size(), work.seq, work.op)) {
+            None => {}
+            Some(Ok(report)) => {
                 tracing::error!(target: "pg", pg_id = group.local_id(), rank = group.rank(), "{report}");
                 rel.lock_status().desync.get_or_insert(report);
             }
-            Err(error) => tracing::warn!(target: "pg", %error, "could not read the desync report from the store"),
+            Some(Err(error)) => tracing::warn!(target: "pg", %error, "could not read the desync report from the store"),
         }
     }
     if first && !rel.store_broken.load(Ordering::Relaxed) {
@@ -491,7 +509,7 @@ pub(crate) fn record_first_error<B: Backend, G: GroupView<B>>(group: &G, error: 
 }
 
 fn signal<B: Backend, G: GroupView<B>>(group: &G, key: &str, value: &[u8]) {
-    if let Err(error) = group.store().set(key, value) {
+    if let Some(Err(error)) = store_op(group, |store| store.set(key, value)) {
         tracing::warn!(target: "pg", pg_id = group.local_id(), key, %error, "could not signal the peers");
         group.rel().store_broken.store(true, Ordering::Relaxed);
     }
@@ -509,10 +527,15 @@ fn check_remote_error<B: Backend, G: GroupView<B>>(group: &G) {
         return;
     }
     let key = remote_error_key(&group.options().group_name);
-    let failed = match group.store().check(&[&key]) {
-        Ok(true) => group.store().get(&key).ok().as_deref().and_then(read_rank),
-        Ok(false) => None,
-        Err(error) => {
+    let read = |store: &dyn Store| match store.check(&[&key]) {
+        Ok(true) => Ok(store.get(&key).ok().as_deref().and_then(read_rank)),
+        Ok(false) => Ok(None),
+        Err(error) => Err(error),
+    };
+    let failed = match store_op(group, read) {
+        None | Some(Ok(None)) => None,
+        Some(Ok(rank)) => rank,
+        Some(Err(error)) => {
             tracing::warn!(target: "pg", %error, "could not check for a remote error; no longer checking");
             rel.store_broken.store(true, Ordering::Relaxed);
             None
@@ -538,8 +561,11 @@ fn check_dump_signal<B: Backend, G: GroupView<B>>(group: &G) {
     if rel.store_broken.load(Ordering::Relaxed) {
         return;
     }
-    if let Ok(true) = group.store().check(&[EXCEPTION_DUMP_KEY]) {
-        let from = group.store().get(EXCEPTION_DUMP_KEY).ok().as_deref().and_then(read_rank);
+    let read = |store: &dyn Store| match store.check(&[EXCEPTION_DUMP_KEY]) {
+        Ok(true) => Some(store.get(EXCEPTION_DUMP_KEY).ok().as_deref().and_then(read_rank)),
+        _ => None,
+    };
+    if let Some(Some(from)) = store_op(group, read) {
         tracing::error!(target: "pg", pg_id = group.local_id(), rank = group.rank(), ?from, "a peer asked for a dump");
         dump_once(group);
     }

@@ -202,4 +202,28 @@ mod healthy {
         });
         assert_eq!(retained[0], (Some(false), Some(true)), "the hung op ends once its group is dropped");
     }
+
+    #[test]
+    fn shutting_down_while_the_watchdog_waits_on_a_dead_store_does_not_wait_for_it() {
+        // With error propagation on, the watchdog reads the store every pass; once the store stops answering,
+        // a read waits for the store's timeout (300 s). Shutdown must not wait that long for the watchdog: a
+        // join would stop the virtual clock, and the mock would report a stall. (A plain drop never waits:
+        // the watchdog holds the group while it reads, so the group is dropped by the watchdog afterwards.)
+        let world = World::new(WorldConfig::with_devices(1));
+        let store = world.store();
+        let options = Options::builder().propagate_error(true).dump_on_timeout(false).build();
+        let took = world.run(1, move |rank, device| {
+            let pg = group(&store, "dead-store", rank, 1, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            device.world().inject(pg_mock::Fault::StoreDown { fail_fast: false });
+            device.sleep(Duration::from_millis(250), &AtomicBool::new(false));
+            let before = device.now();
+            pg.shutdown().unwrap();
+            drop(pg);
+            device.now() - before
+        });
+        assert!(took[0] < Duration::from_millis(1), "shutdown took {:?}", took[0]);
+    }
 }

@@ -59,6 +59,8 @@ pub struct Outcome {
     pub failures: Vec<String>,
     /// Not applicable to this backend (the GPU-only scenario).
     pub not_applicable: bool,
+    /// Evidence worth printing under the table (a desync report).
+    pub details: Vec<String>,
 }
 
 impl Outcome {
@@ -213,6 +215,7 @@ struct Skip {
     error_type: ErrorType,
     latency: Option<Duration>,
     lagging: Vec<(usize, Option<u64>)>,
+    report: Option<String>,
     dumped: bool,
     later_call: Option<ErrorKind>,
 }
@@ -249,6 +252,7 @@ fn rank_skips_a_collective(env: &Env) -> Outcome {
             error_type: status.error_type,
             latency,
             lagging: pg.desync_report().map(|r| r.lagging_ranks()).unwrap_or_default(),
+            report: pg.desync_report().map(|r| r.to_string()),
             dumped: status.dumps_written > 0,
             later_call: pg.all_reduce(&buffer, ReduceOp::Sum).err().map(|e| e.kind()),
         }
@@ -278,6 +282,7 @@ fn rank_skips_a_collective(env: &Env) -> Outcome {
     }
     let dumps = check_dumps(&dir, SIZE, SKIPPER, 5, &mut out);
     out.latency = ranks.iter().filter_map(|s| s.latency).max();
+    out.details.extend(ranks[0].report.clone());
     out.observed = format!(
         "ranks 0,2,3: {:?}; desync report: lagging {:?}; {dumps} dumps, rank {SKIPPER} lacks seq 5",
         ranks[0].error.as_ref().map(Error::kind),
