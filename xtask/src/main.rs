@@ -3,8 +3,11 @@
 
 use std::process::ExitCode;
 
+mod experiments;
 mod faults;
 mod fr_analyze;
+mod gpu;
+mod tidy;
 
 const HELP: &str = "\
 cargo xtask <task> [options]
@@ -35,11 +38,12 @@ fn main() -> ExitCode {
             print!("{HELP}");
             Ok(())
         }
+        "experiments" => experiments::main(rest),
+        "tidy" => tidy::main(),
         "faults" => faults::run(rest),
         "fr-analyze" => fr_analyze::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
-    let _ = rest;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
