@@ -335,6 +335,12 @@ impl<B: Backend> ProcessGroup<B> {
         watchdog::dump(self.inner.as_ref())
     }
 
+    /// Changes the timeout of the ops enqueued from now on (PyTorch's `_set_default_timeout`); the group's
+    /// `Options::timeout` stays what it was built with.
+    pub fn set_timeout(&self, timeout: std::time::Duration) {
+        self.inner.rel.set_timeout(timeout);
+    }
+
     /// Fault injection: the watchdog's next pass blocks for `duration`, as if wedged in a driver call.
     #[doc(hidden)]
     pub fn inject_watchdog_stall(&self, duration: std::time::Duration) {
@@ -436,7 +442,7 @@ impl<B: Backend> ProcessGroup<B> {
                 numel_in: spec.inputs.iter().map(|b| b.numel()).sum(),
                 numel_out: spec.outputs.iter().map(|b| b.numel()).sum(),
                 start_time,
-                timeout: options.timeout,
+                timeout: self.inner.rel.timeout(options.timeout),
                 blocking_wait: options.blocking_wait,
                 blocking_wait_poll: options.blocking_wait_poll,
                 is_barrier: spec.is_barrier,
@@ -446,6 +452,10 @@ impl<B: Backend> ProcessGroup<B> {
             }),
         };
         self.inner.rel.track(&work.state, inputs, options.enable_watchdog);
+        // An abort that ran while this op was being enqueued did not see it on the in-flight list.
+        if let Some(error) = self.error() {
+            work.state.set_exception(error);
+        }
         Ok(work)
     }
 

@@ -111,6 +111,7 @@ pub(crate) struct Reliability<B: Backend> {
     threads: Mutex<Vec<JoinHandle<()>>>,
     watchdog_stuck: AtomicBool,
     stall: Mutex<Option<Duration>>,
+    timeout: Mutex<Option<Duration>>,
     store_broken: AtomicBool,
     /// Store operations of the watchdog under way: a stopping group does not wait for one to time out.
     in_store_op: AtomicU64,
@@ -127,6 +128,7 @@ impl<B: Backend> Reliability<B> {
             threads: Mutex::new(Vec::new()),
             watchdog_stuck: AtomicBool::new(false),
             stall: Mutex::new(None),
+            timeout: Mutex::new(None),
             store_broken: AtomicBool::new(false),
             in_store_op: AtomicU64::new(0),
         }
@@ -198,6 +200,16 @@ impl<B: Backend> Reliability<B> {
     /// The desync report written at the first timeout, if any.
     pub(crate) fn desync_report(&self) -> Option<DesyncReport> {
         self.lock_status().desync.clone()
+    }
+
+    /// The timeout of a new op: the one set with [`Reliability::set_timeout`], else the group's.
+    pub(crate) fn timeout(&self, group_timeout: Duration) -> Duration {
+        self.timeout.lock().unwrap_or_else(PoisonError::into_inner).unwrap_or(group_timeout)
+    }
+
+    /// Overrides the group's timeout for the ops enqueued from now on.
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        *self.timeout.lock().unwrap_or_else(PoisonError::into_inner) = Some(timeout);
     }
 
     /// Makes the watchdog's next pass block for `duration` (a fault-injection hook for the heartbeat monitor).

@@ -226,4 +226,34 @@ mod healthy {
         });
         assert!(took[0] < Duration::from_millis(1), "shutdown took {:?}", took[0]);
     }
+
+    #[test]
+    fn set_timeout_applies_to_the_ops_enqueued_after_it() {
+        let world = World::new(WorldConfig::with_devices(2));
+        let store = world.store();
+        let options = Options::builder().dump_on_timeout(false).build();
+        let seen = world.run(2, move |rank, device| {
+            let pg = group(&store, "set-timeout", rank, 2, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            let before = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            before.wait().unwrap();
+            pg.set_timeout(Duration::from_millis(300));
+            if rank == 1 {
+                // Rank 1 skips the next collective and waits for rank 0 to give up on it.
+                store.wait(&["set-timeout-failed"], Some(Duration::from_secs(60))).unwrap();
+                return None;
+            }
+            let work = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            while pg.status().error.is_none() {
+                device.sleep(Duration::from_millis(1), &AtomicBool::new(false));
+            }
+            store.set("set-timeout-failed", b"1").unwrap();
+            let detected = pg.status().error_detected_at.unwrap() - work.start_time();
+            Some((before.timeout(), work.timeout(), detected))
+        });
+        let (before, after, detected) = seen[0].unwrap();
+        assert_eq!((before, after), (pg_core::DEFAULT_TIMEOUT, Duration::from_millis(300)));
+        assert!(detected > after && detected <= after + Duration::from_millis(200), "detected after {detected:?}");
+    }
 }
