@@ -407,8 +407,10 @@ impl EventLoop {
             Request::Validate { .. } => self.conn(id).expect("live").validated = true,
             Request::Ping { nonce } => self.reply(id, &nonce.to_le_bytes()),
             Request::Set { key, value } => {
-                self.values.insert(key.clone(), value);
+                // Waking first saves a copy of the key: a woken client's next request is handled only after
+                // this one, when the value is in place.
                 self.wake_all(&key);
+                self.values.insert(key, value);
             }
             Request::CompareSet { key, expected, desired } => {
                 let reply = match self.values.get(&key) {
@@ -473,8 +475,8 @@ impl EventLoop {
             }
             Request::MultiSet { pairs } => {
                 for (key, value) in pairs {
-                    self.values.insert(key.clone(), value);
                     self.wake_all(&key);
+                    self.values.insert(key, value);
                 }
             }
             Request::CancelWait => {
@@ -546,6 +548,9 @@ impl EventLoop {
 
     /// Counts one arrival for every connection waiting on `key` and answers those whose waits are complete.
     fn wake_all(&mut self, key: &[u8]) {
+        if self.waiters.is_empty() {
+            return;
+        }
         if let Some(ids) = self.waiters.remove(key) {
             for id in ids {
                 self.arrived(id, key);
