@@ -325,3 +325,30 @@ fn a_client_that_reads_its_replies_late_gets_them_all() {
     assert_eq!(read_n(&mut stream, 4), 9u32.to_le_bytes());
     assert_eq!(store.get("big").unwrap().len(), value.len(), "other clients were served meanwhile");
 }
+
+#[test]
+fn a_server_that_announces_a_huge_value_and_dies_is_a_network_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut handshake = [0; 10];
+        socket.read_exact(&mut handshake).unwrap();
+        socket.write_all(&handshake[6..10]).unwrap();
+        // WAIT {"/k"}: 1 + 8 + 8 + 2 bytes; answer STOP_WAITING.
+        let mut wait = [0; 19];
+        socket.read_exact(&mut wait).unwrap();
+        socket.write_all(&[0]).unwrap();
+        // GET "/k": announce 512 GiB, send a few bytes, and hang up.
+        let mut get = [0; 11];
+        socket.read_exact(&mut get).unwrap();
+        socket.write_all(&(1u64 << 39).to_le_bytes()).unwrap();
+        socket.write_all(b"abc").unwrap();
+    });
+    let store = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    let error = store.get("k").unwrap_err();
+    assert!(matches!(error, StoreError::Network(_)), "{error}");
+    let again = store.ping().unwrap_err();
+    assert!(again.to_string().contains("broken"), "a broken connection says so: {again}");
+    script.join().unwrap();
+}

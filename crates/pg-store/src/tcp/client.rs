@@ -169,8 +169,13 @@ impl Conn {
             .ok()
             .filter(|&len| len <= 1 << 40)
             .ok_or_else(|| self.fail(format!("the store server sent an impossible length {len} in reply to {what}")))?;
-        let mut value = vec![0; len];
-        self.read_reply(&mut value, timeout, what)?;
+        // The buffer grows with the bytes that actually arrive, so a bogus length cannot make us allocate it.
+        let mut value = Vec::with_capacity(len.min(1 << 20));
+        while value.len() < len {
+            let start = value.len();
+            value.resize(start + (len - start).min(1 << 20), 0);
+            self.read_reply(&mut value[start..], timeout, what)?;
+        }
         Ok(value)
     }
 
