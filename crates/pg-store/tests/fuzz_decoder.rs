@@ -61,7 +61,7 @@ impl Rng {
 }
 
 fn small_limits() -> Limits {
-    Limits { max_key_len: 64, max_value_len: 1024, max_key_count: 16, max_message_len: 4096 }
+    Limits { max_key_len: 64, max_value_len: 1024, max_key_count: 16, max_message_len: 4096, max_reply_len: 8192 }
 }
 
 #[test]

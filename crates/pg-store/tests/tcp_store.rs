@@ -250,7 +250,7 @@ fn a_dead_server_is_an_error_not_a_hang() {
 fn clients_that_break_the_protocol_are_disconnected_and_others_keep_working() {
     let server = TcpStoreServer::start(ServerOptions {
         port: 0,
-        limits: Limits { max_key_len: 16, max_value_len: 64, ..Limits::default() },
+        limits: Limits { max_key_len: 16, max_value_len: 64, max_reply_len: 1 << 20, ..Limits::default() },
         ..ServerOptions::default()
     })
     .unwrap();
@@ -285,10 +285,17 @@ fn clients_that_break_the_protocol_are_disconnected_and_others_keep_working() {
     let mut bad_add = validated(port);
     send(&mut bad_add, &Request::Add { key: b"/k".to_vec(), delta: 1 });
     expect_closed(&mut bad_add);
+    // A MULTI_GET naming one value so many times that the reply would pass the limit.
+    good.set("v", &[7; 64]).unwrap();
+    good.ping().unwrap();
+    let mut amplifier = validated(port);
+    send(&mut amplifier, &Request::MultiGet { keys: vec![b"/v".to_vec(); 20_000] });
+    expect_closed(&mut amplifier);
 
-    assert_eq!(server.stats().protocol_errors, 6);
+    assert_eq!(server.stats().protocol_errors, 7);
     assert_eq!(good.get("k").unwrap(), b"v", "the well-behaved client is unaffected");
-    assert!(server.stats().peak_buffered < 1024, "nothing large was buffered: {:?}", server.stats());
+    // The largest request was the 200 KB MULTI_GET; the oversized ones were refused from their headers.
+    assert!(server.stats().peak_buffered < 256 * 1024, "nothing large was buffered: {:?}", server.stats());
 }
 
 #[test]

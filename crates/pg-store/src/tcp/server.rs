@@ -468,6 +468,13 @@ impl EventLoop {
                 self.wake_all(&key);
             }
             Request::MultiGet { keys } => {
+                let reply_len: usize = keys.iter().map(|key| 8 + self.values.get(key).map_or(0, Vec::len)).sum();
+                if reply_len > self.limits.max_reply_len {
+                    return Err(Close::Protocol(format!(
+                        "MULTI_GET reply of {reply_len} bytes exceeds the limit of {}",
+                        self.limits.max_reply_len
+                    )));
+                }
                 for key in keys {
                     let value = self.values.get(&key).cloned().unwrap_or_default();
                     self.reply_bytes(id, &value);
