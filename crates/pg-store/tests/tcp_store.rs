@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pg_store::tcp::protocol::{encode_request, Limits, Request, VALIDATION_MAGIC};
@@ -358,4 +359,30 @@ fn a_server_that_announces_a_huge_value_and_dies_is_a_network_error() {
     let again = store.ping().unwrap_err();
     assert!(again.to_string().contains("broken"), "a broken connection says so: {again}");
     script.join().unwrap();
+}
+
+#[test]
+fn multi_tenant_handles_share_one_server_until_the_last_drops() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let options = TcpStoreOptions {
+        port,
+        is_server: true,
+        multi_tenant: true,
+        wait_workers: false,
+        timeout: TIMEOUT,
+        ..TcpStoreOptions::default()
+    };
+    let first = TcpStore::new("127.0.0.1", options.clone()).unwrap();
+    let second = TcpStore::new("127.0.0.1", options.clone()).expect("the second handle reuses the server");
+    assert!(Arc::ptr_eq(first.server().unwrap(), second.server().unwrap()));
+    first.set("k", b"v").unwrap();
+    assert_eq!(second.get("k").unwrap(), b"v");
+    // Without multi_tenant a second server on the port fails with PyTorch's message.
+    let error = TcpStore::new("127.0.0.1", TcpStoreOptions { multi_tenant: false, ..options.clone() }).unwrap_err();
+    assert!(error.to_string().contains("failed to listen on any local network address"), "{error}");
+    drop(first);
+    assert_eq!(second.get("k").unwrap(), b"v", "the server lives while a handle holds it");
+    drop(second);
+    let fresh = TcpStore::new("127.0.0.1", options).expect("the port is free again");
+    assert!(!fresh.check(&["k"]).unwrap(), "a new server starts empty");
 }
