@@ -227,6 +227,19 @@ fn our_client_against_pytorch_server() {
     assert_eq!(s.num_keys().unwrap(), 9);
     let clone = s.clone_store().unwrap();
     assert_eq!(clone.get("from_rust").unwrap(), b"hello");
+    // The CLI inspects PyTorch's live store too, printing binary values escaped.
+    let cli = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_pgstore"))
+            .args(["--addr", &format!("127.0.0.1:{port}"), "--timeout", "20"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "pgstore {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    assert_eq!(cli(&["get", "from_py"]), "\\x00py\\xff\n");
+    assert!(cli(&["list"]).lines().any(|line| line == "from_rust"));
+    assert_eq!(cli(&["add", "cnt", "0"]), "7\n");
     s.set("rust_done", b"1").unwrap();
     let (success, out, err) = finish(child, stdout);
     assert!(success && out.contains("PY_OK"), "the PyTorch server's checks failed:\n{out}\n{err}");
