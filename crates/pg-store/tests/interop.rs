@@ -14,6 +14,13 @@ use pg_store::{FileStore, Store, TcpStore};
 
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
+/// Writes a line to the real standard error: the test harness captures `println!` and `eprintln!` of
+/// passing tests, and a skip must be seen.
+fn loud(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// The interpreter to use, or `None` (after saying so) when torch cannot be imported.
 ///
 /// With `PG_INTEROP_REQUIRE=1` (set by `cargo xtask interop`) a missing torch is a failure, not a skip.
@@ -29,15 +36,13 @@ fn python(test: &str) -> Option<String> {
         Ok(output) => {
             let why = String::from_utf8_lossy(&output.stderr);
             let why = why.lines().last().unwrap_or("import failed");
-            println!(
+            loud(&format!(
                 "skipped: {test}: `{python} -c 'import torch.distributed'` failed ({why}); run `cargo xtask interop`"
-            );
-            eprintln!("skipped: {test}: no importable torch in {python}");
+            ));
             None
         }
         Err(error) => {
-            println!("skipped: {test}: cannot run {python} ({error}); run `cargo xtask interop`");
-            eprintln!("skipped: {test}: cannot run {python}");
+            loud(&format!("skipped: {test}: cannot run {python} ({error}); run `cargo xtask interop`"));
             None
         }
     }
