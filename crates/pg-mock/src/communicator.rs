@@ -576,7 +576,9 @@ impl MockCommunicator {
             }
             st.resolve();
             Ok(())
-        })
+        })?;
+        self.inner.throttle(tid, stream.index);
+        Ok(())
     }
 }
 

@@ -87,6 +87,7 @@ impl MockDevice {
         let mut state = self.inner.lock();
         let op = launch_locked(&mut state, tid, stream, access, kind, name, duration, effect, cost);
         self.inner.raise(state);
+        self.inner.throttle(tid, stream.index);
         op
     }
 }
@@ -300,8 +301,7 @@ impl pg_core::Device for MockDevice {
         let (group, never) = state.join_comm(&id.0, size, rank, self.index, time, &config.description)?;
         let comm = MockCommunicator { inner: Arc::clone(&self.inner), group, rank, size, device: self.index };
         if config.nonblocking {
-            drop(state);
-            self.inner.notify();
+            self.inner.release(state);
             return Ok(comm);
         }
         let cond = if never { Cond::Never } else { Cond::CommReady(group) };

@@ -89,8 +89,7 @@ impl SimStore {
         }
         let result = f(&mut state, tid);
         state.version += 1;
-        drop(state);
-        self.inner.notify();
+        self.inner.release(state);
         result
     }
 

@@ -112,7 +112,10 @@ fn an_interrupt_ends_a_sleep_early() {
 }
 
 /// A busy multi-rank scenario: store exchange, collectives, sleeps of different lengths, a polling helper.
-fn scenario(w: &World) -> (Vec<Vec<Duration>>, Vec<Vec<(u64, String, Duration, Duration)>>) {
+/// Per rank: the times it saw, and its device's kernels as (stream id, name, start, end).
+type Timeline = (Vec<Vec<Duration>>, Vec<Vec<(u64, String, Duration, Duration)>>);
+
+fn scenario(w: &World) -> Timeline {
     let store = w.store();
     let times = w.run(4, move |rank, device| {
         let mut times = Vec::new();

@@ -16,7 +16,6 @@ type Tail = fn(&mut Setup);
 struct Setup {
     device: MockDevice,
     current: MockStream,
-    comm_stream: MockStream,
     other: MockStream,
     buffer: Option<pg_mock::MockBuffer>,
     end: pg_mock::MockEvent,
@@ -43,7 +42,7 @@ fn run(record_stream: bool, tail: Tail) -> Vec<(HazardKind, String)> {
         }
         let end = device.create_event();
         end.record(&comm_stream).unwrap();
-        let mut setup = Setup { device, current, comm_stream, other, buffer: Some(buffer), end };
+        let mut setup = Setup { device, current, other, buffer: Some(buffer), end };
         tail(&mut setup);
         setup.device.synchronize().unwrap();
     });

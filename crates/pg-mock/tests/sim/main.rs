@@ -4,5 +4,8 @@ mod basics;
 mod clock;
 mod collectives;
 mod common;
+mod faults;
 mod hazards;
+mod memory;
+mod store;
 mod streams;
