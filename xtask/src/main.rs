@@ -3,6 +3,10 @@
 
 use std::process::ExitCode;
 
+mod experiments;
+mod gpu;
+mod tidy;
+
 const HELP: &str = "\
 cargo xtask <task> [options]
 
@@ -32,9 +36,10 @@ fn main() -> ExitCode {
             print!("{HELP}");
             Ok(())
         }
+        "experiments" => experiments::main(rest),
+        "tidy" => tidy::main(),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
-    let _ = rest;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

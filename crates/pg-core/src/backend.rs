@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::{CommConfig, DType, ReduceOp, Result, UniqueId};
+use crate::{CommConfig, DType, KernelLaunch, ReduceOp, Result, UniqueId};
 
 /// A family of types that together make one backend.
 pub trait Backend: Sized + Send + Sync + Debug + 'static {
@@ -120,6 +120,17 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
 
     /// Starts a host thread that belongs to this device's world (the watchdog, the heartbeat monitor).
     fn spawn_host_thread(&self, name: &str, body: Box<dyn FnOnce() + Send + 'static>) -> Result<JoinHandle<()>>;
+
+    /// The kernels launched on this device so far, in launch order, where the backend can tell
+    /// (the simulated backend logs every kernel; a real backend logs the launches it made itself).
+    fn kernel_launches(&self) -> Vec<KernelLaunch> {
+        Vec::new()
+    }
+
+    /// Versions worth recording next to results (driver, runtime, NCCL, ...), as name/value pairs.
+    fn versions(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// An ordered queue of device work. Cloning gives another handle to the same stream.

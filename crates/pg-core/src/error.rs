@@ -61,6 +61,21 @@ pub enum Error {
     /// A store operation failed: a timeout or a network error while rendezvousing.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A rank could not get a communicator's unique id through the store.
+    #[error(
+        "rank {rank} could not get the unique id of communicator '{cache_key}' from its root via store key \
+         '{store_key}': {source}; the root rank may have crashed, skipped this op, or the store is unreachable"
+    )]
+    Rendezvous {
+        /// The rank that waited.
+        rank: usize,
+        /// The communicator's cache key.
+        cache_key: String,
+        /// The store key it read.
+        store_key: String,
+        /// What the store said.
+        source: StoreError,
+    },
     /// The caller passed something wrong: a size, a dtype, a rank, an environment value.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -106,8 +121,10 @@ impl Error {
             Error::Remote { .. } => ErrorKind::Remote,
             Error::Aborted { .. } => ErrorKind::Aborted,
             Error::HeartbeatTimeout { .. } => ErrorKind::HeartbeatTimeout,
-            Error::Store(StoreError::Timeout { .. }) => ErrorKind::StoreTimeout,
-            Error::Store(_) => ErrorKind::StoreNetwork,
+            Error::Store(StoreError::Timeout { .. }) | Error::Rendezvous { source: StoreError::Timeout { .. }, .. } => {
+                ErrorKind::StoreTimeout
+            }
+            Error::Store(_) | Error::Rendezvous { .. } => ErrorKind::StoreNetwork,
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Backend(_) => ErrorKind::Backend,

@@ -8,15 +8,23 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod cache;
 mod error;
+mod future;
 mod options;
+mod process_group;
 mod stream_guard;
 mod types;
+mod work;
 
 pub use backend::{Backend, Buffer, Communicator, Device, Event, Stream};
+pub use cache::CommKey;
 pub use error::{Error, ErrorKind, Result};
+pub use future::Future;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
+pub use process_group::{Counters, ProcessGroup};
 pub use stream_guard::StreamGuard;
-pub use types::{CommConfig, DType, OpType, ReduceOp, UniqueId};
+pub use types::{CommConfig, DType, KernelKind, KernelLaunch, OpType, ReduceOp, UniqueId};
+pub use work::{Work, WorkHandle};
 
 pub use pg_store as store;

@@ -34,3 +34,8 @@ pub use hazard::{Hazard, HazardKind, HazardMode};
 pub use store::SimStore;
 pub use stream::{KernelKind, KernelRecord, MockStream};
 pub use world::{HostCosts, World, WorldConfig};
+
+/// The README's example, compiled and run as a doctest against this backend.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExample;

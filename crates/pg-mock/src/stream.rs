@@ -20,18 +20,8 @@ use crate::event::MockEvent;
 use crate::hazard::VClock;
 use crate::world::{Inner, State};
 
-/// What kind of kernel a [`KernelRecord`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KernelKind {
-    /// A collective or point-to-point communication kernel.
-    Comm,
-    /// A `sleep_kernel` (PyTorch's `_sleep`).
-    Sleep,
-    /// A fill kernel.
-    Fill,
-    /// A host-device copy.
-    Copy,
-}
+/// What kind of kernel a [`KernelRecord`] is (the same kinds every backend reports).
+pub use pg_core::KernelKind;
 
 /// One kernel a device ran, as a profiler would show it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -537,45 +537,51 @@ impl World {
     /// If `n` exceeds the number of devices, or (re-raised) if a rank panicked.
     pub fn run<T, F>(&self, n: usize, body: F) -> Vec<T>
     where
-        T: Send + 'static,
-        F: Fn(usize, MockDevice) -> T + Send + Sync + 'static,
+        T: Send,
+        F: Fn(usize, MockDevice) -> T + Send + Sync,
     {
         assert!(
             n <= self.inner.config.devices,
             "pg-mock: run({n}) on a world of {} devices",
             self.inner.config.devices
         );
-        let body = Arc::new(body);
         // Register every rank before any runs, so that no rank sees a world without the others.
         let tids: Vec<usize> = (0..n).map(|rank| self.inner.register(&format!("rank{rank}"))).collect();
-        let mut handles = Vec::with_capacity(n);
-        for (rank, tid) in tids.iter().copied().enumerate() {
-            let body = Arc::clone(&body);
-            let device = self.device(rank);
-            match self.inner.spawn_registered(tid, &format!("rank{rank}"), move || body(rank, device)) {
-                Ok(handle) => handles.push(handle),
-                Err(e) => {
-                    for later in &tids[rank + 1..] {
-                        self.inner.unregister(*later);
+        let body = &body;
+        std::thread::scope(|scope| {
+            let mut handles = Vec::with_capacity(n);
+            for (rank, tid) in tids.iter().copied().enumerate() {
+                let device = self.device(rank);
+                let inner = Arc::clone(&self.inner);
+                let spawned = std::thread::Builder::new().name(format!("rank{rank}")).spawn_scoped(scope, move || {
+                    let _enter = Enter::new(inner, tid);
+                    body(rank, device)
+                });
+                match spawned {
+                    Ok(handle) => handles.push(handle),
+                    Err(e) => {
+                        for later in &tids[rank..] {
+                            self.inner.unregister(*later);
+                        }
+                        panic!("pg-mock: cannot spawn rank {rank}: {e}");
                     }
-                    panic!("pg-mock: cannot spawn rank {rank}: {e}");
                 }
             }
-        }
-        let mut results = Vec::with_capacity(n);
-        let mut first_panic = None;
-        for handle in handles {
-            match handle.join() {
-                Ok(value) => results.push(value),
-                Err(payload) => {
-                    first_panic.get_or_insert(payload);
+            let mut results = Vec::with_capacity(n);
+            let mut first_panic = None;
+            for handle in handles {
+                match handle.join() {
+                    Ok(value) => results.push(value),
+                    Err(payload) => {
+                        first_panic.get_or_insert(payload);
+                    }
                 }
             }
-        }
-        if let Some(payload) = first_panic {
-            std::panic::resume_unwind(payload);
-        }
-        results
+            if let Some(payload) = first_panic {
+                std::panic::resume_unwind(payload);
+            }
+            results
+        })
     }
 
     /// Spawns one more registered host thread (a helper that runs next to the ranks).

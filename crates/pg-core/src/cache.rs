@@ -1,0 +1,73 @@
+//! The per-group communicator cache: keys, the in-initialisation map, and the unique-id exchange (S3-S8).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::Backend;
+
+/// Which communicator an op needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommKey {
+    /// The group's collective communicator on a sequence of devices: key `"0"` (or `"0,1"`, order kept).
+    Collective(Vec<usize>),
+    /// A two-rank communicator for a single point-to-point op: key `"lo:hi"` of the sorted rank pair.
+    SingleP2p {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+    },
+}
+
+impl CommKey {
+    /// The cache key, as PyTorch writes it.
+    pub fn cache_key(&self) -> String {
+        match self {
+            CommKey::Collective(devices) => devices.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            CommKey::SingleP2p { rank, peer } => {
+                let (lo, hi) = if rank <= peer { (rank, peer) } else { (peer, rank) };
+                format!("{lo}:{hi}")
+            }
+        }
+    }
+
+    /// Whether this is a single point-to-point key (which does not advance the collective counter, S6).
+    pub fn is_single_p2p(&self) -> bool {
+        matches!(self, CommKey::SingleP2p { .. })
+    }
+}
+
+impl fmt::Display for CommKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.cache_key())
+    }
+}
+
+/// A ready communicator with its dedicated stream (S8).
+pub(crate) struct CommEntry<B: Backend> {
+    pub(crate) comm: Arc<B::Communicator>,
+    pub(crate) stream: B::Stream,
+}
+
+impl<B: Backend> Clone for CommEntry<B> {
+    fn clone(&self) -> Self {
+        Self { comm: Arc::clone(&self.comm), stream: self.stream.clone() }
+    }
+}
+
+/// The cache proper: guarded by the group's mutex, never held across a communicator's creation.
+pub(crate) struct CommCache<B: Backend> {
+    /// Ready communicators by cache key (PyTorch's `devNCCLCommMap_`).
+    pub(crate) ready: HashMap<String, CommEntry<B>>,
+    /// Communicators being created, by cache key (PyTorch's `inInitializationCommMap_`, S7).
+    pub(crate) initializing: HashMap<String, Option<Arc<B::Communicator>>>,
+    /// The collective store-key counter (PyTorch's `ncclCommCounter_`, S6).
+    pub(crate) counter: u64,
+}
+
+impl<B: Backend> Default for CommCache<B> {
+    fn default() -> Self {
+        Self { ready: HashMap::new(), initializing: HashMap::new(), counter: 0 }
+    }
+}

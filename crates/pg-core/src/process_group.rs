@@ -1,0 +1,566 @@
+//! The one generic process group: the collective template, the lazy communicator cache, stream
+//! synchronisation and Work (S1-S20, S27), written once for every backend.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use pg_store::Store;
+
+use crate::cache::{CommCache, CommEntry};
+use crate::work::WorkState;
+use crate::{
+    Backend, Buffer, CommConfig, CommKey, Communicator, DType, Device, Error, Event, OpType, Options, ReduceOp, Result,
+    Stream, UniqueId, WorkHandle,
+};
+
+/// Process-wide counter of groups: PyTorch's "PG ID".
+static NEXT_LOCAL_ID: AtomicU64 = AtomicU64::new(0);
+
+/// What a group has done, for tests and tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Communicators this group created (every cache miss that succeeded).
+    pub comms_created: u64,
+    /// Ops enqueued (collectives, point-to-point ops and barriers).
+    pub ops_issued: u64,
+}
+
+struct GroupState {
+    /// The first fatal error: every later call returns it (abort, shutdown, a torn-down group).
+    error: Option<Error>,
+    shut_down: bool,
+}
+
+struct Inner<B: Backend> {
+    store: Arc<dyn Store>,
+    rank: usize,
+    size: usize,
+    device: B::Device,
+    options: Options,
+    local_id: u64,
+    cache: Mutex<CommCache<B>>,
+    state: Mutex<GroupState>,
+    seq_collective: AtomicU64,
+    seq_p2p: AtomicU64,
+    comms_created: AtomicU64,
+    ops_issued: AtomicU64,
+}
+
+/// A process group: this rank's view of a set of ranks that run collectives together.
+///
+/// It is PyTorch's `ProcessGroupNCCL`, generic over the [`Backend`]: it creates communicators lazily on the
+/// first op of each key (one cache per group instance, never shared between groups), exchanges their unique
+/// ids through the store, runs every op on a dedicated communication stream ordered after the caller's
+/// current stream, and returns a [`WorkHandle`].
+/// Cloning gives another handle to the same group.
+pub struct ProcessGroup<B: Backend> {
+    inner: Arc<Inner<B>>,
+}
+
+impl<B: Backend> Clone for ProcessGroup<B> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<B: Backend> fmt::Debug for ProcessGroup<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("backend", &B::NAME)
+            .field("name", &self.inner.options.group_name)
+            .field("desc", &self.inner.options.group_desc)
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the template needs to know about one op.
+struct OpSpec<B: Backend> {
+    op: OpType,
+    key: CommKey,
+    inputs: Vec<B::Buffer>,
+    outputs: Vec<B::Buffer>,
+    is_barrier: bool,
+}
+
+impl<B: Backend> ProcessGroup<B> {
+    /// Creates this rank's handle of a group of `size` ranks that rendezvous through `store`.
+    ///
+    /// Creates no communicator unless `options.eager_init` (S3).
+    pub fn new(store: Arc<dyn Store>, rank: usize, size: usize, device: B::Device, options: Options) -> Result<Self> {
+        if size == 0 {
+            return Err(Error::invalid("a process group needs at least one rank (size was 0)"));
+        }
+        if rank >= size {
+            return Err(Error::invalid(format!("rank {rank} is out of range for a group of size {size}")));
+        }
+        let local_id = NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed);
+        let group = Self {
+            inner: Arc::new(Inner {
+                store,
+                rank,
+                size,
+                device,
+                options,
+                local_id,
+                cache: Mutex::new(CommCache::default()),
+                state: Mutex::new(GroupState { error: None, shut_down: false }),
+                seq_collective: AtomicU64::new(0),
+                seq_p2p: AtomicU64::new(0),
+                comms_created: AtomicU64::new(0),
+                ops_issued: AtomicU64::new(0),
+            }),
+        };
+        tracing::info!(
+            target: "pg",
+            backend = B::NAME,
+            pg_id = local_id,
+            group = %group.inner.options.group_name,
+            desc = %group.inner.options.group_desc,
+            rank,
+            size,
+            "created process group"
+        );
+        if group.inner.options.eager_init {
+            group.get_comm(&group.collective_key())?;
+        }
+        Ok(group)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The device this rank runs on.
+    pub fn device(&self) -> &B::Device {
+        &self.inner.device
+    }
+
+    /// The group's options.
+    pub fn options(&self) -> &Options {
+        &self.inner.options
+    }
+
+    /// The store the group rendezvouses through.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The process-wide id of this group instance (PyTorch's "PG ID").
+    pub fn local_id(&self) -> u64 {
+        self.inner.local_id
+    }
+
+    /// What the group has done so far.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            comms_created: self.inner.comms_created.load(Ordering::Relaxed),
+            ops_issued: self.inner.ops_issued.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The cache keys of the ready communicators, sorted.
+    pub fn comm_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.lock_cache().ready.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// The cache keys of communicators being created right now (S7), sorted.
+    pub fn initializing_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.lock_cache().initializing.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// The dedicated communication stream of a ready cache key.
+    pub fn comm_stream(&self, cache_key: &str) -> Option<B::Stream> {
+        self.lock_cache().ready.get(cache_key).map(|entry| entry.stream.clone())
+    }
+
+    /// The value the collective store-key counter will give the next collective communicator (S6).
+    pub fn next_comm_counter(&self) -> u64 {
+        self.lock_cache().counter
+    }
+
+    /// The first fatal error of the group, if any.
+    pub fn error(&self) -> Option<Error> {
+        self.lock_state().error.clone()
+    }
+
+    // ===== ops =====
+
+    /// All-reduce `buffer` in place across the group.
+    pub fn all_reduce(&self, buffer: &B::Buffer, op: ReduceOp) -> Result<WorkHandle<B>> {
+        self.check_buffer("all_reduce", buffer)?;
+        op.check(buffer.dtype())?;
+        let spec = self.spec(OpType::AllReduce, buffer, buffer);
+        self.run(spec, |comm, stream| comm.all_reduce(buffer, buffer, op, stream))
+    }
+
+    /// [`ProcessGroup::all_reduce`] followed by [`WorkHandle::wait`]: exactly that, nothing more (S1).
+    pub fn all_reduce_sync(&self, buffer: &B::Buffer, op: ReduceOp) -> Result<()> {
+        self.all_reduce(buffer, op)?.wait()
+    }
+
+    /// Broadcasts `root`'s `buffer` into every rank's `buffer`.
+    pub fn broadcast(&self, buffer: &B::Buffer, root: usize) -> Result<WorkHandle<B>> {
+        self.check_buffer("broadcast", buffer)?;
+        self.check_rank("broadcast root", root)?;
+        let spec = self.spec(OpType::Broadcast, buffer, buffer);
+        self.run(spec, |comm, stream| comm.broadcast(buffer, buffer, root, stream))
+    }
+
+    /// Gathers every rank's `input` into `output` (size times larger), in rank order.
+    pub fn all_gather(&self, input: &B::Buffer, output: &B::Buffer) -> Result<WorkHandle<B>> {
+        self.check_pair("all_gather", input, output, input.numel() * self.inner.size, output.numel())?;
+        let spec = self.spec(OpType::AllGatherBase, input, output);
+        self.run(spec, |comm, stream| comm.all_gather(input, output, stream))
+    }
+
+    /// Reduces `input` (size times larger than `output`) across ranks and scatters the blocks.
+    pub fn reduce_scatter(&self, input: &B::Buffer, output: &B::Buffer, op: ReduceOp) -> Result<WorkHandle<B>> {
+        self.check_pair("reduce_scatter", input, output, input.numel(), output.numel() * self.inner.size)?;
+        op.check(input.dtype())?;
+        let spec = self.spec(OpType::ReduceScatterBase, input, output);
+        self.run(spec, |comm, stream| comm.reduce_scatter(input, output, op, stream))
+    }
+
+    /// Sends `buffer` to `peer` over a two-rank communicator keyed by the rank pair (S4, S6).
+    pub fn send(&self, buffer: &B::Buffer, peer: usize) -> Result<WorkHandle<B>> {
+        self.check_buffer("send", buffer)?;
+        self.check_peer("send", peer)?;
+        let spec = self.p2p_spec(OpType::Send, buffer, peer);
+        self.run(spec, |comm, stream| comm.send(buffer, 1 - comm.rank(), stream))
+    }
+
+    /// Receives into `buffer` from `peer` over a two-rank communicator keyed by the rank pair.
+    pub fn recv(&self, buffer: &B::Buffer, peer: usize) -> Result<WorkHandle<B>> {
+        self.check_buffer("recv", buffer)?;
+        self.check_peer("recv", peer)?;
+        let spec = self.p2p_spec(OpType::Recv, buffer, peer);
+        self.run(spec, |comm, stream| comm.recv(buffer, 1 - comm.rank(), stream))
+    }
+
+    /// A barrier: a one-element all-reduce whose `wait()` also synchronises the current stream with the host
+    /// (not the device), even without blocking wait (S16).
+    pub fn barrier(&self) -> Result<WorkHandle<B>> {
+        let device = &self.inner.device;
+        let zeros = device.alloc(DType::F32, 1)?;
+        device.fill(&zeros, 0.0, &device.current_stream())?;
+        let mut spec = self.spec(OpType::Barrier, &zeros, &zeros);
+        spec.is_barrier = true;
+        self.run(spec, |comm, stream| comm.all_reduce(&zeros, &zeros, ReduceOp::Sum, stream))
+    }
+
+    /// [`ProcessGroup::barrier`] followed by [`WorkHandle::wait`]: returns when every rank has arrived and the
+    /// caller's current stream has drained.
+    pub fn barrier_sync(&self) -> Result<()> {
+        self.barrier()?.wait()
+    }
+
+    // ===== lifecycle =====
+
+    /// Aborts the group: every communicator (ready or being created) is aborted, blocked waits return, and
+    /// every later call returns [`Error::Aborted`]. Callable from any thread.
+    pub fn abort(&self, reason: &str) {
+        let error = Error::Aborted { reason: format!("rank {}: {reason}", self.inner.rank) };
+        self.set_error(error);
+        self.inner.abort_comms(reason);
+    }
+
+    /// Shuts the group down cleanly: finalizes every communicator; later calls return [`Error::Aborted`].
+    pub fn shutdown(&self) -> Result<()> {
+        let comms = self.inner.all_comms();
+        {
+            let mut state = self.lock_state();
+            state.shut_down = true;
+            state.error.get_or_insert(Error::Aborted { reason: "the process group was shut down".to_owned() });
+        }
+        comms.iter().try_for_each(|comm| comm.finalize())
+    }
+
+    // ===== the template =====
+
+    fn collective_key(&self) -> CommKey {
+        CommKey::Collective(vec![self.inner.device.index()])
+    }
+
+    fn spec(&self, op: OpType, input: &B::Buffer, output: &B::Buffer) -> OpSpec<B> {
+        let (inputs, outputs) = (vec![input.clone()], vec![output.clone()]);
+        OpSpec { op, key: self.collective_key(), inputs, outputs, is_barrier: false }
+    }
+
+    fn p2p_spec(&self, op: OpType, buffer: &B::Buffer, peer: usize) -> OpSpec<B> {
+        let key = CommKey::SingleP2p { rank: self.inner.rank, peer };
+        OpSpec { op, key, inputs: vec![buffer.clone()], outputs: vec![buffer.clone()], is_barrier: false }
+    }
+
+    /// The collective template (S2): communicator from the cache, input-ready event from the current stream to
+    /// the communication stream, lifetime guard, the op, the end event, and the Work.
+    fn run(
+        &self,
+        spec: OpSpec<B>,
+        enqueue: impl FnOnce(&B::Communicator, &B::Stream) -> Result<()>,
+    ) -> Result<WorkHandle<B>> {
+        self.check_usable()?;
+        let entry = self.get_comm(&spec.key)?;
+        let device = &self.inner.device;
+        let seq = match spec.op.is_p2p() {
+            true => self.inner.seq_p2p.fetch_add(1, Ordering::Relaxed) + 1,
+            false => self.inner.seq_collective.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        let start_time = device.now();
+        let current = device.current_stream();
+
+        // S9: the communication stream waits until the inputs are ready on the caller's current stream.
+        let input_ready = device.create_event();
+        input_ready.record(&current)?;
+        entry.stream.wait_event(&input_ready)?;
+
+        // S12: the allocator must not reuse the buffers before the communication stream is done with them.
+        let mut stash = Vec::new();
+        for buffer in spec.inputs.iter().chain(&spec.outputs) {
+            match self.inner.options.avoid_record_streams && !spec.op.is_p2p() {
+                true => stash.push(buffer.clone()),
+                false => device.record_stream(buffer, &entry.stream)?,
+            }
+        }
+
+        enqueue(&entry.comm, &entry.stream)?;
+
+        // S10: the end event marks the op's completion on the communication stream.
+        let end_event = Arc::new(device.create_event());
+        end_event.record(&entry.stream)?;
+
+        self.inner.ops_issued.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
+        let options = &self.inner.options;
+        Ok(WorkHandle {
+            state: Arc::new(WorkState {
+                device: device.clone(),
+                comm: entry.comm,
+                comm_stream: entry.stream,
+                end_event,
+                seq,
+                op: spec.op,
+                numel_in: spec.inputs.iter().map(|b| b.numel()).sum(),
+                numel_out: spec.outputs.iter().map(|b| b.numel()).sum(),
+                start_time,
+                timeout: options.timeout,
+                blocking_wait: options.blocking_wait,
+                blocking_wait_poll: options.blocking_wait_poll,
+                is_barrier: spec.is_barrier,
+                exception: Mutex::new(None),
+                stash: Mutex::new(stash),
+                outputs: spec.outputs,
+            }),
+        })
+    }
+
+    /// Looks the key up in this group's cache; on a miss, creates the communicator (S3-S8).
+    fn get_comm(&self, key: &CommKey) -> Result<CommEntry<B>> {
+        let cache_key = key.cache_key();
+        let never = AtomicBool::new(false);
+        let deadline = self.inner.device.now() + self.inner.options.timeout;
+        let store_key = loop {
+            let mut cache = self.lock_cache();
+            if let Some(entry) = cache.ready.get(&cache_key) {
+                return Ok(entry.clone());
+            }
+            if !cache.initializing.contains_key(&cache_key) {
+                // S6: collectives take the next counter value; a single P2P pair uses its own key.
+                let store_key = match key.is_single_p2p() {
+                    true => cache_key.clone(),
+                    false => {
+                        cache.counter += 1;
+                        (cache.counter - 1).to_string()
+                    }
+                };
+                cache.initializing.insert(cache_key.clone(), None);
+                break store_key;
+            }
+            // Another thread of this rank is creating it: wait for it, bounded by the group's timeout.
+            drop(cache);
+            if self.inner.device.now() > deadline {
+                return Err(Error::invalid(format!(
+                    "timed out waiting for another thread to create communicator '{cache_key}'"
+                )));
+            }
+            self.inner.device.sleep(self.inner.options.blocking_wait_poll, &never);
+        };
+        let created = self.create_comm(key, &cache_key, &store_key);
+        let mut cache = self.lock_cache();
+        cache.initializing.remove(&cache_key);
+        let entry = created?;
+        cache.ready.insert(cache_key, entry.clone());
+        Ok(entry)
+    }
+
+    fn create_comm(&self, key: &CommKey, cache_key: &str, store_key: &str) -> Result<CommEntry<B>> {
+        let inner = &self.inner;
+        let (comm_rank, comm_size) = match *key {
+            CommKey::Collective(_) => (inner.rank, inner.size),
+            CommKey::SingleP2p { rank, peer } => (usize::from(rank > peer), 2),
+        };
+        // S6: one rank creates the unique id and publishes it; the others read it.
+        let id = match comm_rank {
+            0 => {
+                let id = inner.device.new_unique_id()?;
+                inner.store.set(store_key, &id.0)?;
+                id
+            }
+            _ => UniqueId(inner.store.get(store_key).map_err(|source| Error::Rendezvous {
+                rank: inner.rank,
+                cache_key: cache_key.to_owned(),
+                store_key: store_key.to_owned(),
+                source,
+            })?),
+        };
+        let config = CommConfig {
+            nonblocking: inner.options.nonblocking_init,
+            description: format!("{}:{}", inner.options.group_desc, inner.options.group_name),
+        };
+        let comm = Arc::new(inner.device.create_communicator(&id, comm_size, comm_rank, &config)?);
+        // S7: visible as initializing until ready (a non-blocking init finishes in the background).
+        self.lock_cache().initializing.insert(cache_key.to_owned(), Some(Arc::clone(&comm)));
+        let never = AtomicBool::new(false);
+        let deadline = inner.device.now() + inner.options.timeout;
+        while !comm.is_ready()? {
+            comm.async_error()?;
+            if inner.device.now() > deadline {
+                let reason = format!("non-blocking init of communicator '{cache_key}' timed out");
+                comm.abort(&reason)?;
+                return Err(Error::communicator(reason));
+            }
+            inner.device.sleep(inner.options.blocking_wait_poll, &never);
+        }
+        // S8: a dedicated stream from the pool; high priority only changes scheduling priority.
+        let stream = inner.device.stream_from_pool(inner.options.high_priority_stream)?;
+        inner.comms_created.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            target: "pg",
+            pg_id = inner.local_id,
+            group = %inner.options.group_name,
+            key = %cache_key,
+            store_key,
+            rank = inner.rank,
+            comm_rank,
+            comm_size,
+            stream = stream.id(),
+            high_priority = stream.is_high_priority(),
+            "created communicator"
+        );
+        Ok(CommEntry { comm, stream })
+    }
+
+    // ===== checks and helpers =====
+
+    fn check_usable(&self) -> Result<()> {
+        match &self.lock_state().error {
+            Some(error) => Err(error.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn check_buffer(&self, what: &str, buffer: &B::Buffer) -> Result<()> {
+        let device = self.inner.device.index();
+        if buffer.device_index() != device {
+            return Err(Error::invalid(format!(
+                "{what}: the buffer is on device {} but this rank's group runs on device {device}",
+                buffer.device_index()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_pair(&self, what: &str, input: &B::Buffer, output: &B::Buffer, lhs: usize, rhs: usize) -> Result<()> {
+        self.check_buffer(what, input)?;
+        self.check_buffer(what, output)?;
+        if input.dtype() != output.dtype() {
+            return Err(Error::invalid(format!(
+                "{what}: input dtype {} differs from output dtype {}",
+                input.dtype(),
+                output.dtype()
+            )));
+        }
+        if lhs != rhs {
+            return Err(Error::invalid(format!(
+                "{what}: sizes do not fit a group of {} ranks (input {} elements, output {} elements)",
+                self.inner.size,
+                input.numel(),
+                output.numel()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_rank(&self, what: &str, rank: usize) -> Result<()> {
+        match rank < self.inner.size {
+            true => Ok(()),
+            false => {
+                Err(Error::invalid(format!("{what} {rank} is out of range for a group of size {}", self.inner.size)))
+            }
+        }
+    }
+
+    fn check_peer(&self, what: &str, peer: usize) -> Result<()> {
+        self.check_rank(&format!("{what} peer"), peer)?;
+        if peer == self.inner.rank {
+            return Err(Error::invalid(format!("{what} to itself (rank {peer}) is not supported")));
+        }
+        Ok(())
+    }
+
+    fn set_error(&self, error: Error) {
+        self.lock_state().error.get_or_insert(error);
+    }
+
+    fn lock_cache(&self) -> MutexGuard<'_, CommCache<B>> {
+        self.inner.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, GroupState> {
+        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<B: Backend> Inner<B> {
+    /// Every communicator of the group, ready or being created.
+    fn all_comms(&self) -> Vec<Arc<B::Communicator>> {
+        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let ready = cache.ready.values().map(|entry| Arc::clone(&entry.comm));
+        ready.chain(cache.initializing.values().flatten().cloned()).collect()
+    }
+
+    fn abort_comms(&self, reason: &str) {
+        for comm in self.all_comms() {
+            if let Err(error) = comm.abort(reason) {
+                tracing::warn!(target: "pg", pg_id = self.local_id, %error, "aborting a communicator failed");
+            }
+        }
+    }
+}
+
+impl<B: Backend> Drop for Inner<B> {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if !state.shut_down && state.error.is_none() && !self.all_comms().is_empty() {
+            tracing::warn!(
+                target: "pg",
+                pg_id = self.local_id,
+                rank = self.rank,
+                "process group dropped without shutdown(); aborting its communicators"
+            );
+            self.abort_comms("the process group was dropped without shutdown()");
+        }
+    }
+}

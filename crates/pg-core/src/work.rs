@@ -1,0 +1,266 @@
+//! Work: the handle of one enqueued operation, with PyTorch's `WorkNCCL` semantics (S11, S13-S15).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::{Backend, Communicator, Device, Error, Event, Future, OpType, Result, Stream};
+
+/// The object-safe face of a Work, for code that holds Works of several backends or groups.
+pub trait Work: Send + Sync + fmt::Debug {
+    /// Orders the caller's current stream after the op (and, with blocking wait, blocks the host until done).
+    fn wait(&self) -> Result<()>;
+    /// Like [`Work::wait`], but blocks the host until the op completes or `timeout` passes.
+    fn wait_timeout(&self, timeout: Duration) -> Result<()>;
+    /// Whether the op has finished on the device or failed; never just "the host call returned".
+    fn is_completed(&self) -> bool;
+    /// The error this Work failed with, if any.
+    fn exception(&self) -> Option<Error>;
+    /// The sequence number in its group.
+    fn seq(&self) -> u64;
+    /// What the op is.
+    fn op_type(&self) -> OpType;
+}
+
+/// What the Work of one op knows; shared between the caller's handle and the watchdog.
+pub(crate) struct WorkState<B: Backend> {
+    pub(crate) device: B::Device,
+    pub(crate) comm: Arc<B::Communicator>,
+    pub(crate) comm_stream: B::Stream,
+    pub(crate) end_event: Arc<B::Event>,
+    pub(crate) seq: u64,
+    pub(crate) op: OpType,
+    pub(crate) numel_in: usize,
+    pub(crate) numel_out: usize,
+    /// Host time at creation: the base of the timeout (S13), not the device start of the op.
+    pub(crate) start_time: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) blocking_wait: bool,
+    pub(crate) blocking_wait_poll: Duration,
+    pub(crate) is_barrier: bool,
+    pub(crate) exception: Mutex<Option<Error>>,
+    /// Buffers kept alive until the Work is waited on (avoid-record-streams mode, S12).
+    pub(crate) stash: Mutex<Vec<B::Buffer>>,
+    pub(crate) outputs: Vec<B::Buffer>,
+}
+
+impl<B: Backend> WorkState<B> {
+    pub(crate) fn exception(&self) -> Option<Error> {
+        self.exception.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Records `error` unless an earlier one is there: the first error is the one reported.
+    pub(crate) fn set_exception(&self, error: Error) {
+        let mut slot = self.exception.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+    }
+
+    /// Reads the communicator's async error into this Work (PyTorch's `checkAndSetException`).
+    pub(crate) fn check_and_set_exception(&self) {
+        if let Err(error) = self.comm.async_error() {
+            self.set_exception(error);
+        }
+    }
+
+    /// PyTorch's `isCompleted`: an exception, or the end event has passed.
+    pub(crate) fn is_completed(&self) -> bool {
+        if !self.comm.is_aborted() {
+            self.check_and_set_exception();
+        }
+        if self.exception().is_some() {
+            return true;
+        }
+        match self.end_event.query() {
+            Ok(done) => done,
+            Err(error) => {
+                self.set_exception(error);
+                true
+            }
+        }
+    }
+
+    /// Sets the timeout error if the Work has run longer than `timeout` since its host start time.
+    pub(crate) fn check_timeout(&self, timeout: Duration) -> bool {
+        let elapsed = self.device.now().saturating_sub(self.start_time);
+        if elapsed <= timeout {
+            return false;
+        }
+        self.set_exception(Error::WorkTimeout {
+            seq: self.seq,
+            op: self.op,
+            numel_in: self.numel_in,
+            numel_out: self.numel_out,
+            timeout,
+            elapsed,
+        });
+        true
+    }
+
+    /// Makes the caller's current stream wait for the end event, then releases the stash (S11, S12).
+    fn synchronize_stream(&self) -> Result<()> {
+        let current = self.device.current_stream();
+        current.wait_event(&self.end_event)?;
+        self.stash.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        Ok(())
+    }
+
+    fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        self.synchronize_stream()?;
+        if self.blocking_wait || timeout.is_some() {
+            let timeout = timeout.unwrap_or(self.timeout);
+            let never = std::sync::atomic::AtomicBool::new(false);
+            while !self.is_completed() {
+                if self.check_timeout(timeout) {
+                    tracing::error!(target: "pg", seq = self.seq, op = %self.op, "timed out in blocking wait");
+                    break;
+                }
+                self.device.sleep(self.blocking_wait_poll, &never);
+            }
+        } else if self.is_barrier {
+            // A barrier is a host barrier: the current stream is synchronised, not the device (S16).
+            self.device.current_stream().synchronize()?;
+        }
+        match self.exception() {
+            None => Ok(()),
+            Some(error) => {
+                // As PyTorch: the failed Work's communicator is aborted before the error reaches the caller.
+                if let Err(abort_error) = self.comm.abort(&error.to_string()) {
+                    tracing::warn!(target: "pg", %abort_error, "abort after a failed wait also failed");
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// The handle of one enqueued collective or point-to-point op.
+///
+/// Returned by every process-group op; the synchronous form of an op is exactly this followed by
+/// [`WorkHandle::wait`].
+///
+/// `wait()` orders the caller's current stream after the op: later work on that stream sees the results.
+/// It does not block the host (unless blocking wait is on) and it orders no other stream.
+/// `is_completed()` is the truthful completion signal; a returned host call is never completion.
+#[must_use = "a Work that is never waited on leaves the current stream unordered after the op"]
+pub struct WorkHandle<B: Backend> {
+    pub(crate) state: Arc<WorkState<B>>,
+}
+
+impl<B: Backend> Clone for WorkHandle<B> {
+    fn clone(&self) -> Self {
+        Self { state: Arc::clone(&self.state) }
+    }
+}
+
+impl<B: Backend> fmt::Debug for WorkHandle<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkHandle")
+            .field("seq", &self.state.seq)
+            .field("op", &self.state.op)
+            .field("numel_in", &self.state.numel_in)
+            .field("numel_out", &self.state.numel_out)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> WorkHandle<B> {
+    /// Orders the caller's current stream after the op; with blocking wait, also blocks the host until the op
+    /// completes, fails or times out (then the communicator is aborted and the error returned).
+    pub fn wait(&self) -> Result<()> {
+        self.state.wait(None)
+    }
+
+    /// Orders the current stream after the op and blocks the host until it completes or `timeout` passes.
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<()> {
+        self.state.wait(Some(timeout))
+    }
+
+    /// Whether the op finished on the device (its end event passed) or failed.
+    pub fn is_completed(&self) -> bool {
+        self.state.is_completed()
+    }
+
+    /// Whether the op finished without an error.
+    pub fn is_success(&self) -> bool {
+        self.is_completed() && self.exception().is_none()
+    }
+
+    /// The error this Work failed with.
+    pub fn exception(&self) -> Option<Error> {
+        self.state.exception()
+    }
+
+    /// The sequence number in its group (collectives and point-to-point ops count separately, from 1).
+    pub fn seq(&self) -> u64 {
+        self.state.seq
+    }
+
+    /// What the op is.
+    pub fn op_type(&self) -> OpType {
+        self.state.op
+    }
+
+    /// The host time at which the Work was created: the base of its timeout (S13).
+    pub fn start_time(&self) -> Duration {
+        self.state.start_time
+    }
+
+    /// The timeout this Work runs under.
+    pub fn timeout(&self) -> Duration {
+        self.state.timeout
+    }
+
+    /// The stream the op was enqueued on (the group's communication stream for its device key).
+    pub fn comm_stream(&self) -> &B::Stream {
+        &self.state.comm_stream
+    }
+
+    /// Whether the end event's backend object exists (it is made when it is first recorded, S13).
+    pub fn end_event_created(&self) -> bool {
+        self.state.end_event.is_created()
+    }
+
+    /// The output buffers.
+    pub fn outputs(&self) -> &[B::Buffer] {
+        &self.state.outputs
+    }
+
+    /// The CUDA-aware Future of the op: done at once, with the outputs (S17).
+    pub fn future(&self) -> Future<B> {
+        Future::new(self.state.device.clone(), Arc::clone(&self.state.end_event), self.state.outputs.clone())
+    }
+
+    /// Blocks the host until the op has finished on the device (the end event's synchronize), whatever the
+    /// blocking-wait setting; does not order any stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.state.end_event.synchronize()
+    }
+}
+
+impl<B: Backend> Work for WorkHandle<B> {
+    fn wait(&self) -> Result<()> {
+        WorkHandle::wait(self)
+    }
+
+    fn wait_timeout(&self, timeout: Duration) -> Result<()> {
+        WorkHandle::wait_timeout(self, timeout)
+    }
+
+    fn is_completed(&self) -> bool {
+        WorkHandle::is_completed(self)
+    }
+
+    fn exception(&self) -> Option<Error> {
+        WorkHandle::exception(self)
+    }
+
+    fn seq(&self) -> u64 {
+        WorkHandle::seq(self)
+    }
+
+    fn op_type(&self) -> OpType {
+        WorkHandle::op_type(self)
+    }
+}
