@@ -102,7 +102,9 @@ pub(crate) struct RankComm {
 /// The ranks that joined one unique id.
 #[derive(Debug)]
 pub(crate) struct CommGroup {
-    index: usize,
+    /// The communicator's number in messages: the counter of the mock unique id it was made from (so it does
+    /// not depend on which rank joined first), or its creation order for a foreign id.
+    number: u64,
     size: usize,
     description: String,
     pub(crate) ready_time: Option<Time>,
@@ -258,6 +260,7 @@ impl State {
         let Some(slot) = g.slots.get(&key) else { return };
         let parts: Vec<(usize, Part)> = slot.parts.iter().map(|(r, p)| (*r, p.clone())).collect();
         let Some((r0, p0)) = parts.first() else { return };
+        let number = g.number;
         let mismatch = match key {
             SlotKey::Coll(k) => parts
                 .iter()
@@ -266,7 +269,7 @@ impl State {
                 })
                 .map(|(r, p)| {
                     format!(
-                        "collective mismatch on communicator {group} at operation {k}: rank {r0} called {} but rank {r} \
+                        "collective mismatch on communicator {number} at operation {k}: rank {r0} called {} but rank {r} \
                          called {}",
                         p0.describe(),
                         p.describe()
@@ -277,7 +280,7 @@ impl State {
                 .find(|(_, p)| p.dtype != p0.dtype || p.numel_in != p0.numel_in)
                 .map(|(r, p)| {
                     format!(
-                        "point-to-point mismatch on communicator {group} (message {n} from rank {src} to rank {dst}): \
+                        "point-to-point mismatch on communicator {number} (message {n} from rank {src} to rank {dst}): \
                          rank {r0} called {} but rank {r} called {}",
                         p0.describe(),
                         p.describe()
@@ -326,11 +329,12 @@ impl State {
     /// What a slot waits for, for deadlock reports.
     pub(crate) fn slot_status(&self, group: usize, key: SlotKey) -> String {
         let g = &self.comms.groups[group];
-        let Some(slot) = g.slots.get(&key) else { return format!("communicator {group}: aborted") };
+        let number = g.number;
+        let Some(slot) = g.slots.get(&key) else { return format!("communicator {number}: aborted") };
         let what = match key {
-            SlotKey::Coll(k) => format!("operation {k} on communicator {group}"),
+            SlotKey::Coll(k) => format!("operation {k} on communicator {number}"),
             SlotKey::P2p { src, dst, n } => {
-                format!("message {n} from rank {src} to rank {dst} on communicator {group}")
+                format!("message {n} from rank {src} to rank {dst} on communicator {number}")
             }
         };
         if let Some(why) = &slot.stuck {
@@ -348,11 +352,16 @@ impl State {
         }
     }
 
+    /// The number messages give communicator group `group`.
+    pub(crate) fn comm_number(&self, group: usize) -> u64 {
+        self.comms.groups[group].number
+    }
+
     /// Which ranks a communicator still waits for, for reports.
     pub(crate) fn comm_status(&self, group: usize) -> String {
         let g = &self.comms.groups[group];
         let missing = join_ranks(g.ranks.iter().enumerate().filter(|(_, r)| r.joined.is_none()).map(|(i, _)| i));
-        format!("communicator {group} ('{}') waits for rank(s) {missing} to join", g.description)
+        format!("communicator {} ('{}') waits for rank(s) {missing} to join", g.number, g.description)
     }
 
     /// Joins `rank` (on `device`) to the communicator with `id`; returns the group index.
@@ -369,8 +378,15 @@ impl State {
             Some(g) => *g,
             None => {
                 let index = self.comms.groups.len();
+                let number = match id.get(..16) {
+                    Some(head) if head.starts_with(b"pg-mock\0") => {
+                        let counter = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+                        counter.saturating_sub(1)
+                    }
+                    _ => u64::try_from(index).unwrap_or(u64::MAX),
+                };
                 self.comms.groups.push(CommGroup {
-                    index,
+                    number,
                     size,
                     description: description.to_owned(),
                     ready_time: None,
@@ -402,7 +418,7 @@ impl State {
                 g.ready_time = Some(last + crate::clock::ns(self.config.comm_init));
             }
         }
-        tracing::debug!(target: "pg_mock", group = g.index, rank, size, device, "communicator created");
+        tracing::debug!(target: "pg_mock", communicator = g.number, rank, size, device, "communicator created");
         if self.faults.iter().any(|f| matches!(f, Fault::AsyncError { rank: r, after_ops: 0 } if *r == device)) {
             g.ranks[rank].error =
                 Some((time, format!("NCCL error: unhandled system error (injected fault: rank {rank})")));
@@ -432,9 +448,9 @@ impl fmt::Debug for MockCommunicator {
 }
 
 impl MockCommunicator {
-    /// The communicator's number in its world (creation order of unique ids).
-    pub fn index(&self) -> usize {
-        self.group
+    /// The communicator's number in its world, as messages name it (the counter of its mock unique id, from 0).
+    pub fn number(&self) -> u64 {
+        self.inner.lock().comms.groups[self.group].number
     }
 
     fn check_buffer(&self, buffer: &MockBuffer, what: &str) -> Result<()> {
@@ -485,7 +501,7 @@ impl MockCommunicator {
             if g.ranks[self.rank].joined.is_none() {
                 return Err(Error::communicator(format!(
                     "{name}: this rank never joined communicator {} (injected fault)",
-                    self.group
+                    g.number
                 )));
             }
             let slow: std::time::Duration = st
@@ -515,10 +531,11 @@ impl MockCommunicator {
                 }
             };
             let op_index = rc.next_coll + rc.sent.values().sum::<u64>() + rc.received.values().sum::<u64>() - 1;
+            let number = st.comms.groups[self.group].number;
             let label = match key {
-                SlotKey::Coll(k) => format!("{name} (op {k} on communicator {})", self.group),
+                SlotKey::Coll(k) => format!("{name} (op {k} on communicator {number})"),
                 SlotKey::P2p { src, dst, n } => {
-                    format!("{name} (message {n} from rank {src} to rank {dst} on communicator {})", self.group)
+                    format!("{name} (message {n} from rank {src} to rank {dst} on communicator {number})")
                 }
             };
             let clock = st.launch_clock(Some(tid), stream.index);
@@ -683,7 +700,8 @@ impl pg_core::Communicator for MockCommunicator {
             for op in &pending {
                 state.pin(*op);
             }
-            let what = format!("finalizing rank {} of communicator {}", self.rank, self.group);
+            let number = state.comms.groups[self.group].number;
+            let what = format!("finalizing rank {} of communicator {number}", self.rank);
             let (s, _) = self.inner.park(state, tid, Cond::OpsDone(pending.clone()), None, None, what);
             state = s;
             for op in &pending {

@@ -305,7 +305,7 @@ impl pg_core::Device for MockDevice {
             return Ok(comm);
         }
         let cond = if never { Cond::Never } else { Cond::CommReady(group) };
-        let what = format!("creating rank {rank} of communicator {group} (blocking init)");
+        let what = format!("creating rank {rank} of communicator {} (blocking init)", state.comm_number(group));
         let (state, _) = self.inner.park(state, tid, cond, None, None, what);
         self.inner.raise(state);
         Ok(comm)
