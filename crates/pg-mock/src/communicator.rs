@@ -94,6 +94,8 @@ pub(crate) struct RankComm {
     sent: HashMap<usize, u64>,
     received: HashMap<usize, u64>,
     completed: u64,
+    /// The last operation this rank enqueued on each stream (what `finalize` waits for).
+    last_ops: HashMap<usize, u64>,
     aborted: Option<String>,
     /// The asynchronous error and the time from which it is visible.
     error: Option<(Time, String)>,
@@ -563,6 +565,7 @@ impl MockCommunicator {
                 name,
                 None,
             );
+            st.comms.groups[self.group].ranks[self.rank].last_ops.insert(op.stream, op.seq);
             let part = Part {
                 op,
                 kind,
@@ -691,11 +694,12 @@ impl pg_core::Communicator for MockCommunicator {
     fn finalize(&self) -> Result<()> {
         let tid = self.inner.require("Communicator::finalize");
         let mut state = self.inner.lock();
-        let pending: Vec<OpRef> = state.comms.groups[self.group]
-            .slots
-            .values()
-            .filter_map(|slot| slot.parts.get(&self.rank).map(|p| p.op))
+        let mut pending: Vec<OpRef> = state.comms.groups[self.group].ranks[self.rank]
+            .last_ops
+            .iter()
+            .map(|(stream, seq)| OpRef { stream: *stream, seq: *seq })
             .collect();
+        pending.sort();
         if !pending.is_empty() {
             for op in &pending {
                 state.pin(*op);

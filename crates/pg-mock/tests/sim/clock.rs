@@ -214,3 +214,27 @@ fn unregistered_threads_are_refused() {
     assert!(message.contains("not registered"), "{message}");
     assert_eq!(w.now(), Duration::ZERO);
 }
+
+#[test]
+fn a_livelock_stops_at_the_time_limit() {
+    let w = World::new(pg_mock::WorldConfig {
+        time_limit: Duration::from_secs(1),
+        ..pg_mock::WorldConfig::with_devices(1)
+    });
+    let message = panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        w.run(1, |_, device| loop {
+            device.sleep(100 * MS, &AtomicBool::new(false));
+        });
+    })));
+    assert!(message.contains("virtual time limit of 1.000 s reached"), "{message}");
+    assert!(message.contains("thread 'rank0' (local time 1.000 s): sleeping for 100.000 ms"), "{message}");
+}
+
+#[test]
+fn an_unregistered_caller_reads_global_time() {
+    let w = world(1);
+    let device = w.device(0);
+    w.run(1, |_, d| d.sleep(3 * MS, &AtomicBool::new(false)));
+    assert_eq!(device.now(), 3 * MS);
+    assert_eq!(w.now(), 3 * MS);
+}

@@ -4,6 +4,7 @@ mod basics;
 mod clock;
 mod collectives;
 mod common;
+mod comms;
 mod faults;
 mod hazards;
 mod memory;
