@@ -136,6 +136,8 @@ pub(crate) struct State {
     pub(crate) interrupt_epoch: u64,
     /// A deadlock or limit report: every parked thread panics with it.
     pub(crate) failure: Option<String>,
+    /// Registered threads that ended by a panic, in order (the first is the likely root cause).
+    pub(crate) panicked: Vec<(usize, String)>,
     pub(crate) devices: Vec<DeviceState>,
     pub(crate) streams: Vec<StreamState>,
     /// Streams with operations not yet resolved.
@@ -166,6 +168,7 @@ impl State {
             next_thread: 0,
             interrupt_epoch: 0,
             failure: None,
+            panicked: Vec::new(),
             devices: Vec::new(),
             streams: Vec::new(),
             active: BTreeSet::new(),
@@ -283,7 +286,11 @@ impl Drop for Enter {
         let id = self.inner.id;
         let _ = REGISTERED.try_with(|r| r.borrow_mut().retain(|(w, _)| *w != id));
         let mut state = self.inner.lock();
-        state.threads.remove(&self.tid);
+        if let Some(thread) = state.threads.remove(&self.tid) {
+            if std::thread::panicking() {
+                state.panicked.push((self.tid, thread.name));
+            }
+        }
         state.version += 1;
         drop(state);
         self.inner.changed.notify_all();
@@ -568,16 +575,17 @@ impl World {
                 }
             }
             let mut results = Vec::with_capacity(n);
-            let mut first_panic = None;
-            for handle in handles {
+            let mut panics = Vec::new();
+            for (rank, handle) in handles.into_iter().enumerate() {
                 match handle.join() {
                     Ok(value) => results.push(value),
-                    Err(payload) => {
-                        first_panic.get_or_insert(payload);
-                    }
+                    Err(payload) => panics.push((tids[rank], payload)),
                 }
             }
-            if let Some(payload) = first_panic {
+            // Re-raise the panic that happened first (a hazard, say), not a deadlock report it caused later.
+            let order = self.inner.lock().panicked.iter().map(|(tid, _)| *tid).collect::<Vec<_>>();
+            panics.sort_by_key(|(tid, _)| order.iter().position(|t| t == tid).unwrap_or(usize::MAX));
+            if let Some((_, payload)) = panics.into_iter().next() {
                 std::panic::resume_unwind(payload);
             }
             results

@@ -238,3 +238,21 @@ fn an_unregistered_caller_reads_global_time() {
     assert_eq!(device.now(), 3 * MS);
     assert_eq!(w.now(), 3 * MS);
 }
+
+#[test]
+fn the_first_panic_is_reraised_not_the_deadlock_it_causes() {
+    let w = world(2);
+    let store = w.store();
+    let message = panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        w.run(2, move |rank, device| {
+            let c = comm(&store, "id", &device, rank, 2);
+            if rank == 1 {
+                panic!("rank 1 failed on its own");
+            }
+            let b = device.alloc(DType::F32, 4).unwrap();
+            c.all_reduce(&b, &b, ReduceOp::Sum, &device.current_stream()).unwrap();
+            device.synchronize().unwrap();
+        });
+    })));
+    assert_eq!(message, "rank 1 failed on its own");
+}
