@@ -3,8 +3,12 @@
 
 use std::process::ExitCode;
 
+mod bench_allreduce;
+mod bench_store;
 mod experiments;
 mod gpu;
+mod gpu_test;
+mod interop;
 mod tidy;
 
 const HELP: &str = "\
@@ -38,6 +42,11 @@ fn main() -> ExitCode {
         }
         "experiments" => experiments::main(rest),
         "tidy" => tidy::main(),
+        "interop" => interop::main(rest),
+        "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
+        "gpu-test" => gpu_test::run(rest),
+        gpu::RANK_TASK => gpu::rank_main(rest),
+        "bench" => bench_allreduce::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     match result {
