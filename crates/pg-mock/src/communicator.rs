@@ -97,6 +97,8 @@ pub(crate) struct RankComm {
     /// The last operation this rank enqueued on each stream (what `finalize` waits for).
     last_ops: HashMap<usize, u64>,
     aborted: Option<String>,
+    /// An injected abort and the time it happens ([`Fault::AbortDuringOp`]).
+    scheduled_abort: Option<(Time, String)>,
     /// The asynchronous error and the time from which it is visible.
     error: Option<(Time, String)>,
 }
@@ -303,6 +305,16 @@ impl State {
         }
     }
 
+    /// Applies an injected abort of rank `rank` of `group` once the global time has reached it.
+    pub(crate) fn apply_scheduled_abort(&mut self, group: usize, rank: usize) {
+        let rc = &self.comms.groups[group].ranks[rank];
+        if let Some((time, reason)) = rc.scheduled_abort.clone().filter(|(t, _)| *t <= self.now) {
+            if rc.aborted.is_none() {
+                self.abort_rank(group, rank, &reason, time);
+            }
+        }
+    }
+
     /// Aborts rank `rank` of `group` at `time`: its pending operations finish then, without effect.
     pub(crate) fn abort_rank(&mut self, group: usize, rank: usize, reason: &str, time: Time) {
         let g = &mut self.comms.groups[group];
@@ -496,6 +508,7 @@ impl MockCommunicator {
         stream.check(&self.inner, self.device, name)?;
         let cost = self.inner.config.host.collective_enqueue;
         self.inner.with(|st| {
+            st.apply_scheduled_abort(self.group, self.rank);
             let g = &st.comms.groups[self.group];
             if let Some(reason) = &g.ranks[self.rank].aborted {
                 return Err(Error::Aborted { reason: format!("{name} on an aborted communicator: {reason}") });
@@ -585,6 +598,24 @@ impl MockCommunicator {
                 }
                 _ => None,
             });
+            let abort_during = st.faults.iter().find_map(|f| match f {
+                Fault::AbortDuringOp { rank, op, after } if *rank == self.device && *op == op_index => Some(*after),
+                _ => None,
+            });
+            let hang = match abort_during {
+                Some(after) => {
+                    let at = part.enqueue + crate::clock::ns(after);
+                    let reason = format!("injected fault: rank {} aborted during operation {op_index}", self.device);
+                    st.comms.groups[self.group].ranks[self.rank].scheduled_abort.get_or_insert((at, reason.clone()));
+                    if let Some(o) = st.streams[op.stream].ops.get_mut(&op.seq) {
+                        if let OpKind::Comm { abort_at, .. } = &mut o.kind {
+                            *abort_at = Some(at);
+                        }
+                    }
+                    Some(reason)
+                }
+                None => hang,
+            };
             let expected = st.expected_parts(self.group, key);
             let slot = st.comms.groups[self.group].slots.entry(key).or_default();
             slot.parts.insert(self.rank, part);
@@ -656,6 +687,7 @@ impl pg_core::Communicator for MockCommunicator {
         let cost = self.inner.config.host.query;
         self.inner.with(|st| {
             st.charge(tid, cost);
+            st.apply_scheduled_abort(self.group, self.rank);
             let g = &st.comms.groups[self.group];
             if let Some(reason) = &g.ranks[self.rank].aborted {
                 return Err(Error::Aborted { reason: reason.clone() });
@@ -669,6 +701,7 @@ impl pg_core::Communicator for MockCommunicator {
         let cost = self.inner.config.host.query;
         self.inner.with(|st| {
             st.charge(tid, cost);
+            st.apply_scheduled_abort(self.group, self.rank);
             let rc = &st.comms.groups[self.group].ranks[self.rank];
             match &rc.error {
                 Some((t, message)) if *t <= st.now && rc.aborted.is_none() => Err(Error::communicator(message.clone())),
@@ -688,7 +721,9 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn is_aborted(&self) -> bool {
-        self.inner.lock().comms.groups[self.group].ranks[self.rank].aborted.is_some()
+        let mut state = self.inner.lock();
+        state.apply_scheduled_abort(self.group, self.rank);
+        state.comms.groups[self.group].ranks[self.rank].aborted.is_some()
     }
 
     fn finalize(&self) -> Result<()> {

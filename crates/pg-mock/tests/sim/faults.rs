@@ -156,3 +156,31 @@ fn a_rank_that_never_arrives_times_out_in_the_store() {
     assert_eq!(message, "wait timeout after 60000ms, keys: rank1/ready");
     assert_eq!(now, Duration::from_secs(60));
 }
+
+#[test]
+fn an_abort_during_an_op_ends_it_and_fails_later_ops() {
+    let w = faulty(2, vec![Fault::AbortDuringOp { rank: 0, op: 0, after: 2 * MS }]);
+    let store = w.store();
+    let got = w.run(2, move |rank, device| {
+        let c = Arc::new(comm(&store, "id", &device, rank, 2));
+        let s = device.current_stream();
+        let b = device.alloc(DType::F32, 16).unwrap();
+        let before = (c.is_aborted(), device.now());
+        c.all_reduce(&b, &b, ReduceOp::Sum, &s).unwrap();
+        let done = Arc::new(device.create_event());
+        done.record(&s).unwrap();
+        if rank == 1 {
+            // Rank 1's part never completes: its own watchdog aborts it.
+            watchdog(&device, Arc::clone(&c), Arc::clone(&done), 10 * MS);
+        }
+        s.synchronize().unwrap();
+        let waited = device.now() - before.1;
+        let later = c.all_reduce(&b, &b, ReduceOp::Sum, &s).unwrap_err();
+        (before.0, waited, c.is_aborted(), later.to_string())
+    });
+    let (aborted_before, waited, aborted_after, later) = &got[0];
+    assert!(!aborted_before && *aborted_after);
+    assert!(*waited >= 2 * MS && *waited < 3 * MS, "rank 0 is released by the injected abort: {waited:?}");
+    assert!(later.contains("aborted during operation 0"), "{later}");
+    assert!(got[1].1 >= 10 * MS, "rank 1 waits for its own watchdog: {:?}", got[1].1);
+}
