@@ -188,7 +188,7 @@ impl pg_core::Device for MockDevice {
         let tid = self.inner.require("Device::synchronize");
         let state = self.inner.lock();
         let streams: Vec<usize> = (0..state.streams.len()).filter(|s| state.streams[*s].device == self.index).collect();
-        let (state, ()) = sync_streams(&self.inner, state, tid, &streams);
+        let state = sync_streams(&self.inner, state, tid, &streams);
         self.inner.raise(state);
         Ok(())
     }

@@ -472,7 +472,7 @@ impl pg_core::Stream for MockStream {
     fn synchronize(&self) -> Result<()> {
         let tid = self.inner.require("Stream::synchronize");
         let state = self.inner.lock();
-        let (state, ()) = sync_streams(&self.inner, state, tid, &[self.index]);
+        let state = sync_streams(&self.inner, state, tid, &[self.index]);
         self.inner.raise(state);
         Ok(())
     }
@@ -484,7 +484,7 @@ pub(crate) fn sync_streams<'a>(
     mut state: std::sync::MutexGuard<'a, State>,
     tid: usize,
     streams: &[usize],
-) -> (std::sync::MutexGuard<'a, State>, ()) {
+) -> std::sync::MutexGuard<'a, State> {
     state.resolve();
     let ops: Vec<OpRef> = streams.iter().filter_map(|s| state.last_op(*s)).collect();
     let clocks: Vec<VClock> = streams.iter().map(|s| state.streams[*s].clock.clone()).collect();
@@ -502,5 +502,5 @@ pub(crate) fn sync_streams<'a>(
     for clock in &clocks {
         state.join_thread_clock(Some(tid), clock);
     }
-    (state, ())
+    state
 }
