@@ -328,6 +328,7 @@ impl Rank {
         let work = group.all_reduce(&buffer, ReduceOp::Sum).map_err(|e| e.to_string())?;
         work.wait().map_err(|e| e.to_string())?;
         let (error, latency) = Self::poll_error(self.timeout() * 5, || work.exception().or_else(|| group.error()));
+        let detected_after = start.elapsed();
         group.abort("the scenario is over");
         let bound = self.timeout() + self.period() * 2 + Duration::from_millis(20);
         Ok(Row {
@@ -336,7 +337,7 @@ impl Rank {
             expected: expected.to_owned(),
             observed: error.as_ref().map_or("no error".to_owned(), describe),
             detection_ms: Some(ms(latency)),
-            pass: error.is_some() && start.elapsed() <= bound + Duration::from_millis(100) && latency <= bound,
+            pass: error.is_some() && detected_after <= bound && latency <= bound,
         })
     }
 }
