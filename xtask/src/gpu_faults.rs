@@ -197,7 +197,11 @@ impl Rank {
         work.wait().map_err(|e| e.to_string())?;
         let (error, latency) = Self::poll_error(self.timeout() * 5, || work.exception());
         let dump = Path::new(&self.plan.dump_dir).join("scenario-1/nccl_trace_rank_0");
-        let dumped = dump.exists();
+        // The watchdog sets the error, then writes the dump: give the write a moment.
+        let (dumped, _) = Self::poll_error(Duration::from_secs(2), || {
+            dump.exists().then(|| Error::invalid("the dump is there (a found marker, not an error)"))
+        });
+        let dumped = dumped.is_some();
         let report = group.desync_report();
         self.detected("1", &group);
         let bound = self.timeout() + self.period() * 2;
