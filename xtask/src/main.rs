@@ -1,10 +1,15 @@
 //! `cargo xtask`: the project's tasks in one binary (the cargo-xtask pattern).
 #![forbid(unsafe_code)]
 
-mod bench_allreduce;
-mod gpu_test;
-
 use std::process::ExitCode;
+
+mod bench_allreduce;
+mod bench_store;
+mod experiments;
+mod gpu;
+mod gpu_test;
+mod interop;
+mod tidy;
 
 const HELP: &str = "\
 cargo xtask <task> [options]
@@ -35,11 +40,14 @@ fn main() -> ExitCode {
             print!("{HELP}");
             Ok(())
         }
-        "gpu-test" => gpu_test::run(rest),
+        "experiments" => experiments::main(rest),
+        "tidy" => tidy::main(),
+        "interop" => interop::main(rest),
+        "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
         "bench" => bench_allreduce::run(rest),
+        "gpu-test" => gpu_test::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
-    let _ = rest;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::Backend;
 
@@ -48,11 +48,14 @@ impl fmt::Display for CommKey {
 pub(crate) struct CommEntry<B: Backend> {
     pub(crate) comm: Arc<B::Communicator>,
     pub(crate) stream: B::Stream,
+    /// The key's reusable input-ready event (PyTorch's `ncclEvents_[key]`), re-recorded by every op; the
+    /// mutex keeps one op's record and wait together.
+    pub(crate) input_ready: Arc<Mutex<B::Event>>,
 }
 
 impl<B: Backend> Clone for CommEntry<B> {
     fn clone(&self) -> Self {
-        Self { comm: Arc::clone(&self.comm), stream: self.stream.clone() }
+        Self { comm: Arc::clone(&self.comm), stream: self.stream.clone(), input_ready: Arc::clone(&self.input_ready) }
     }
 }
 

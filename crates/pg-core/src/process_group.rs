@@ -83,6 +83,8 @@ struct OpSpec<B: Backend> {
     inputs: Vec<B::Buffer>,
     outputs: Vec<B::Buffer>,
     is_barrier: bool,
+    /// The inputs are the outputs (all_reduce, broadcast, send, recv).
+    in_place: bool,
 }
 
 impl<B: Backend> ProcessGroup<B> {
@@ -202,7 +204,7 @@ impl<B: Backend> ProcessGroup<B> {
     pub fn all_reduce(&self, buffer: &B::Buffer, op: ReduceOp) -> Result<WorkHandle<B>> {
         self.check_buffer("all_reduce", buffer)?;
         op.check(buffer.dtype())?;
-        let spec = self.spec(OpType::AllReduce, buffer, buffer);
+        let spec = self.in_place_spec(OpType::AllReduce, buffer);
         self.run(spec, |comm, stream| comm.all_reduce(buffer, buffer, op, stream))
     }
 
@@ -215,7 +217,7 @@ impl<B: Backend> ProcessGroup<B> {
     pub fn broadcast(&self, buffer: &B::Buffer, root: usize) -> Result<WorkHandle<B>> {
         self.check_buffer("broadcast", buffer)?;
         self.check_rank("broadcast root", root)?;
-        let spec = self.spec(OpType::Broadcast, buffer, buffer);
+        let spec = self.in_place_spec(OpType::Broadcast, buffer);
         self.run(spec, |comm, stream| comm.broadcast(buffer, buffer, root, stream))
     }
 
@@ -256,7 +258,7 @@ impl<B: Backend> ProcessGroup<B> {
         let device = &self.inner.device;
         let zeros = device.alloc(DType::F32, 1)?;
         device.fill(&zeros, 0.0, &device.current_stream())?;
-        let mut spec = self.spec(OpType::Barrier, &zeros, &zeros);
+        let mut spec = self.in_place_spec(OpType::Barrier, &zeros);
         spec.is_barrier = true;
         self.run(spec, |comm, stream| comm.all_reduce(&zeros, &zeros, ReduceOp::Sum, stream))
     }
@@ -296,12 +298,23 @@ impl<B: Backend> ProcessGroup<B> {
 
     fn spec(&self, op: OpType, input: &B::Buffer, output: &B::Buffer) -> OpSpec<B> {
         let (inputs, outputs) = (vec![input.clone()], vec![output.clone()]);
-        OpSpec { op, key: self.collective_key(), inputs, outputs, is_barrier: false }
+        OpSpec { op, key: self.collective_key(), inputs, outputs, is_barrier: false, in_place: false }
+    }
+
+    fn in_place_spec(&self, op: OpType, buffer: &B::Buffer) -> OpSpec<B> {
+        OpSpec { in_place: true, ..self.spec(op, buffer, buffer) }
     }
 
     fn p2p_spec(&self, op: OpType, buffer: &B::Buffer, peer: usize) -> OpSpec<B> {
         let key = CommKey::SingleP2p { rank: self.inner.rank, peer };
-        OpSpec { op, key, inputs: vec![buffer.clone()], outputs: vec![buffer.clone()], is_barrier: false }
+        OpSpec {
+            op,
+            key,
+            inputs: vec![buffer.clone()],
+            outputs: vec![buffer.clone()],
+            is_barrier: false,
+            in_place: true,
+        }
     }
 
     /// The collective template (S2): communicator from the cache, input-ready event from the current stream to
@@ -322,13 +335,17 @@ impl<B: Backend> ProcessGroup<B> {
         let current = device.current_stream();
 
         // S9: the communication stream waits until the inputs are ready on the caller's current stream.
-        let input_ready = device.create_event();
-        input_ready.record(&current)?;
-        entry.stream.wait_event(&input_ready)?;
+        {
+            let input_ready = entry.input_ready.lock().unwrap_or_else(PoisonError::into_inner);
+            input_ready.record(&current)?;
+            entry.stream.wait_event(&input_ready)?;
+        }
 
         // S12: the allocator must not reuse the buffers before the communication stream is done with them.
         let mut stash = Vec::new();
-        for buffer in spec.inputs.iter().chain(&spec.outputs) {
+        // An in-place op passes one buffer as input and output: guard it once.
+        let inputs = if spec.in_place { &[][..] } else { &spec.inputs[..] };
+        for buffer in inputs.iter().chain(&spec.outputs) {
             match self.inner.options.avoid_record_streams && !spec.op.is_p2p() {
                 true => stash.push(buffer.clone()),
                 false => device.record_stream(buffer, &entry.stream)?,
@@ -422,7 +439,7 @@ impl<B: Backend> ProcessGroup<B> {
                 rank: inner.rank,
                 cache_key: cache_key.to_owned(),
                 store_key: store_key.to_owned(),
-                source,
+                source: Box::new(source),
             })?),
         };
         let config = CommConfig {
@@ -459,7 +476,8 @@ impl<B: Backend> ProcessGroup<B> {
             high_priority = stream.is_high_priority(),
             "created communicator"
         );
-        Ok(CommEntry { comm, stream })
+        let input_ready = Arc::new(Mutex::new(inner.device.create_event()));
+        Ok(CommEntry { comm, stream, input_ready })
     }
 
     // ===== checks and helpers =====

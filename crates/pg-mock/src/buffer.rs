@@ -1,0 +1,83 @@
+//! Simulated device memory: a buffer of one dtype holding real bytes, freed to the caching allocator on drop.
+
+use std::fmt;
+use std::sync::Arc;
+
+use pg_core::DType;
+
+use crate::backend::Mock;
+use crate::world::Inner;
+
+/// The shared part of a buffer; the block returns to the allocator when the last handle goes.
+pub(crate) struct BufferHandle {
+    pub(crate) inner: Arc<Inner>,
+    /// The allocation's number on its device (`buffer #N` in hazard reports).
+    pub(crate) id: u64,
+    /// The memory block it lives in.
+    pub(crate) block: u64,
+    pub(crate) dtype: DType,
+    pub(crate) numel: usize,
+    pub(crate) device: usize,
+}
+
+impl Drop for BufferHandle {
+    fn drop(&mut self) {
+        let mut state = self.inner.lock();
+        state.free_block(self.block);
+        drop(state);
+        self.inner.notify();
+    }
+}
+
+/// A simulated device buffer. Cloning gives another handle to the same memory, like a tensor.
+#[derive(Clone)]
+pub struct MockBuffer {
+    pub(crate) handle: Arc<BufferHandle>,
+}
+
+impl fmt::Debug for MockBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockBuffer")
+            .field("id", &self.handle.id)
+            .field("dtype", &self.handle.dtype)
+            .field("numel", &self.handle.numel)
+            .field("device", &self.handle.device)
+            .finish()
+    }
+}
+
+impl MockBuffer {
+    /// The allocation's number on its device, as hazard reports name it (`buffer #N`).
+    pub fn id(&self) -> u64 {
+        self.handle.id
+    }
+
+    /// Which memory block the buffer lives in, like a data pointer: equal for a buffer that reuses freed memory.
+    pub fn address(&self) -> u64 {
+        self.handle.block
+    }
+
+    pub(crate) fn block(&self) -> u64 {
+        self.handle.block
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.handle.inner
+    }
+}
+
+impl pg_core::Buffer for MockBuffer {
+    type B = Mock;
+
+    fn dtype(&self) -> DType {
+        self.handle.dtype
+    }
+
+    fn numel(&self) -> usize {
+        self.handle.numel
+    }
+
+    fn device_index(&self) -> usize {
+        self.handle.device
+    }
+}

@@ -1,0 +1,191 @@
+//! Virtual time: nanosecond instants, the conditions a parked host thread waits for, and the auto-advance rule.
+//!
+//! A registered host thread lives at its local time, the global time plus the host costs it has run up since it
+//! last blocked. A thread that blocks parks: it stores what it waits for as data in the world's state.
+//! The global clock moves only when every registered thread is parked and none can proceed; it jumps to the
+//! earliest time at which one can (tokio's paused clock with auto-advance, across threads).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::world::State;
+
+/// A virtual instant or span, in nanoseconds since the world was created.
+pub(crate) type Time = u64;
+
+/// Converts a duration to virtual nanoseconds, saturating.
+pub(crate) fn ns(duration: Duration) -> Time {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Converts virtual nanoseconds to a duration.
+pub(crate) fn dur(time: Time) -> Duration {
+    Duration::from_nanos(time)
+}
+
+/// The time `bytes` take at `bandwidth` bytes per second (at least 1 ns, so that no operation is instantaneous).
+pub(crate) fn transfer(bytes: usize, bandwidth: f64) -> Time {
+    if bandwidth <= 0.0 || !bandwidth.is_finite() {
+        return 1;
+    }
+    #[allow(clippy::cast_precision_loss)] // A reason: byte counts far below 2^52 are exact in f64.
+    let seconds = bytes as f64 / bandwidth;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A reason: a non-negative, rounded value.
+    let nanos = (seconds * 1e9).round() as u64;
+    nanos.max(1)
+}
+
+/// A readable virtual time, e.g. `52.062 ms`.
+pub(crate) fn show(time: Time) -> String {
+    match time {
+        t if t < 1_000 => format!("{t} ns"),
+        t if t < 1_000_000 => format!("{}.{:03} us", t / 1_000, t % 1_000),
+        t if t < 1_000_000_000 => format!("{}.{:03} ms", t / 1_000_000, (t / 1_000) % 1_000),
+        t => format!("{}.{:03} s", t / 1_000_000_000, (t / 1_000_000) % 1_000),
+    }
+}
+
+/// One operation on one stream: the stream's global index and the operation's sequence number on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct OpRef {
+    pub(crate) stream: usize,
+    pub(crate) seq: u64,
+}
+
+/// What a parked host thread waits for.
+#[derive(Debug, Clone)]
+pub(crate) enum Cond {
+    /// Every listed operation has finished (they are pinned while the thread waits).
+    OpsDone(Vec<OpRef>),
+    /// Every rank joined communicator group `0` and its init cost has passed.
+    CommReady(usize),
+    /// Every key is set in the simulated store.
+    StoreKeys(Vec<String>),
+    /// The store queue has an element.
+    QueueNonEmpty(String),
+    /// Nothing: only the deadline (or an interrupt) ends the wait.
+    Never,
+}
+
+/// A parked thread's registered wait.
+#[derive(Debug, Clone)]
+pub(crate) struct Park {
+    pub(crate) cond: Cond,
+    /// The virtual time at which the wait gives up.
+    pub(crate) deadline: Option<Time>,
+    /// For an interruptible sleep: the interrupt epoch the thread saw when it last looked at its flag.
+    pub(crate) interrupt_epoch: Option<u64>,
+    /// What the thread is doing, for deadlock reports.
+    pub(crate) what: String,
+}
+
+/// Why a parked thread woke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// Its condition holds.
+    Ready,
+    /// Its deadline passed first.
+    Deadline,
+    /// Its interrupt flag was set.
+    Interrupted,
+}
+
+/// What an attempt to advance the clock found.
+#[derive(Debug)]
+pub(crate) enum Advance {
+    /// Some registered thread is running: time cannot move.
+    Busy,
+    /// Some parked thread can proceed at the current time.
+    SomeoneReady,
+    /// The clock moved forward.
+    Advanced,
+    /// Every thread is parked and none can ever proceed; the report says who waits for what.
+    Deadlock(String),
+    /// The next time at which a thread could proceed lies beyond the world's time limit.
+    TimeLimit(String),
+}
+
+impl State {
+    /// The time at which `cond` holds, if it is known to hold at some time.
+    pub(crate) fn cond_time(&self, cond: &Cond) -> Option<Time> {
+        match cond {
+            Cond::OpsDone(ops) => ops.iter().try_fold(0, |acc, op| self.op_finish(*op).map(|t| acc.max(t))),
+            Cond::CommReady(group) => self.comms.groups.get(*group).and_then(|g| g.ready_time),
+            Cond::StoreKeys(keys) => self.store.keys_time(keys),
+            Cond::QueueNonEmpty(key) => self.store.queue_time(key),
+            Cond::Never => None,
+        }
+    }
+
+    /// When a thread at `local` with wait `park` may proceed, and why.
+    pub(crate) fn wake_time(&self, park: &Park, local: Time) -> Option<(Time, Wake)> {
+        let ready = self.cond_time(&park.cond).map(|t| (t.max(local), Wake::Ready));
+        let deadline = park.deadline.map(|d| (d.max(local), Wake::Deadline));
+        match (ready, deadline) {
+            (Some(r), Some(d)) => Some(if r.0 <= d.0 { r } else { d }),
+            (r, d) => r.or(d),
+        }
+    }
+
+    /// Moves the clock when every registered thread is parked (see the module docs).
+    pub(crate) fn try_advance(&mut self, time_limit: Time) -> Advance {
+        let mut best: Option<Time> = None;
+        for thread in self.threads.values() {
+            let Some(park) = &thread.park else { return Advance::Busy };
+            if park.interrupt_epoch.is_some_and(|seen| seen < self.interrupt_epoch) {
+                // It has not looked at its interrupt flag since the last notify: it counts as running.
+                return Advance::Busy;
+            }
+            if let Some((t, _)) = self.wake_time(park, thread.local) {
+                best = Some(best.map_or(t, |b| b.min(t)));
+            }
+        }
+        match best {
+            None => {
+                Advance::Deadlock(self.report("deadlock: every simulated host thread is blocked and none can proceed"))
+            }
+            Some(t) if t <= self.now => Advance::SomeoneReady,
+            Some(t) if t > time_limit => Advance::TimeLimit(self.report(&format!(
+                "virtual time limit of {} reached: the next wake-up is at {} (livelock, or a wait that never ends)",
+                show(time_limit),
+                show(t)
+            ))),
+            Some(t) => {
+                self.now = t;
+                self.version += 1;
+                Advance::Advanced
+            }
+        }
+    }
+
+    /// A report of what every registered thread waits for.
+    pub(crate) fn report(&self, headline: &str) -> String {
+        let mut out = format!("pg-mock {headline} (virtual time {})", show(self.now));
+        for thread in self.threads.values() {
+            let _ = write!(out, "\n  thread '{}' (local time {}): ", thread.name, show(thread.local));
+            match &thread.park {
+                None => out.push_str("running"),
+                Some(park) => {
+                    out.push_str(&park.what);
+                    match &park.cond {
+                        Cond::OpsDone(ops) => {
+                            for op in ops {
+                                if let Some(why) = self.blocked_reason(*op) {
+                                    let _ = write!(out, "; {why}");
+                                }
+                            }
+                        }
+                        Cond::CommReady(group) => {
+                            let _ = write!(out, "; {}", self.comm_status(*group));
+                        }
+                        _ => {}
+                    }
+                    if let Some(d) = park.deadline {
+                        let _ = write!(out, " (gives up at {})", show(d));
+                    }
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,714 @@
+//! Simulated communicators: ranks that join a unique id, collectives matched across ranks by their order, and
+//! their real results.
+//!
+//! The k-th collective of every rank on a communicator belongs together (as in NCCL); point-to-point operations
+//! are matched per (sender, receiver) pair in order. A part waits on its stream like any operation; the
+//! collective starts when every part can start and lasts the cost model's time. A mismatch (other op, dtype or
+//! size) becomes the communicator's asynchronous error on every rank, and the operation never completes (NCCL
+//! would hang); an abort releases it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use pg_core::{Buffer as _, DType, Error, ReduceOp, Result};
+
+use crate::backend::Mock;
+use crate::buffer::MockBuffer;
+use crate::clock::{transfer, Cond, OpRef, Time};
+use crate::fault::Fault;
+use crate::hazard::{Accessor, Mode};
+use crate::stream::{MockStream, OpKind};
+use crate::world::{Inner, State};
+
+/// Where a part belongs: the k-th collective, or the n-th message from `src` to `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum SlotKey {
+    Coll(u64),
+    P2p { src: usize, dst: usize, n: u64 },
+}
+
+/// What a part asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum CollKind {
+    AllReduce(ReduceOp),
+    Broadcast { root: usize },
+    AllGather,
+    ReduceScatter(ReduceOp),
+    Send { peer: usize },
+    Recv { peer: usize },
+}
+
+impl CollKind {
+    fn name(self) -> &'static str {
+        match self {
+            CollKind::AllReduce(_) => "all_reduce",
+            CollKind::Broadcast { .. } => "broadcast",
+            CollKind::AllGather => "all_gather",
+            CollKind::ReduceScatter(_) => "reduce_scatter",
+            CollKind::Send { .. } => "send",
+            CollKind::Recv { .. } => "recv",
+        }
+    }
+}
+
+/// One rank's part of an operation.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    op: OpRef,
+    kind: CollKind,
+    dtype: DType,
+    numel_in: usize,
+    numel_out: usize,
+    input: u64,
+    output: u64,
+    enqueue: Time,
+}
+
+impl Part {
+    fn describe(&self) -> String {
+        let extra = match self.kind {
+            CollKind::AllReduce(op) | CollKind::ReduceScatter(op) => format!(", {}", op.torch_name()),
+            CollKind::Broadcast { root } => format!(", root {root}"),
+            CollKind::Send { peer } | CollKind::Recv { peer } => format!(", peer {peer}"),
+            CollKind::AllGather => String::new(),
+        };
+        format!("{}({}, {} -> {} elements{extra})", self.kind.name(), self.dtype, self.numel_in, self.numel_out)
+    }
+}
+
+/// One matched operation, filling up with parts.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    parts: BTreeMap<usize, Part>,
+    /// Why it never completes (an injected fault, a mismatch), if it does not.
+    stuck: Option<String>,
+}
+
+/// One rank's view of a communicator.
+#[derive(Debug, Default)]
+pub(crate) struct RankComm {
+    device: Option<usize>,
+    joined: Option<Time>,
+    next_coll: u64,
+    sent: HashMap<usize, u64>,
+    received: HashMap<usize, u64>,
+    completed: u64,
+    aborted: Option<String>,
+    /// The asynchronous error and the time from which it is visible.
+    error: Option<(Time, String)>,
+}
+
+/// The ranks that joined one unique id.
+#[derive(Debug)]
+pub(crate) struct CommGroup {
+    index: usize,
+    size: usize,
+    description: String,
+    pub(crate) ready_time: Option<Time>,
+    ranks: Vec<RankComm>,
+    slots: BTreeMap<SlotKey, Slot>,
+}
+
+/// Every communicator of a world.
+#[derive(Debug, Default)]
+pub(crate) struct Comms {
+    pub(crate) groups: Vec<CommGroup>,
+    by_id: HashMap<Vec<u8>, usize>,
+    next_unique: u64,
+    /// Rank-local communicators created (what NCCL's logs count).
+    pub(crate) created: usize,
+}
+
+impl Comms {
+    /// A fresh, deterministic 128-byte unique id.
+    pub(crate) fn new_unique_id(&mut self) -> Vec<u8> {
+        self.next_unique += 1;
+        let mut id = vec![0u8; 128];
+        id[..8].copy_from_slice(b"pg-mock\0");
+        id[8..16].copy_from_slice(&self.next_unique.to_le_bytes());
+        id
+    }
+}
+
+fn join_ranks(ranks: impl Iterator<Item = usize>) -> String {
+    ranks.map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+impl State {
+    fn cost(&self, group: usize, part: &Part) -> Time {
+        let n = self.comms.groups[group].size;
+        let latency = crate::clock::ns(self.config.collective_latency);
+        let bw = self.config.bus_bandwidth;
+        let size = part.dtype.size();
+        let (bytes_in, bytes_out) = (part.numel_in * size, part.numel_out * size);
+        let wire = match part.kind {
+            CollKind::AllReduce(_) => 2 * (n - 1) * bytes_in / n.max(1),
+            CollKind::AllGather => (n - 1) * bytes_out / n.max(1),
+            CollKind::ReduceScatter(_) => (n - 1) * bytes_in / n.max(1),
+            CollKind::Broadcast { .. } | CollKind::Send { .. } | CollKind::Recv { .. } => bytes_in.max(bytes_out),
+        };
+        (latency + if wire == 0 { 0 } else { transfer(wire, bw) }).max(1)
+    }
+
+    fn expected_parts(&self, group: usize, key: SlotKey) -> usize {
+        match key {
+            SlotKey::Coll(_) => self.comms.groups[group].size,
+            SlotKey::P2p { src, dst, .. } => 1 + usize::from(src != dst),
+        }
+    }
+
+    /// Fires the collective in `key` if every part can start; returns whether it did.
+    pub(crate) fn try_fire(&mut self, group: usize, key: SlotKey) -> bool {
+        let expected = self.expected_parts(group, key);
+        let g = &self.comms.groups[group];
+        let Some(slot) = g.slots.get(&key) else { return false };
+        if slot.stuck.is_some() || slot.parts.len() < expected {
+            return false;
+        }
+        let mut start = g.ready_time.unwrap_or(0);
+        for part in slot.parts.values() {
+            let s = &self.streams[part.op.stream];
+            if s.first_unresolved != part.op.seq {
+                return false;
+            }
+            match s.ops.get(&part.op.seq).and_then(|o| o.ready_at) {
+                Some(t) => start = start.max(t),
+                None => return false,
+            }
+        }
+        let slot = self.comms.groups[group].slots.remove(&key).expect("present");
+        let parts: Vec<(usize, Part)> = slot.parts.into_iter().collect();
+        let finish = start + self.cost(group, &parts[0].1);
+        self.apply_collective(&parts);
+        for (rank, part) in &parts {
+            self.complete_op(part.op, start, finish);
+            let device = self.comms.groups[group].ranks[*rank].device;
+            let rc = &mut self.comms.groups[group].ranks[*rank];
+            rc.completed += 1;
+            let completed = rc.completed;
+            let faulted = self.faults.iter().any(
+                |f| matches!(f, Fault::AsyncError { rank: r, after_ops } if Some(*r) == device && *after_ops == completed),
+            );
+            let rc = &mut self.comms.groups[group].ranks[*rank];
+            if faulted && rc.error.is_none() {
+                rc.error = Some((
+                    finish,
+                    format!(
+                        "NCCL error: unhandled system error (injected fault: rank {rank} after {completed} operations)"
+                    ),
+                ));
+            }
+        }
+        true
+    }
+
+    /// Computes the real results of a matched operation into the output blocks.
+    fn apply_collective(&mut self, parts: &[(usize, Part)]) {
+        let read = |st: &State, block: u64| st.alloc.blocks.get(&block).map(|b| b.data.clone()).unwrap_or_default();
+        let inputs: Vec<Vec<u8>> = parts.iter().map(|(_, p)| read(self, p.input)).collect();
+        let first = &parts[0].1;
+        let mut outputs: Vec<(u64, Vec<u8>)> = Vec::new();
+        match first.kind {
+            CollKind::AllReduce(op) => {
+                let mut out = vec![0; inputs[0].len()];
+                let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+                if crate::conv::reduce(first.dtype, op, &refs, &mut out).is_ok() {
+                    outputs.extend(parts.iter().map(|(_, p)| (p.output, out.clone())));
+                }
+            }
+            CollKind::Broadcast { root } => {
+                if let Some(i) = parts.iter().position(|(r, _)| *r == root) {
+                    outputs.extend(parts.iter().map(|(_, p)| (p.output, inputs[i].clone())));
+                }
+            }
+            CollKind::AllGather => {
+                let all: Vec<u8> = inputs.concat();
+                outputs.extend(parts.iter().map(|(_, p)| (p.output, all.clone())));
+            }
+            CollKind::ReduceScatter(op) => {
+                let mut out = vec![0; inputs[0].len()];
+                let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+                if crate::conv::reduce(first.dtype, op, &refs, &mut out).is_ok() {
+                    let chunk = out.len() / parts.len().max(1);
+                    for (i, (_, p)) in parts.iter().enumerate() {
+                        outputs.push((p.output, out[i * chunk..(i + 1) * chunk].to_vec()));
+                    }
+                }
+            }
+            CollKind::Send { .. } | CollKind::Recv { .. } => {
+                let sender = parts.iter().position(|(_, p)| matches!(p.kind, CollKind::Send { .. }));
+                let receiver = parts.iter().position(|(_, p)| matches!(p.kind, CollKind::Recv { .. }));
+                if let (Some(s), Some(r)) = (sender, receiver) {
+                    outputs.push((parts[r].1.output, inputs[s].clone()));
+                }
+            }
+        }
+        for (block, bytes) in outputs {
+            if let Some(b) = self.alloc.blocks.get_mut(&block) {
+                let n = b.data.len().min(bytes.len());
+                b.data[..n].copy_from_slice(&bytes[..n]);
+            }
+        }
+    }
+
+    /// Checks that the parts of a full slot agree; a mismatch sticks the slot and sets every rank's error.
+    fn validate_slot(&mut self, group: usize, key: SlotKey) {
+        let g = &self.comms.groups[group];
+        let Some(slot) = g.slots.get(&key) else { return };
+        let parts: Vec<(usize, Part)> = slot.parts.iter().map(|(r, p)| (*r, p.clone())).collect();
+        let Some((r0, p0)) = parts.first() else { return };
+        let mismatch = match key {
+            SlotKey::Coll(k) => parts
+                .iter()
+                .find(|(_, p)| {
+                    p.kind != p0.kind || p.dtype != p0.dtype || p.numel_in != p0.numel_in || p.numel_out != p0.numel_out
+                })
+                .map(|(r, p)| {
+                    format!(
+                        "collective mismatch on communicator {group} at operation {k}: rank {r0} called {} but rank {r} \
+                         called {}",
+                        p0.describe(),
+                        p.describe()
+                    )
+                }),
+            SlotKey::P2p { src, dst, n } => parts
+                .iter()
+                .find(|(_, p)| p.dtype != p0.dtype || p.numel_in != p0.numel_in)
+                .map(|(r, p)| {
+                    format!(
+                        "point-to-point mismatch on communicator {group} (message {n} from rank {src} to rank {dst}): \
+                         rank {r0} called {} but rank {r} called {}",
+                        p0.describe(),
+                        p.describe()
+                    )
+                }),
+        };
+        let Some(message) = mismatch else { return };
+        let at = parts.iter().map(|(_, p)| p.enqueue).max().unwrap_or(0);
+        tracing::error!(target: "pg_mock", "{message}");
+        let g = &mut self.comms.groups[group];
+        if let Some(slot) = g.slots.get_mut(&key) {
+            slot.stuck = Some(message.clone());
+        }
+        for rc in &mut g.ranks {
+            if rc.error.is_none() {
+                rc.error = Some((at, message.clone()));
+            }
+        }
+    }
+
+    /// Aborts rank `rank` of `group` at `time`: its pending operations finish then, without effect.
+    pub(crate) fn abort_rank(&mut self, group: usize, rank: usize, reason: &str, time: Time) {
+        let g = &mut self.comms.groups[group];
+        if g.ranks[rank].aborted.is_some() {
+            return;
+        }
+        g.ranks[rank].aborted = Some(reason.to_owned());
+        let mut released = Vec::new();
+        g.slots.retain(|_, slot| {
+            if let Some(part) = slot.parts.remove(&rank) {
+                released.push(part.op);
+            }
+            !slot.parts.is_empty()
+        });
+        for op in released {
+            if let Some(o) = self.streams[op.stream].ops.get_mut(&op.seq) {
+                if let OpKind::Comm { abort_at, .. } = &mut o.kind {
+                    *abort_at = Some(time);
+                }
+            }
+            self.active.insert(op.stream);
+        }
+        self.resolve();
+    }
+
+    /// What a slot waits for, for deadlock reports.
+    pub(crate) fn slot_status(&self, group: usize, key: SlotKey) -> String {
+        let g = &self.comms.groups[group];
+        let Some(slot) = g.slots.get(&key) else { return format!("communicator {group}: aborted") };
+        let what = match key {
+            SlotKey::Coll(k) => format!("operation {k} on communicator {group}"),
+            SlotKey::P2p { src, dst, n } => {
+                format!("message {n} from rank {src} to rank {dst} on communicator {group}")
+            }
+        };
+        if let Some(why) = &slot.stuck {
+            return format!("{what} never completes: {why}");
+        }
+        let expected: Vec<usize> = match key {
+            SlotKey::Coll(_) => (0..g.size).collect(),
+            SlotKey::P2p { src, dst, .. } => vec![src, dst],
+        };
+        let missing: Vec<usize> = expected.into_iter().filter(|r| !slot.parts.contains_key(r)).collect();
+        if missing.is_empty() {
+            format!("{what} waits for the other ranks' streams to reach it")
+        } else {
+            format!("{what} waits for rank(s) {} to enqueue their part", join_ranks(missing.into_iter()))
+        }
+    }
+
+    /// Which ranks a communicator still waits for, for reports.
+    pub(crate) fn comm_status(&self, group: usize) -> String {
+        let g = &self.comms.groups[group];
+        let missing = join_ranks(g.ranks.iter().enumerate().filter(|(_, r)| r.joined.is_none()).map(|(i, _)| i));
+        format!("communicator {group} ('{}') waits for rank(s) {missing} to join", g.description)
+    }
+
+    /// Joins `rank` (on `device`) to the communicator with `id`; returns the group index.
+    pub(crate) fn join_comm(
+        &mut self,
+        id: &[u8],
+        size: usize,
+        rank: usize,
+        device: usize,
+        time: Time,
+        description: &str,
+    ) -> Result<(usize, bool)> {
+        let group = match self.comms.by_id.get(id) {
+            Some(g) => *g,
+            None => {
+                let index = self.comms.groups.len();
+                self.comms.groups.push(CommGroup {
+                    index,
+                    size,
+                    description: description.to_owned(),
+                    ready_time: None,
+                    ranks: (0..size).map(|_| RankComm::default()).collect(),
+                    slots: BTreeMap::new(),
+                });
+                self.comms.by_id.insert(id.to_vec(), index);
+                index
+            }
+        };
+        let g = &mut self.comms.groups[group];
+        if g.size != size {
+            return Err(Error::invalid(format!(
+                "create_communicator: rank {rank} joined with size {size}, but the communicator has size {}",
+                g.size
+            )));
+        }
+        if g.ranks[rank].device.is_some() {
+            return Err(Error::invalid(format!("create_communicator: rank {rank} already joined this communicator")));
+        }
+        g.ranks[rank].device = Some(device);
+        let never = self.faults.iter().any(|f| matches!(f, Fault::NeverJoin { rank: r } if *r == device));
+        self.comms.created += 1;
+        let g = &mut self.comms.groups[group];
+        if !never {
+            g.ranks[rank].joined = Some(time);
+            if g.ranks.iter().all(|r| r.joined.is_some()) {
+                let last = g.ranks.iter().filter_map(|r| r.joined).max().unwrap_or(0);
+                g.ready_time = Some(last + crate::clock::ns(self.config.comm_init));
+            }
+        }
+        tracing::debug!(target: "pg_mock", group = g.index, rank, size, device, "communicator created");
+        if self.faults.iter().any(|f| matches!(f, Fault::AsyncError { rank: r, after_ops: 0 } if *r == device)) {
+            g.ranks[rank].error =
+                Some((time, format!("NCCL error: unhandled system error (injected fault: rank {rank})")));
+        }
+        Ok((group, never))
+    }
+}
+
+/// A simulated communicator: one rank's handle.
+pub struct MockCommunicator {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) group: usize,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) device: usize,
+}
+
+impl fmt::Debug for MockCommunicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockCommunicator")
+            .field("group", &self.group)
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl MockCommunicator {
+    /// The communicator's number in its world (creation order of unique ids).
+    pub fn index(&self) -> usize {
+        self.group
+    }
+
+    fn check_buffer(&self, buffer: &MockBuffer, what: &str) -> Result<()> {
+        if !Arc::ptr_eq(buffer.inner(), &self.inner) {
+            return Err(Error::invalid(format!("{what}: the buffer belongs to another simulated world")));
+        }
+        if buffer.device_index() != self.device {
+            return Err(Error::invalid(format!(
+                "{what}: buffer #{} is on device {}, but this communicator's rank is on device {}",
+                buffer.id(),
+                buffer.device_index(),
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
+        if peer >= self.size || peer == self.rank {
+            return Err(Error::invalid(format!(
+                "{what}: peer {peer} is not another rank of this communicator (rank {} of {})",
+                self.rank, self.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Enqueues this rank's part of an operation.
+    fn enqueue(
+        &self,
+        kind: CollKind,
+        input: &MockBuffer,
+        output: &MockBuffer,
+        stream: &MockStream,
+        modes: (bool, bool),
+    ) -> Result<()> {
+        let name = kind.name();
+        let tid = self.inner.require(name);
+        self.check_buffer(input, name)?;
+        self.check_buffer(output, name)?;
+        stream.check(&self.inner, self.device, name)?;
+        let cost = self.inner.config.host.collective_enqueue;
+        self.inner.with(|st| {
+            let g = &st.comms.groups[self.group];
+            if let Some(reason) = &g.ranks[self.rank].aborted {
+                return Err(Error::Aborted { reason: format!("{name} on an aborted communicator: {reason}") });
+            }
+            if g.ranks[self.rank].joined.is_none() {
+                return Err(Error::communicator(format!(
+                    "{name}: this rank never joined communicator {} (injected fault)",
+                    self.group
+                )));
+            }
+            let slow: std::time::Duration = st
+                .faults
+                .iter()
+                .filter_map(|f| match f {
+                    Fault::SlowRank { rank, extra } if *rank == self.device => Some(*extra),
+                    _ => None,
+                })
+                .sum();
+            st.charge(Some(tid), cost + slow);
+            let rc = &mut st.comms.groups[self.group].ranks[self.rank];
+            let key = match kind {
+                CollKind::Send { peer } => {
+                    let n = rc.sent.entry(peer).or_default();
+                    *n += 1;
+                    SlotKey::P2p { src: self.rank, dst: peer, n: *n - 1 }
+                }
+                CollKind::Recv { peer } => {
+                    let n = rc.received.entry(peer).or_default();
+                    *n += 1;
+                    SlotKey::P2p { src: peer, dst: self.rank, n: *n - 1 }
+                }
+                _ => {
+                    rc.next_coll += 1;
+                    SlotKey::Coll(rc.next_coll - 1)
+                }
+            };
+            let op_index = rc.next_coll + rc.sent.values().sum::<u64>() + rc.received.values().sum::<u64>() - 1;
+            let label = match key {
+                SlotKey::Coll(k) => format!("{name} (op {k} on communicator {})", self.group),
+                SlotKey::P2p { src, dst, n } => {
+                    format!("{name} (message {n} from rank {src} to rank {dst} on communicator {})", self.group)
+                }
+            };
+            let clock = st.launch_clock(Some(tid), stream.index);
+            let s = &st.streams[stream.index];
+            let mut who = Accessor {
+                actor: stream.index,
+                clock,
+                device: self.device,
+                buffer: input.id(),
+                stream_id: s.id,
+                op: label,
+                collective: true,
+            };
+            if modes.0 {
+                st.access(input.block(), Mode::Read, &who);
+            }
+            if modes.1 {
+                who.buffer = output.id();
+                st.access(output.block(), Mode::Write, &who);
+            }
+            let op = st.enqueue(
+                Some(tid),
+                stream.index,
+                OpKind::Comm { group: self.group, slot: key, abort_at: None },
+                name,
+                None,
+            );
+            let part = Part {
+                op,
+                kind,
+                dtype: input.dtype(),
+                numel_in: input.numel(),
+                numel_out: output.numel(),
+                input: input.block(),
+                output: output.block(),
+                enqueue: st.local(Some(tid)),
+            };
+            let hang = st.faults.iter().find_map(|f| match f {
+                Fault::HangAt { rank, op } if *rank == self.device && *op == op_index => {
+                    Some(format!("injected fault: rank {rank} hangs at operation {op}"))
+                }
+                Fault::AsyncError { rank, after_ops } if *rank == self.device && *after_ops <= op_index => {
+                    Some(format!("injected fault: rank {rank}'s communicator failed after {after_ops} operations"))
+                }
+                _ => None,
+            });
+            let expected = st.expected_parts(self.group, key);
+            let slot = st.comms.groups[self.group].slots.entry(key).or_default();
+            slot.parts.insert(self.rank, part);
+            if let Some(why) = hang {
+                slot.stuck.get_or_insert(why);
+            }
+            if slot.parts.len() == expected {
+                st.validate_slot(self.group, key);
+            }
+            st.resolve();
+            Ok(())
+        })
+    }
+}
+
+impl pg_core::Communicator for MockCommunicator {
+    type B = Mock;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce(&self, input: &MockBuffer, output: &MockBuffer, op: ReduceOp, stream: &MockStream) -> Result<()> {
+        same_shape("all_reduce", input, output, 1, 1)?;
+        op.check(input.dtype())?;
+        self.enqueue(CollKind::AllReduce(op), input, output, stream, (true, true))
+    }
+
+    fn broadcast(&self, input: &MockBuffer, output: &MockBuffer, root: usize, stream: &MockStream) -> Result<()> {
+        same_shape("broadcast", input, output, 1, 1)?;
+        if root >= self.size {
+            return Err(Error::invalid(format!(
+                "broadcast: root {root} is not a rank of a communicator of {}",
+                self.size
+            )));
+        }
+        self.enqueue(CollKind::Broadcast { root }, input, output, stream, (self.rank == root, true))
+    }
+
+    fn all_gather(&self, input: &MockBuffer, output: &MockBuffer, stream: &MockStream) -> Result<()> {
+        same_shape("all_gather", input, output, 1, self.size)?;
+        self.enqueue(CollKind::AllGather, input, output, stream, (true, true))
+    }
+
+    fn reduce_scatter(&self, input: &MockBuffer, output: &MockBuffer, op: ReduceOp, stream: &MockStream) -> Result<()> {
+        same_shape("reduce_scatter", input, output, self.size, 1)?;
+        op.check(input.dtype())?;
+        self.enqueue(CollKind::ReduceScatter(op), input, output, stream, (true, true))
+    }
+
+    fn send(&self, buffer: &MockBuffer, peer: usize, stream: &MockStream) -> Result<()> {
+        self.check_peer(peer, "send")?;
+        self.enqueue(CollKind::Send { peer }, buffer, buffer, stream, (true, false))
+    }
+
+    fn recv(&self, buffer: &MockBuffer, peer: usize, stream: &MockStream) -> Result<()> {
+        self.check_peer(peer, "recv")?;
+        self.enqueue(CollKind::Recv { peer }, buffer, buffer, stream, (false, true))
+    }
+
+    fn is_ready(&self) -> Result<bool> {
+        let tid = self.inner.current();
+        let cost = self.inner.config.host.query;
+        self.inner.with(|st| {
+            st.charge(tid, cost);
+            let g = &st.comms.groups[self.group];
+            if let Some(reason) = &g.ranks[self.rank].aborted {
+                return Err(Error::Aborted { reason: reason.clone() });
+            }
+            Ok(g.ready_time.is_some_and(|t| t <= st.now))
+        })
+    }
+
+    fn async_error(&self) -> Result<()> {
+        let tid = self.inner.current();
+        let cost = self.inner.config.host.query;
+        self.inner.with(|st| {
+            st.charge(tid, cost);
+            let rc = &st.comms.groups[self.group].ranks[self.rank];
+            match &rc.error {
+                Some((t, message)) if *t <= st.now && rc.aborted.is_none() => Err(Error::communicator(message.clone())),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn abort(&self, reason: &str) -> Result<()> {
+        let tid = self.inner.current();
+        self.inner.with(|st| {
+            let time = st.local(tid);
+            tracing::info!(target: "pg_mock", group = self.group, rank = self.rank, reason, "communicator aborted");
+            st.abort_rank(self.group, self.rank, reason, time);
+            Ok(())
+        })
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.inner.lock().comms.groups[self.group].ranks[self.rank].aborted.is_some()
+    }
+
+    fn finalize(&self) -> Result<()> {
+        let tid = self.inner.require("Communicator::finalize");
+        let mut state = self.inner.lock();
+        let pending: Vec<OpRef> = state.comms.groups[self.group]
+            .slots
+            .values()
+            .filter_map(|slot| slot.parts.get(&self.rank).map(|p| p.op))
+            .collect();
+        if !pending.is_empty() {
+            for op in &pending {
+                state.pin(*op);
+            }
+            let what = format!("finalizing rank {} of communicator {}", self.rank, self.group);
+            let (s, _) = self.inner.park(state, tid, Cond::OpsDone(pending.clone()), None, None, what);
+            state = s;
+            for op in &pending {
+                state.unpin(*op);
+            }
+        }
+        self.inner.raise(state);
+        Ok(())
+    }
+}
+
+/// Checks dtypes and that `input.numel * in_factor == output.numel * out_factor`.
+fn same_shape(what: &str, input: &MockBuffer, output: &MockBuffer, in_factor: usize, out_factor: usize) -> Result<()> {
+    if input.dtype() != output.dtype() {
+        return Err(Error::invalid(format!(
+            "{what}: input dtype {} differs from output dtype {}",
+            input.dtype(),
+            output.dtype()
+        )));
+    }
+    if input.numel() * out_factor != output.numel() * in_factor {
+        return Err(Error::invalid(format!(
+            "{what}: output has {} elements, expected {} (input has {})",
+            output.numel(),
+            input.numel() * out_factor / in_factor.max(1),
+            input.numel()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! Dtype and reduction arithmetic on raw little-endian bytes: fills, reductions, and the host conversions tests
+//! use (`encode`, `decode`).
+
+use pg_core::{DType, Error, ReduceOp, Result};
+
+/// One element type: how it is stored and how reductions combine it.
+trait Elem: Copy {
+    const SIZE: usize;
+    fn read(bytes: &[u8]) -> Self;
+    fn write(self, out: &mut [u8]);
+    fn from_f64(value: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
+    fn average(sum: Self, n: usize) -> Self;
+}
+
+macro_rules! float_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn read(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("element size"))
+            }
+            fn write(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
+            }
+            #[allow(clippy::cast_possible_truncation)] // A reason: narrowing to the dtype is the point.
+            fn from_f64(value: f64) -> Self {
+                value as $t
+            }
+            fn to_f64(self) -> f64 {
+                f64::from(self)
+            }
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                match op {
+                    ReduceOp::Product => a * b,
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                    _ => a + b,
+                }
+            }
+            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)] // A reason: rank counts are tiny.
+            fn average(sum: Self, n: usize) -> Self {
+                sum / (n as $t)
+            }
+        }
+    };
+}
+
+macro_rules! int_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn read(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("element size"))
+            }
+            fn write(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
+            }
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A reason: `as` saturates, as wanted.
+            fn from_f64(value: f64) -> Self {
+                value as $t
+            }
+            #[allow(clippy::cast_precision_loss, clippy::cast_lossless)] // A reason: only for tests' decoding.
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                match op {
+                    ReduceOp::Product => a.wrapping_mul(b),
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                    _ => a.wrapping_add(b),
+                }
+            }
+            #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // A reason: rank counts are tiny.
+            fn average(sum: Self, n: usize) -> Self {
+                sum / (n as $t)
+            }
+        }
+    };
+}
+
+float_elem!(f32);
+float_elem!(f64);
+int_elem!(i8);
+int_elem!(u8);
+int_elem!(i32);
+int_elem!(i64);
+
+/// A bool element: one byte, sum = or, product = and (as PyTorch maps them).
+#[derive(Clone, Copy)]
+struct Bool(bool);
+
+impl Elem for Bool {
+    const SIZE: usize = 1;
+    fn read(bytes: &[u8]) -> Self {
+        Bool(bytes[0] != 0)
+    }
+    fn write(self, out: &mut [u8]) {
+        out[0] = u8::from(self.0);
+    }
+    fn from_f64(value: f64) -> Self {
+        Bool(value != 0.0)
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(u8::from(self.0))
+    }
+    fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+        match op {
+            ReduceOp::Product | ReduceOp::Min => Bool(a.0 && b.0),
+            _ => Bool(a.0 || b.0),
+        }
+    }
+    fn average(sum: Self, _n: usize) -> Self {
+        sum
+    }
+}
+
+/// IEEE half, computed in f32.
+#[derive(Clone, Copy)]
+struct Half(f32);
+
+/// bfloat16, computed in f32.
+#[derive(Clone, Copy)]
+struct Brain(f32);
+
+macro_rules! narrow_float_elem {
+    ($t:ident, $to:ident, $from:ident) => {
+        impl Elem for $t {
+            const SIZE: usize = 2;
+            fn read(bytes: &[u8]) -> Self {
+                $t($from(u16::from_le_bytes([bytes[0], bytes[1]])))
+            }
+            fn write(self, out: &mut [u8]) {
+                out.copy_from_slice(&$to(self.0).to_le_bytes());
+            }
+            #[allow(clippy::cast_possible_truncation)] // A reason: narrowing to the dtype is the point.
+            fn from_f64(value: f64) -> Self {
+                $t(value as f32)
+            }
+            fn to_f64(self) -> f64 {
+                f64::from(self.0)
+            }
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                $t(f32::combine(op, a.0, b.0))
+            }
+            fn average(sum: Self, n: usize) -> Self {
+                $t(f32::average(sum.0, n))
+            }
+        }
+    };
+}
+
+narrow_float_elem!(Half, f32_to_f16, f16_to_f32);
+narrow_float_elem!(Brain, f32_to_bf16, bf16_to_f32);
+
+/// Rounds an f32 to the nearest IEEE half (ties to even).
+fn f32_to_f16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = u16::try_from((bits >> 16) & 0x8000).unwrap_or(0);
+    let exp = i32::try_from((bits >> 23) & 0xff).unwrap_or(0);
+    let man = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    let round = |value: u32, rem: u32, half: u32| -> u32 {
+        if rem > half || (rem == half && value & 1 == 1) {
+            value + 1
+        } else {
+            value
+        }
+    };
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let man = man | 0x80_0000;
+        let shift = u32::try_from(14 - e).unwrap_or(24);
+        let value = round(man >> shift, man & ((1 << shift) - 1), 1 << (shift - 1));
+        return sign | u16::try_from(value).unwrap_or(0x400);
+    }
+    let e = u32::try_from(e).unwrap_or(0);
+    let value = round((e << 10) | (man >> 13), man & 0x1fff, 0x1000);
+    sign | u16::try_from(value).unwrap_or(0x7c00)
+}
+
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    let bits = match exp {
+        0 if man == 0 => sign,
+        0 => {
+            #[allow(clippy::cast_precision_loss)] // A reason: a 10-bit mantissa is exact.
+            let value = man as f32 / 16_777_216.0;
+            return if sign != 0 { -value } else { value };
+        }
+        0x1f => sign | 0x7f80_0000 | (man << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// Rounds an f32 to the nearest bfloat16 (ties to even).
+fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return u16::try_from(bits >> 16).unwrap_or(0x7fc0) | 0x40;
+    }
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1));
+    u16::try_from(rounded >> 16).unwrap_or(0)
+}
+
+fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+fn fill_typed<T: Elem>(value: f64, out: &mut [u8]) {
+    let element = T::from_f64(value);
+    for chunk in out.chunks_exact_mut(T::SIZE) {
+        element.write(chunk);
+    }
+}
+
+fn encode_typed<T: Elem>(values: &[f64]) -> Vec<u8> {
+    let mut out = vec![0; values.len() * T::SIZE];
+    for (chunk, v) in out.chunks_exact_mut(T::SIZE).zip(values) {
+        T::from_f64(*v).write(chunk);
+    }
+    out
+}
+
+fn decode_typed<T: Elem>(bytes: &[u8]) -> Vec<f64> {
+    bytes.chunks_exact(T::SIZE).map(|c| T::read(c).to_f64()).collect()
+}
+
+fn reduce_typed<T: Elem>(op: ReduceOp, inputs: &[&[u8]], out: &mut [u8]) {
+    let Some((first, rest)) = inputs.split_first() else { return };
+    out.copy_from_slice(first);
+    for input in rest {
+        for (acc, x) in out.chunks_exact_mut(T::SIZE).zip(input.chunks_exact(T::SIZE)) {
+            T::combine(op, T::read(acc), T::read(x)).write(acc);
+        }
+    }
+    if op == ReduceOp::Avg {
+        for acc in out.chunks_exact_mut(T::SIZE) {
+            T::average(T::read(acc), inputs.len()).write(acc);
+        }
+    }
+}
+
+macro_rules! dispatch {
+    ($dtype:expr, $f:ident, $($arg:expr),*) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::F16 => $f::<Half>($($arg),*),
+            DType::BF16 => $f::<Brain>($($arg),*),
+            DType::I8 => $f::<i8>($($arg),*),
+            DType::U8 => $f::<u8>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::Bool => $f::<Bool>($($arg),*),
+        }
+    };
+}
+
+/// Sets every element of `out` to `value` converted to `dtype` (saturating for integers, `!= 0` for bool).
+pub(crate) fn fill(dtype: DType, value: f64, out: &mut [u8]) {
+    dispatch!(dtype, fill_typed, value, out);
+}
+
+/// Reduces `inputs` (one per rank, equal lengths) element-wise into `out`.
+pub(crate) fn reduce(dtype: DType, op: ReduceOp, inputs: &[&[u8]], out: &mut [u8]) -> Result<()> {
+    op.check(dtype)?;
+    if inputs.iter().any(|i| i.len() != out.len()) {
+        return Err(Error::invalid("reduction inputs differ in length"));
+    }
+    dispatch!(dtype, reduce_typed, op, inputs, out);
+    Ok(())
+}
+
+/// The bytes of `values` as elements of `dtype` (what `Device::copy_from_host` takes).
+pub fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
+    dispatch!(dtype, encode_typed, values)
+}
+
+/// The elements of `bytes` (of `dtype`) as f64 (what `Device::copy_to_host` returns, decoded).
+pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+    dispatch!(dtype, decode_typed, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_round_trips() {
+        for v in [0.0f32, 1.0, -2.5, 65504.0, 6.1e-5, 1e-7, 3.25] {
+            let back = f16_to_f32(f32_to_f16(v));
+            assert!((back - v).abs() <= v.abs() * 1e-3 + 1e-7, "{v} -> {back}");
+        }
+        assert_eq!(f32_to_f16(1e6), 0x7c00);
+        assert_eq!(bf16_to_f32(f32_to_bf16(1.5)), 1.5);
+    }
+}

@@ -1,0 +1,354 @@
+//! The simulated device: streams and their pools, the per-thread current stream, memory, kernels, communicator
+//! creation, and the host clock of the calling thread.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pg_core::{Buffer as _, CommConfig, DType, Error, Result, UniqueId};
+
+use crate::backend::Mock;
+use crate::buffer::{BufferHandle, MockBuffer};
+use crate::clock::{dur, ns, transfer, Cond};
+use crate::communicator::MockCommunicator;
+use crate::event::MockEvent;
+use crate::hazard::{Accessor, Mode};
+use crate::stream::{sync_streams, Effect, KernelKind, MockStream, OpKind};
+use crate::world::{Inner, State};
+
+/// A stream as the thread-local map keeps it: (global index, id, high priority).
+type StreamRef = (usize, u64, bool);
+
+thread_local! {
+    /// The calling thread's current stream per (world id, device).
+    static CURRENT_STREAM: RefCell<HashMap<(u64, usize), StreamRef>> = RefCell::new(HashMap::new());
+}
+
+/// A simulated device. Cloning gives another handle to the same device.
+#[derive(Clone)]
+pub struct MockDevice {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) index: usize,
+}
+
+impl fmt::Debug for MockDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockDevice").field("index", &self.index).finish()
+    }
+}
+
+impl MockDevice {
+    pub(crate) fn new(inner: Arc<Inner>, index: usize) -> Self {
+        Self { inner, index }
+    }
+
+    /// The world this device belongs to.
+    pub fn world(&self) -> crate::World {
+        crate::World { inner: Arc::clone(&self.inner) }
+    }
+
+    /// The device's default stream (id 0).
+    pub fn default_stream(&self) -> MockStream {
+        let state = self.inner.lock();
+        MockStream::from_index(&self.inner, &state, state.devices[self.index].default_stream)
+    }
+
+    fn check_buffer(&self, buffer: &MockBuffer, what: &str) -> Result<()> {
+        if !Arc::ptr_eq(buffer.inner(), &self.inner) {
+            return Err(Error::invalid(format!("{what}: the buffer belongs to another simulated world")));
+        }
+        if buffer.device_index() != self.index {
+            return Err(Error::invalid(format!(
+                "{what}: buffer #{} is on device {}, not device {}",
+                buffer.id(),
+                buffer.device_index(),
+                self.index
+            )));
+        }
+        Ok(())
+    }
+
+    /// Launches a kernel that accesses `buffer` (if any) on `stream`.
+    fn launch(
+        &self,
+        tid: usize,
+        stream: &MockStream,
+        access: Option<(&MockBuffer, Mode)>,
+        kind: KernelKind,
+        name: &str,
+        duration: u64,
+        effect: Effect,
+    ) -> crate::clock::OpRef {
+        let cost = self.inner.config.host.kernel_launch;
+        let mut state = self.inner.lock();
+        let op = launch_locked(&mut state, tid, stream, access, kind, name, duration, effect, cost);
+        self.inner.raise(state);
+        op
+    }
+}
+
+/// [`MockDevice::launch`] under the lock.
+fn launch_locked(
+    st: &mut State,
+    tid: usize,
+    stream: &MockStream,
+    access: Option<(&MockBuffer, Mode)>,
+    kind: KernelKind,
+    name: &str,
+    duration: u64,
+    effect: Effect,
+    cost: Duration,
+) -> crate::clock::OpRef {
+    st.charge(Some(tid), cost);
+    let clock = st.launch_clock(Some(tid), stream.index);
+    if let Some((buffer, mode)) = access {
+        let who = Accessor {
+            actor: stream.index,
+            clock,
+            device: stream.device,
+            buffer: buffer.id(),
+            stream_id: stream.id,
+            op: name.to_owned(),
+            collective: false,
+        };
+        st.access(buffer.block(), mode, &who);
+    }
+    let op = st.enqueue(Some(tid), stream.index, OpKind::Kernel { kind, duration, effect }, name, None);
+    st.resolve();
+    op
+}
+
+impl pg_core::Device for MockDevice {
+    type B = Mock;
+
+    fn index(&self) -> usize {
+        self.index
+    }
+
+    fn describe(&self) -> String {
+        format!("simulated device {}", self.index)
+    }
+
+    fn current_stream(&self) -> MockStream {
+        let key = (self.inner.id, self.index);
+        match CURRENT_STREAM.with(|c| c.borrow().get(&key).copied()) {
+            Some((index, id, high_priority)) => {
+                MockStream { inner: Arc::clone(&self.inner), index, device: self.index, id, high_priority }
+            }
+            None => self.default_stream(),
+        }
+    }
+
+    fn set_current_stream(&self, stream: &MockStream) -> MockStream {
+        let previous = self.current_stream();
+        let key = (self.inner.id, stream.device);
+        CURRENT_STREAM.with(|c| c.borrow_mut().insert(key, (stream.index, stream.id, stream.high_priority)));
+        previous
+    }
+
+    fn stream_from_pool(&self, high_priority: bool) -> Result<MockStream> {
+        let per_pool = self.inner.config.streams_per_pool.max(1);
+        let mut state = self.inner.lock();
+        let device = &mut state.devices[self.index];
+        let (next, len) = match high_priority {
+            false => (&mut device.next_normal, device.normal_pool.len()),
+            true => (&mut device.next_high, device.high_pool.len()),
+        };
+        let slot = *next % per_pool;
+        *next += 1;
+        let index = if slot < len {
+            match high_priority {
+                false => state.devices[self.index].normal_pool[slot],
+                true => state.devices[self.index].high_pool[slot],
+            }
+        } else {
+            let offset = if high_priority { per_pool } else { 0 };
+            let id = u64::try_from(1 + offset + slot).unwrap_or(u64::MAX);
+            let index = state.add_stream(self.index, id, high_priority);
+            let device = &mut state.devices[self.index];
+            match high_priority {
+                false => device.normal_pool.push(index),
+                true => device.high_pool.push(index),
+            }
+            index
+        };
+        Ok(MockStream::from_index(&self.inner, &state, index))
+    }
+
+    fn create_event(&self) -> MockEvent {
+        MockEvent::new(Arc::clone(&self.inner))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let tid = self.inner.require("Device::synchronize");
+        let state = self.inner.lock();
+        let streams: Vec<usize> = (0..state.streams.len()).filter(|s| state.streams[*s].device == self.index).collect();
+        let (state, ()) = sync_streams(&self.inner, state, tid, &streams);
+        self.inner.raise(state);
+        Ok(())
+    }
+
+    fn alloc(&self, dtype: DType, numel: usize) -> Result<MockBuffer> {
+        let tid = self.inner.require("Device::alloc");
+        let bytes = numel
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::invalid(format!("alloc: {numel} elements of {dtype} overflow the address space")))?;
+        let stream = pg_core::Device::current_stream(self);
+        let mut state = self.inner.lock();
+        let counter = state.alloc.next_buffer.entry(self.index).or_default();
+        *counter += 1;
+        let id = *counter;
+        let block = state.allocate(Some(tid), stream.index, bytes, id);
+        self.inner.raise(state);
+        let handle = BufferHandle { inner: Arc::clone(&self.inner), id, block, dtype, numel, device: self.index };
+        Ok(MockBuffer { handle: Arc::new(handle) })
+    }
+
+    fn record_stream(&self, buffer: &MockBuffer, stream: &MockStream) -> Result<()> {
+        self.check_buffer(buffer, "record_stream")?;
+        stream.check(&self.inner, self.index, "record_stream")?;
+        let mut state = self.inner.lock();
+        if let Some(block) = state.alloc.blocks.get_mut(&buffer.block()) {
+            block.recorded.insert(stream.index);
+        }
+        Ok(())
+    }
+
+    fn copy_from_host(&self, buffer: &MockBuffer, bytes: &[u8], stream: &MockStream) -> Result<()> {
+        let tid = self.inner.require("Device::copy_from_host");
+        self.check_buffer(buffer, "copy_from_host")?;
+        stream.check(&self.inner, self.index, "copy_from_host")?;
+        if bytes.len() != buffer.size_bytes() {
+            return Err(Error::invalid(format!(
+                "copy_from_host: {} bytes given for buffer #{} of {} bytes ({} x {})",
+                bytes.len(),
+                buffer.id(),
+                buffer.size_bytes(),
+                buffer.numel(),
+                buffer.dtype()
+            )));
+        }
+        let duration = transfer(bytes.len(), self.inner.config.copy_bandwidth);
+        let effect = Effect::FromHost { block: buffer.block(), bytes: bytes.to_vec() };
+        self.launch(tid, stream, Some((buffer, Mode::Write)), KernelKind::Copy, "copy_from_host", duration, effect);
+        Ok(())
+    }
+
+    fn copy_to_host(&self, buffer: &MockBuffer, stream: &MockStream) -> Result<Vec<u8>> {
+        let tid = self.inner.require("Device::copy_to_host");
+        self.check_buffer(buffer, "copy_to_host")?;
+        stream.check(&self.inner, self.index, "copy_to_host")?;
+        let duration = transfer(buffer.size_bytes(), self.inner.config.copy_bandwidth);
+        let cost = self.inner.config.host.kernel_launch;
+        let mut state = self.inner.lock();
+        let effect = Effect::ToHost { block: buffer.block() };
+        let access = Some((buffer, Mode::Read));
+        let op =
+            launch_locked(&mut state, tid, stream, access, KernelKind::Copy, "copy_to_host", duration, effect, cost);
+        let clock = state.streams[stream.index].clock.clone();
+        state.pin(op);
+        let what = format!("copy_to_host of buffer #{} on stream {}", buffer.id(), stream.id);
+        let (mut state, _) = self.inner.park(state, tid, Cond::OpsDone(vec![op]), None, None, what);
+        state.unpin(op);
+        state.join_thread_clock(Some(tid), &clock);
+        let bytes = state.to_host.remove(&op).unwrap_or_default();
+        self.inner.raise(state);
+        Ok(bytes)
+    }
+
+    fn fill(&self, buffer: &MockBuffer, value: f64, stream: &MockStream) -> Result<()> {
+        let tid = self.inner.require("Device::fill");
+        self.check_buffer(buffer, "fill")?;
+        stream.check(&self.inner, self.index, "fill")?;
+        let duration = transfer(buffer.size_bytes(), self.inner.config.fill_bandwidth);
+        let effect = Effect::Fill { block: buffer.block(), dtype: buffer.dtype(), value };
+        self.launch(tid, stream, Some((buffer, Mode::Write)), KernelKind::Fill, "fill", duration, effect);
+        Ok(())
+    }
+
+    fn sleep_kernel(&self, stream: &MockStream, duration: Duration) -> Result<()> {
+        let tid = self.inner.require("Device::sleep_kernel");
+        stream.check(&self.inner, self.index, "sleep_kernel")?;
+        self.launch(tid, stream, None, KernelKind::Sleep, "sleep", ns(duration).max(1), Effect::None);
+        Ok(())
+    }
+
+    fn new_unique_id(&self) -> Result<UniqueId> {
+        Ok(UniqueId(self.inner.lock().comms.new_unique_id()))
+    }
+
+    fn create_communicator(
+        &self,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> Result<MockCommunicator> {
+        let tid = self.inner.require("Device::create_communicator");
+        if size == 0 || rank >= size {
+            return Err(Error::invalid(format!("create_communicator: rank {rank} of size {size}")));
+        }
+        if id.0.is_empty() {
+            return Err(Error::invalid("create_communicator: empty unique id"));
+        }
+        let mut state = self.inner.lock();
+        let time = state.local(Some(tid));
+        let (group, never) = state.join_comm(&id.0, size, rank, self.index, time, &config.description)?;
+        let comm = MockCommunicator { inner: Arc::clone(&self.inner), group, rank, size, device: self.index };
+        if config.nonblocking {
+            drop(state);
+            self.inner.notify();
+            return Ok(comm);
+        }
+        let cond = if never { Cond::Never } else { Cond::CommReady(group) };
+        let what = format!("creating rank {rank} of communicator {group} (blocking init)");
+        let (state, _) = self.inner.park(state, tid, cond, None, None, what);
+        self.inner.raise(state);
+        Ok(comm)
+    }
+
+    fn now(&self) -> Duration {
+        let tid = self.inner.current();
+        dur(self.inner.lock().local(tid))
+    }
+
+    fn sleep(&self, duration: Duration, interrupt: &AtomicBool) {
+        let tid = self.inner.require("Device::sleep");
+        if interrupt.load(Ordering::SeqCst) {
+            return;
+        }
+        let state = self.inner.lock();
+        let deadline = state.local(Some(tid)).saturating_add(ns(duration));
+        let what = format!("sleeping for {}", crate::world::show_duration(duration));
+        let (state, _) = self.inner.park(state, tid, Cond::Never, Some(deadline), Some(interrupt), what);
+        drop(state);
+    }
+
+    fn notify_host_threads(&self) {
+        let mut state = self.inner.lock();
+        state.interrupt_epoch += 1;
+        state.version += 1;
+        drop(state);
+        self.inner.notify();
+    }
+
+    fn spawn_host_thread(&self, name: &str, body: Box<dyn FnOnce() + Send + 'static>) -> Result<JoinHandle<()>> {
+        self.inner.spawn(name, body).map_err(|e| Error::Backend(format!("cannot spawn host thread '{name}': {e}")))
+    }
+
+    fn kernel_launches(&self) -> Vec<pg_core::KernelLaunch> {
+        crate::World { inner: std::sync::Arc::clone(&self.inner) }
+            .kernel_log(self.index)
+            .into_iter()
+            .map(|k| pg_core::KernelLaunch { stream_id: k.stream_id, kind: k.kind, name: k.name })
+            .collect()
+    }
+
+    fn versions(&self) -> Vec<(String, String)> {
+        vec![("pg-mock".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]
+    }
+}

@@ -1,0 +1,45 @@
+//! Injected faults, as data: which rank misbehaves and how.
+//!
+//! A rank here is a device index (rank `i` of [`crate::World::run`] uses device `i`); faults on communicators
+//! apply to every communicator that rank is part of, and operation numbers count per communicator from 0.
+
+use std::time::Duration;
+
+/// A fault the world injects.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// The rank never joins a communicator: a blocking `create_communicator` never returns, and a non-blocking one
+    /// returns a communicator that never becomes ready (the other ranks' never do either).
+    NeverJoin {
+        /// The rank (device index).
+        rank: usize,
+    },
+    /// Every collective the rank enqueues costs `extra` more host time.
+    SlowRank {
+        /// The rank (device index).
+        rank: usize,
+        /// The extra host time per operation.
+        extra: Duration,
+    },
+    /// Once the rank's first `after_ops` operations on a communicator have finished, the communicator reports an
+    /// asynchronous error, and its later operations never complete (until aborted).
+    AsyncError {
+        /// The rank (device index).
+        rank: usize,
+        /// How many operations finish normally first.
+        after_ops: u64,
+    },
+    /// Operation `op` (0-based, per communicator) of the rank never completes, on any rank, until aborted.
+    HangAt {
+        /// The rank (device index).
+        rank: usize,
+        /// The operation number.
+        op: u64,
+    },
+    /// The store stops answering: every store operation fails with a network error, at once (`fail_fast`) or
+    /// after the store's timeout of virtual time.
+    StoreDown {
+        /// Fail at once instead of after the timeout.
+        fail_fast: bool,
+    },
+}

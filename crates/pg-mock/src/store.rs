@@ -1,0 +1,268 @@
+//! `SimStore`: the world's key-value store, whose blocking operations wait in virtual time.
+//!
+//! Every entry carries the local time of the thread that set it; a reader that sees it moves its own local time
+//! to at least that time (it cannot observe a value before it was written), and a blocked reader wakes at the
+//! later of its own time and the entry's. A timeout is virtual time, so "a rank that never arrives" times out
+//! deterministically and at once in real time.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use pg_store::{Store, StoreError, DEFAULT_STORE_TIMEOUT};
+
+use crate::clock::{ns, Cond, Time, Wake};
+use crate::fault::Fault;
+use crate::world::{Inner, State};
+
+/// A value with the time it was set.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    value: Vec<u8>,
+    time: Time,
+}
+
+/// The store's contents, inside the world's state.
+#[derive(Debug, Default)]
+pub(crate) struct StoreState {
+    values: HashMap<String, Entry>,
+    queues: HashMap<String, VecDeque<Entry>>,
+}
+
+impl StoreState {
+    /// When every key is set (the latest set time), if they all are.
+    pub(crate) fn keys_time(&self, keys: &[String]) -> Option<Time> {
+        keys.iter().try_fold(0, |acc, k| self.values.get(k).map(|e| acc.max(e.time)))
+    }
+
+    /// When the queue's front element was pushed, if there is one.
+    pub(crate) fn queue_time(&self, key: &str) -> Option<Time> {
+        self.queues.get(key).and_then(|q| q.front()).map(|e| e.time)
+    }
+}
+
+/// How the store is failing, if it is.
+fn store_down(state: &State) -> Option<bool> {
+    state.faults.iter().find_map(|f| match f {
+        Fault::StoreDown { fail_fast } => Some(*fail_fast),
+        _ => None,
+    })
+}
+
+/// A handle on the simulated world's store (PyTorch's `HashStore`, in virtual time).
+pub struct SimStore {
+    inner: Arc<Inner>,
+    timeout: Mutex<Duration>,
+}
+
+impl fmt::Debug for SimStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimStore").field("timeout", &self.timeout()).finish()
+    }
+}
+
+impl SimStore {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner, timeout: Mutex::new(DEFAULT_STORE_TIMEOUT) }
+    }
+
+    /// Runs a store operation: charges its host cost, honours a store-down fault, then runs `f` under the lock.
+    fn op<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut State, Option<usize>) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let tid = self.inner.current();
+        let cost = self.inner.config.host.store_op;
+        let mut state = self.inner.lock();
+        state.charge(tid, cost);
+        if let Some(fail_fast) = store_down(&state) {
+            let message = format!("the store stopped answering ({name}: injected fault)");
+            if let (false, Some(tid)) = (fail_fast, tid) {
+                let deadline = state.local(Some(tid)) + ns(self.timeout());
+                let what = format!("waiting for the store to answer {name}");
+                let (s, _) = self.inner.park(state, tid, Cond::Never, Some(deadline), None, what);
+                drop(s);
+            }
+            return Err(StoreError::Network(message));
+        }
+        let result = f(&mut state, tid);
+        state.version += 1;
+        drop(state);
+        self.inner.notify();
+        result
+    }
+
+    /// Parks until `cond` holds or the store timeout passes.
+    fn wait_for(&self, api: &str, cond: Cond, keys: Vec<String>, timeout: Duration) -> Result<(), StoreError> {
+        let tid = self.inner.require(api);
+        let state = self.inner.lock();
+        if let Some(fail_fast) = store_down(&state) {
+            if !fail_fast {
+                let deadline = state.local(Some(tid)) + ns(timeout);
+                let what = format!("waiting for the store to answer {api}");
+                let (s, _) = self.inner.park(state, tid, Cond::Never, Some(deadline), None, what);
+                drop(s);
+            }
+            return Err(StoreError::Network(format!("the store stopped answering ({api}: injected fault)")));
+        }
+        let deadline = state.local(Some(tid)).saturating_add(ns(timeout));
+        let what = format!("{api} on the store, keys: {}", keys.join(", "));
+        let (state, why) = self.inner.park(state, tid, cond, Some(deadline), None, what);
+        drop(state);
+        match why {
+            Wake::Deadline => Err(StoreError::Timeout { keys, timeout }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Store for SimStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.op("set", |st, tid| {
+            let time = st.local(tid);
+            st.store.values.insert(key.to_owned(), Entry { value: value.to_vec(), time });
+            Ok(())
+        })
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        let timeout = self.timeout();
+        self.wait_for("Store::get", Cond::StoreKeys(vec![key.to_owned()]), vec![key.to_owned()], timeout)?;
+        self.op("get", |st, tid| match st.store.values.get(key).cloned() {
+            Some(entry) => {
+                st.observe(tid, entry.time);
+                Ok(entry.value)
+            }
+            None => Err(StoreError::Timeout { keys: vec![key.to_owned()], timeout }),
+        })
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        self.op("add", |st, tid| {
+            let (current, time) = match st.store.values.get(key) {
+                Some(e) => (
+                    std::str::from_utf8(&e.value).ok().and_then(|t| t.trim().parse::<i64>().ok()).ok_or_else(|| {
+                        StoreError::InvalidArgument(format!("add on key '{key}' whose value is not a decimal integer"))
+                    })?,
+                    e.time,
+                ),
+                None => (0, 0),
+            };
+            let sum = current.checked_add(delta).ok_or_else(|| {
+                StoreError::InvalidArgument(format!("add of {delta} to {current} on key '{key}' overflows"))
+            })?;
+            st.observe(tid, time);
+            let time = st.local(tid).max(time);
+            st.store.values.insert(key.to_owned(), Entry { value: sum.to_string().into_bytes(), time });
+            Ok(sum)
+        })
+    }
+
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
+        self.op("compare_set", |st, tid| {
+            let current = st.store.values.get(key).cloned();
+            if let Some(e) = &current {
+                st.observe(tid, e.time);
+            }
+            let time = st.local(tid);
+            let swap = match &current {
+                None => expected.is_empty(),
+                Some(e) => e.value == expected,
+            };
+            if swap {
+                st.store.values.insert(key.to_owned(), Entry { value: desired.to_vec(), time });
+                return Ok(desired.to_vec());
+            }
+            Ok(current.map_or_else(|| expected.to_vec(), |e| e.value))
+        })
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
+        self.op("check", |st, tid| {
+            let owned: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+            match st.store.keys_time(&owned) {
+                Some(t) => {
+                    st.observe(tid, t);
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        })
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<(), StoreError> {
+        let timeout = timeout.unwrap_or_else(|| self.timeout());
+        let owned: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+        self.wait_for("Store::wait", Cond::StoreKeys(owned.clone()), owned, timeout)
+    }
+
+    fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
+        self.op("delete_key", |st, _| Ok(st.store.values.remove(key).is_some()))
+    }
+
+    fn num_keys(&self) -> Result<i64, StoreError> {
+        self.op("num_keys", |st, _| Ok(i64::try_from(st.store.values.len()).unwrap_or(i64::MAX)))
+    }
+
+    fn append(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.op("append", |st, tid| {
+            let time = st.local(tid);
+            let entry = st.store.values.entry(key.to_owned()).or_insert(Entry { value: Vec::new(), time });
+            entry.value.extend_from_slice(value);
+            entry.time = entry.time.max(time);
+            Ok(())
+        })
+    }
+
+    fn queue_push(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.op("queue_push", |st, tid| {
+            let time = st.local(tid);
+            st.store.queues.entry(key.to_owned()).or_default().push_back(Entry { value: value.to_vec(), time });
+            Ok(())
+        })
+    }
+
+    fn queue_pop(&self, key: &str, block: bool) -> Result<Vec<u8>, StoreError> {
+        if block {
+            let timeout = self.timeout();
+            self.wait_for("Store::queue_pop", Cond::QueueNonEmpty(key.to_owned()), vec![key.to_owned()], timeout)?;
+        }
+        self.op("queue_pop", |st, tid| match st.store.queues.get_mut(key).and_then(VecDeque::pop_front) {
+            Some(entry) => {
+                st.observe(tid, entry.time);
+                Ok(entry.value)
+            }
+            None => Err(StoreError::QueueEmpty { key: key.to_owned() }),
+        })
+    }
+
+    fn queue_len(&self, key: &str) -> Result<i64, StoreError> {
+        self.op("queue_len", |st, _| {
+            Ok(i64::try_from(st.store.queues.get(key).map_or(0, VecDeque::len)).unwrap_or(i64::MAX))
+        })
+    }
+
+    fn list_keys(&self) -> Result<Vec<String>, StoreError> {
+        self.op("list_keys", |st, _| {
+            let mut keys: Vec<String> = st.store.values.keys().cloned().collect();
+            keys.sort();
+            Ok(keys)
+        })
+    }
+
+    fn clone_store(&self) -> Result<Arc<dyn Store>, StoreError> {
+        let store = SimStore::new(Arc::clone(&self.inner));
+        store.set_timeout(self.timeout());
+        Ok(Arc::new(store))
+    }
+
+    fn timeout(&self) -> Duration {
+        *self.timeout.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        *self.timeout.lock().unwrap_or_else(PoisonError::into_inner) = timeout;
+    }
+}

@@ -1,0 +1,479 @@
+//! Simulated streams: FIFO queues of operations resolved lazily in virtual time, and the `MockStream` handle.
+//!
+//! An operation starts at the latest of its enqueue time (the caller's local time), the finish of the previous
+//! operation on its stream and the finish of the operation it waits for (`wait_event`); a collective starts when
+//! every rank's part can start. An operation is resolved (its finish known) as soon as its dependencies are;
+//! its data effect is applied then, so effects run in dependency order. Resolved operations nobody refers to
+//! any more are pruned at once, so a long run keeps memory flat.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pg_core::{DType, Error, Result};
+
+use crate::backend::Mock;
+use crate::clock::{dur, Cond, OpRef, Time};
+use crate::communicator::SlotKey;
+use crate::event::MockEvent;
+use crate::hazard::VClock;
+use crate::world::{Inner, State};
+
+/// What kind of kernel a [`KernelRecord`] is (the same kinds every backend reports).
+pub use pg_core::KernelKind;
+
+/// One kernel a device ran, as a profiler would show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelRecord {
+    /// The id of the stream it ran on.
+    pub stream_id: u64,
+    /// What it was.
+    pub kind: KernelKind,
+    /// Its name (`all_reduce`, `sleep`, `fill`, `copy_to_host`, ...).
+    pub name: String,
+    /// When it started (virtual time).
+    pub start: Duration,
+    /// When it finished (virtual time).
+    pub end: Duration,
+}
+
+/// The streams of one device.
+#[derive(Debug)]
+pub(crate) struct DeviceState {
+    pub(crate) default_stream: usize,
+    pub(crate) normal_pool: Vec<usize>,
+    pub(crate) high_pool: Vec<usize>,
+    pub(crate) next_normal: usize,
+    pub(crate) next_high: usize,
+    pub(crate) log: VecDeque<KernelRecord>,
+}
+
+impl DeviceState {
+    pub(crate) fn new(default_stream: usize) -> Self {
+        Self {
+            default_stream,
+            normal_pool: Vec::new(),
+            high_pool: Vec::new(),
+            next_normal: 0,
+            next_high: 0,
+            log: VecDeque::new(),
+        }
+    }
+}
+
+/// A data effect applied when an operation resolves.
+#[derive(Debug)]
+pub(crate) enum Effect {
+    None,
+    Fill { block: u64, dtype: DType, value: f64 },
+    FromHost { block: u64, bytes: Vec<u8> },
+    ToHost { block: u64 },
+}
+
+/// What an operation does.
+#[derive(Debug)]
+pub(crate) enum OpKind {
+    /// A kernel of a known duration.
+    Kernel { kind: KernelKind, duration: Time, effect: Effect },
+    /// A `wait_event`: nothing, once its dependency has finished.
+    Wait,
+    /// This rank's part of a collective or point-to-point operation.
+    Comm { group: usize, slot: SlotKey, abort_at: Option<Time> },
+}
+
+/// One operation on a stream.
+#[derive(Debug)]
+pub(crate) struct Op {
+    pub(crate) kind: OpKind,
+    pub(crate) name: String,
+    pub(crate) enqueue: Time,
+    /// The operation on another stream it waits for (a `Wait`).
+    pub(crate) dep: Option<OpRef>,
+    /// When it could start as far as its own stream and dependency go.
+    pub(crate) ready_at: Option<Time>,
+    pub(crate) finish: Option<Time>,
+    /// How many events, waits and parked threads refer to it (it is kept while pinned).
+    pub(crate) pins: u32,
+}
+
+/// One stream.
+#[derive(Debug)]
+pub(crate) struct StreamState {
+    pub(crate) device: usize,
+    pub(crate) id: u64,
+    pub(crate) high_priority: bool,
+    pub(crate) clock: VClock,
+    pub(crate) ops: BTreeMap<u64, Op>,
+    pub(crate) next_seq: u64,
+    pub(crate) first_unresolved: u64,
+    pub(crate) last_finish: Time,
+}
+
+impl State {
+    /// Adds a stream; returns its global index (also its actor index in vector clocks).
+    pub(crate) fn add_stream(&mut self, device: usize, id: u64, high_priority: bool) -> usize {
+        self.streams.push(StreamState {
+            device,
+            id,
+            high_priority,
+            clock: VClock::default(),
+            ops: BTreeMap::new(),
+            next_seq: 0,
+            first_unresolved: 0,
+            last_finish: 0,
+        });
+        self.streams.len() - 1
+    }
+
+    /// The last operation enqueued on `stream`, if any.
+    pub(crate) fn last_op(&self, stream: usize) -> Option<OpRef> {
+        let s = &self.streams[stream];
+        s.next_seq.checked_sub(1).map(|seq| OpRef { stream, seq })
+    }
+
+    /// When `op` finishes, once known (a pruned operation finished long ago).
+    pub(crate) fn op_finish(&self, op: OpRef) -> Option<Time> {
+        let s = &self.streams[op.stream];
+        match s.ops.get(&op.seq) {
+            Some(o) => o.finish,
+            None if op.seq < s.first_unresolved => Some(0),
+            None => None,
+        }
+    }
+
+    /// Whether `op` has finished at the global time (queries answer at global time, so they are deterministic).
+    pub(crate) fn op_done_now(&self, op: OpRef) -> bool {
+        self.op_finish(op).is_some_and(|t| t <= self.now)
+    }
+
+    pub(crate) fn pin(&mut self, op: OpRef) {
+        if let Some(o) = self.streams[op.stream].ops.get_mut(&op.seq) {
+            o.pins += 1;
+        }
+    }
+
+    pub(crate) fn unpin(&mut self, op: OpRef) {
+        if let Some(o) = self.streams[op.stream].ops.get_mut(&op.seq) {
+            o.pins = o.pins.saturating_sub(1);
+        }
+        self.maybe_prune(op);
+    }
+
+    /// Drops `op` if it is resolved, not the last on its stream and nobody refers to it.
+    fn maybe_prune(&mut self, op: OpRef) {
+        let s = &mut self.streams[op.stream];
+        if op.seq + 1 >= s.next_seq {
+            return;
+        }
+        if s.ops.get(&op.seq).is_some_and(|o| o.finish.is_some() && o.pins == 0) {
+            s.ops.remove(&op.seq);
+        }
+    }
+
+    /// Enqueues an operation on `stream` at the caller's local time.
+    pub(crate) fn enqueue(
+        &mut self,
+        tid: Option<usize>,
+        stream: usize,
+        kind: OpKind,
+        name: impl Into<String>,
+        dep: Option<OpRef>,
+    ) -> OpRef {
+        let enqueue = self.local(tid);
+        let s = &mut self.streams[stream];
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.ops.insert(seq, Op { kind, name: name.into(), enqueue, dep, ready_at: None, finish: None, pins: 0 });
+        if let Some(d) = dep {
+            self.pin(d);
+        }
+        if let Some(prev) = seq.checked_sub(1) {
+            self.maybe_prune(OpRef { stream, seq: prev });
+        }
+        self.active.insert(stream);
+        OpRef { stream, seq }
+    }
+
+    /// Resolves every operation whose dependencies are resolved, to a fixpoint.
+    pub(crate) fn resolve(&mut self) {
+        loop {
+            let active: Vec<usize> = self.active.iter().copied().collect();
+            let mut progressed = false;
+            for stream in active {
+                progressed |= self.step_stream(stream);
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn step_stream(&mut self, stream: usize) -> bool {
+        let mut progressed = false;
+        loop {
+            let s = &self.streams[stream];
+            let seq = s.first_unresolved;
+            if seq >= s.next_seq {
+                self.active.remove(&stream);
+                return progressed;
+            }
+            let r = OpRef { stream, seq };
+            let last_finish = s.last_finish;
+            let op = s.ops.get(&seq).expect("unresolved operations are never pruned");
+            let ready = match op.ready_at {
+                Some(t) => t,
+                None => {
+                    let dep_time = match op.dep {
+                        None => 0,
+                        Some(d) => match self.op_finish(d) {
+                            Some(t) => t,
+                            None => return progressed,
+                        },
+                    };
+                    let ready = op.enqueue.max(last_finish).max(dep_time);
+                    let dep = op.dep;
+                    self.streams[stream].ops.get_mut(&seq).expect("present").ready_at = Some(ready);
+                    if let Some(d) = dep {
+                        self.unpin(d);
+                    }
+                    progressed = true;
+                    ready
+                }
+            };
+            let op = &self.streams[stream].ops[&seq];
+            match &op.kind {
+                OpKind::Wait => self.complete_op(r, ready, ready),
+                OpKind::Kernel { duration, .. } => {
+                    let duration = *duration;
+                    self.apply_effect(r);
+                    self.complete_op(r, ready, ready + duration);
+                }
+                OpKind::Comm { abort_at: Some(t), .. } => {
+                    let finish = ready.max(*t);
+                    self.complete_op(r, finish, finish);
+                }
+                OpKind::Comm { group, slot, .. } => {
+                    let (group, slot) = (*group, *slot);
+                    if !self.try_fire(group, slot) {
+                        return progressed;
+                    }
+                }
+            }
+            progressed = true;
+        }
+    }
+
+    /// Marks the head operation `op` of its stream finished.
+    pub(crate) fn complete_op(&mut self, op: OpRef, start: Time, finish: Time) {
+        let capacity = self.kernel_log_capacity;
+        let s = &mut self.streams[op.stream];
+        debug_assert_eq!(s.first_unresolved, op.seq, "operations resolve in stream order");
+        s.first_unresolved = op.seq + 1;
+        s.last_finish = finish;
+        let (device, stream_id) = (s.device, s.id);
+        let o = s.ops.get_mut(&op.seq).expect("present");
+        o.ready_at.get_or_insert(start);
+        o.finish = Some(finish);
+        let kind = match &o.kind {
+            OpKind::Wait => None,
+            OpKind::Kernel { kind, .. } => Some(*kind),
+            OpKind::Comm { .. } => Some(KernelKind::Comm),
+        };
+        if let Some(kind) = kind.filter(|_| capacity > 0) {
+            let record = KernelRecord { stream_id, kind, name: o.name.clone(), start: dur(start), end: dur(finish) };
+            let log = &mut self.devices[device].log;
+            if log.len() >= capacity {
+                log.pop_front();
+            }
+            log.push_back(record);
+        }
+        self.maybe_prune(op);
+    }
+
+    fn apply_effect(&mut self, op: OpRef) {
+        let o = self.streams[op.stream].ops.get_mut(&op.seq).expect("present");
+        let OpKind::Kernel { effect, .. } = &mut o.kind else { return };
+        match std::mem::replace(effect, Effect::None) {
+            Effect::None => {}
+            Effect::Fill { block, dtype, value } => {
+                if let Some(b) = self.alloc.blocks.get_mut(&block) {
+                    crate::conv::fill(dtype, value, &mut b.data);
+                }
+            }
+            Effect::FromHost { block, bytes } => {
+                if let Some(b) = self.alloc.blocks.get_mut(&block) {
+                    let n = b.data.len().min(bytes.len());
+                    b.data[..n].copy_from_slice(&bytes[..n]);
+                }
+            }
+            Effect::ToHost { block } => {
+                let bytes = self.alloc.blocks.get(&block).map(|b| b.data.clone()).unwrap_or_default();
+                self.to_host.insert(op, bytes);
+            }
+        }
+    }
+
+    /// Why an unfinished operation cannot finish yet, for deadlock reports.
+    pub(crate) fn blocked_reason(&self, op: OpRef) -> Option<String> {
+        if self.op_finish(op).is_some() {
+            return None;
+        }
+        let s = &self.streams[op.stream];
+        let head = OpRef { stream: op.stream, seq: s.first_unresolved };
+        let o = s.ops.get(&head.seq)?;
+        let at = format!("stream {} of device {} is at '{}' (op {})", s.id, s.device, o.name, head.seq);
+        Some(match &o.kind {
+            OpKind::Comm { group, slot, .. } => format!("{at}, {}", self.slot_status(*group, *slot)),
+            OpKind::Wait => match o.dep {
+                Some(d) if d.stream != op.stream => {
+                    let inner = self.blocked_reason(d).unwrap_or_default();
+                    format!("{at}, waiting for an event on stream {}: {inner}", self.streams[d.stream].id)
+                }
+                _ => at,
+            },
+            OpKind::Kernel { .. } => at,
+        })
+    }
+
+    /// The description of the condition "all work on `stream` so far is done", for reports.
+    pub(crate) fn describe_stream(&self, stream: usize) -> String {
+        let s = &self.streams[stream];
+        format!("stream {} of device {}", s.id, s.device)
+    }
+}
+
+/// A simulated stream. Cloning gives another handle to the same stream.
+#[derive(Clone)]
+pub struct MockStream {
+    pub(crate) inner: Arc<Inner>,
+    /// The global stream index (also its actor index in vector clocks).
+    pub(crate) index: usize,
+    pub(crate) device: usize,
+    pub(crate) id: u64,
+    pub(crate) high_priority: bool,
+}
+
+impl fmt::Debug for MockStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockStream")
+            .field("device", &self.device)
+            .field("id", &self.id)
+            .field("high_priority", &self.high_priority)
+            .finish()
+    }
+}
+
+impl PartialEq for MockStream {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner) && self.index == other.index
+    }
+}
+
+impl MockStream {
+    pub(crate) fn from_index(inner: &Arc<Inner>, state: &State, index: usize) -> Self {
+        let s = &state.streams[index];
+        Self { inner: Arc::clone(inner), index, device: s.device, id: s.id, high_priority: s.high_priority }
+    }
+
+    /// The ordinal of the device this stream belongs to.
+    pub fn device_index(&self) -> usize {
+        self.device
+    }
+
+    /// Checks that `self` belongs to `inner`'s world and to device `device`.
+    pub(crate) fn check(&self, inner: &Arc<Inner>, device: usize, what: &str) -> Result<()> {
+        if !Arc::ptr_eq(&self.inner, inner) {
+            return Err(Error::invalid(format!("{what}: the stream belongs to another simulated world")));
+        }
+        if self.device != device {
+            return Err(Error::invalid(format!(
+                "{what}: stream {} belongs to device {}, not device {device}",
+                self.id, self.device
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl pg_core::Stream for MockStream {
+    type B = Mock;
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn is_high_priority(&self) -> bool {
+        self.high_priority
+    }
+
+    fn wait_event(&self, event: &MockEvent) -> Result<()> {
+        let tid = self.inner.require("Stream::wait_event");
+        if !Arc::ptr_eq(&self.inner, &event.inner) {
+            return Err(Error::invalid("Stream::wait_event: the event belongs to another simulated world"));
+        }
+        let cost = self.inner.config.host.stream_wait;
+        self.inner.with(|st| {
+            st.charge(Some(tid), cost);
+            let Some(recorded) = st.events.get(&event.id).and_then(|e| e.recorded.clone()) else {
+                return Ok(());
+            };
+            st.streams[self.index].clock.join(&recorded.clock);
+            if let Some(op) = recorded.op {
+                st.enqueue(Some(tid), self.index, OpKind::Wait, "wait_event", Some(op));
+                st.resolve();
+            }
+            Ok(())
+        })
+    }
+
+    fn query(&self) -> Result<bool> {
+        let tid = self.inner.current();
+        let cost = self.inner.config.host.query;
+        self.inner.with(|st| {
+            st.charge(tid, cost);
+            st.resolve();
+            let done = st.last_op(self.index).is_none_or(|op| st.op_done_now(op));
+            if done {
+                let clock = st.streams[self.index].clock.clone();
+                st.join_thread_clock(tid, &clock);
+            }
+            Ok(done)
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let tid = self.inner.require("Stream::synchronize");
+        let state = self.inner.lock();
+        let (state, ()) = sync_streams(&self.inner, state, tid, &[self.index]);
+        self.inner.raise(state);
+        Ok(())
+    }
+}
+
+/// Parks `tid` until every operation enqueued so far on `streams` has finished, then joins their clocks into it.
+pub(crate) fn sync_streams<'a>(
+    inner: &'a Inner,
+    mut state: std::sync::MutexGuard<'a, State>,
+    tid: usize,
+    streams: &[usize],
+) -> (std::sync::MutexGuard<'a, State>, ()) {
+    state.resolve();
+    let ops: Vec<OpRef> = streams.iter().filter_map(|s| state.last_op(*s)).collect();
+    let clocks: Vec<VClock> = streams.iter().map(|s| state.streams[*s].clock.clone()).collect();
+    let what = match streams {
+        [one] => format!("synchronizing {}", state.describe_stream(*one)),
+        _ => format!("synchronizing device {}", streams.first().map_or(0, |s| state.streams[*s].device)),
+    };
+    for op in &ops {
+        state.pin(*op);
+    }
+    let (mut state, _) = inner.park(state, tid, Cond::OpsDone(ops.clone()), None, None, what);
+    for op in &ops {
+        state.unpin(*op);
+    }
+    for clock in &clocks {
+        state.join_thread_clock(Some(tid), clock);
+    }
+    (state, ())
+}

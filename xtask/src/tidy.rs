@@ -1,0 +1,94 @@
+//! Repository checks that run under plain `cargo test` (and `cargo xtask tidy`).
+
+use std::path::{Path, PathBuf};
+
+/// The crates allowed to contain `unsafe` code.
+const UNSAFE_CRATES: [&str; 3] = ["crates/pg-cuda/", "crates/pg-nccl/", "crates/nccl-sys/"];
+
+/// The repository root (the parent of the xtask crate).
+pub fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if path.is_dir() {
+            if !name.starts_with('.') && name != "target" && name != "bundle" {
+                rust_files(&path, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every problem found, one line each.
+pub fn problems() -> Vec<String> {
+    let root = project_root();
+    let mut files = Vec::new();
+    for dir in ["crates", "xtask"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    files.sort();
+    let mut problems = Vec::new();
+    for file in &files {
+        let relative = file.strip_prefix(&root).unwrap_or(file).to_string_lossy().replace('\\', "/");
+        let Ok(text) = std::fs::read_to_string(file) else {
+            problems.push(format!("{relative}: not readable as UTF-8"));
+            continue;
+        };
+        if !text.starts_with("//!") {
+            problems.push(format!("{relative}: does not open with a `//!` line saying what the file is"));
+        }
+        let may_be_unsafe = UNSAFE_CRATES.iter().any(|c| relative.starts_with(c));
+        let this_file = relative == "xtask/src/tidy.rs";
+        for (number, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") || this_file {
+                continue;
+            }
+            let at = format!("{relative}:{}", number + 1);
+            if !may_be_unsafe
+                && (code.contains("unsafe {") || code.contains("unsafe fn") || code.contains("unsafe impl"))
+            {
+                problems.push(format!("{at}: unsafe outside pg-cuda, pg-nccl and nccl-sys"));
+            }
+            if code.contains("#[ignore") {
+                problems.push(format!("{at}: #[ignore]; a test that cannot run says \"skipped: <why>\" instead"));
+            }
+            if code.contains("todo!(") || code.contains("unimplemented!(") {
+                problems.push(format!("{at}: a stub (todo!/unimplemented!) is not done"));
+            }
+        }
+        let is_root = relative.ends_with("src/lib.rs") || relative.ends_with("src/main.rs");
+        if is_root && !may_be_unsafe && !text.contains("#![forbid(unsafe_code)]") {
+            problems.push(format!("{relative}: crate root without #![forbid(unsafe_code)]"));
+        }
+    }
+    problems
+}
+
+/// `cargo xtask tidy`.
+pub fn main() -> Result<(), String> {
+    let problems = problems();
+    match problems.is_empty() {
+        true => {
+            println!("tidy: ok");
+            Ok(())
+        }
+        false => Err(format!("tidy found {} problems:\n{}", problems.len(), problems.join("\n"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tidy() {
+        let problems = super::problems();
+        assert!(problems.is_empty(), "tidy found problems:\n{}", problems.join("\n"));
+    }
+}
