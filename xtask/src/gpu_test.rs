@@ -24,7 +24,7 @@ pub fn build_suite() -> Result<PathBuf, String> {
     let root = root();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
-        .args(["build", "--release", "-p", "pg-nccl", "--bin", "pg-nccl-gpu"])
+        .args(["build", "--release", "-p", "pg-nccl", "-p", "xtask", "--bin", "pg-nccl-gpu", "--bin", "xtask"])
         .status()
         .map_err(|e| format!("cargo build: {e}"))?;
     if !status.success() {
@@ -61,6 +61,13 @@ if [ -n "${NPROC:-}" ]; then NPROC_ARGS=(--nproc "$NPROC"); fi
 { date -u; nvidia-smi; nvidia-smi topo -m; } > "$OUT/machine.txt" 2>&1
 rc=0
 "$HERE/pg-nccl-gpu" run --tasks "${TASKS:-smoke,experiments}" --out "$OUT" "${NPROC_ARGS[@]}" || rc=1
+if [ "${XTASK_EXPERIMENTS:-1}" = "1" ]; then
+  # The same generic experiment code as `cargo xtask experiments` on the mock, with the same JSON schema.
+  NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
+  "$HERE/pg-xtask" experiments --backend nccl --world-size "$NP" --json "$OUT/experiments-nccl.json" \
+    > "$OUT/experiments-nccl.txt" 2>&1 || rc=1
+  cat "$OUT/experiments-nccl.txt"
+fi
 if [ "${BENCH:-1}" = "1" ]; then
   # One libnccl for all three contestants: PyTorch's when torch is here.
   TORCH_NCCL="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
@@ -100,12 +107,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let binary = build_suite()?;
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         std::fs::copy(&binary, dir.join("pg-nccl-gpu")).map_err(|e| format!("copying the binary: {e}"))?;
+        std::fs::copy(root().join("target/release/xtask"), dir.join("pg-xtask"))
+            .map_err(|e| format!("copying the xtask binary: {e}"))?;
         std::fs::copy(root().join("bench/torch_allreduce.py"), dir.join("torch_allreduce.py"))
             .map_err(|e| format!("copying the torch script: {e}"))?;
         let run_sh = dir.join("run.sh");
         std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
         set_executable(&run_sh)?;
-        println!("bundle ready in {}: run.sh, pg-nccl-gpu, torch_allreduce.py", dir.display());
+        println!("bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, torch_allreduce.py", dir.display());
         return Ok(());
     }
     let gpus = find_gpus().map_err(|why| format!("no GPU found, nothing to test: {why}"))?;

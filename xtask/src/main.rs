@@ -44,8 +44,9 @@ fn main() -> ExitCode {
         "tidy" => tidy::main(),
         "interop" => interop::main(rest),
         "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
-        "bench" => bench_allreduce::run(rest),
         "gpu-test" => gpu_test::run(rest),
+        gpu::RANK_TASK => gpu::rank_main(rest),
+        "bench" => bench_allreduce::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     match result {
