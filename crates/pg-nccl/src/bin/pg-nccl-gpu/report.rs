@@ -129,8 +129,8 @@ fn bench(ranks: &[Value]) -> (bool, String) {
         md,
         "\n### all_reduce, {world} ranks, f32 in place (time: slowest rank's median; host: slowest rank's median)\n"
     );
-    let _ = writeln!(md, "| size | contestant | time/op us | busbw GB/s | host enqueue us/op | wait() us |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let _ = writeln!(md, "| size | contestant | time/op us | busbw GB/s | host enqueue us/op | wait() us | inside ncclAllReduce us | own host us |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     let rows = ranks[0]["rows"].as_array().cloned().unwrap_or_default();
     for (index, row) in rows.iter().enumerate() {
         let max = |key: &str| {
@@ -139,13 +139,16 @@ fn bench(ranks: &[Value]) -> (bool, String) {
         let bytes = row["bytes"].as_u64().unwrap_or(0);
         let time = max("time_us");
         let busbw = bytes as f64 / (time * 1e-6) / 1e9 * 2.0 * (world as f64 - 1.0) / world as f64;
-        let wait = if row["wait_us"].is_null() { "-".to_owned() } else { format!("{:.2}", max("wait_us")) };
+        let optional = |key: &str| if row[key].is_null() { "-".to_owned() } else { format!("{:.2}", max(key)) };
         let _ = writeln!(
             md,
-            "| {} | {} | {time:.2} | {busbw:.1} | {:.2} | {wait} |",
+            "| {} | {} | {time:.2} | {busbw:.1} | {:.2} | {} | {} | {} |",
             human(bytes),
             row["contestant"].as_str().unwrap_or("?"),
-            max("host_enqueue_us")
+            max("host_enqueue_us"),
+            optional("wait_us"),
+            optional("nccl_call_us"),
+            optional("own_host_us"),
         );
     }
     for (rank, value) in ranks.iter().enumerate() {
