@@ -6,6 +6,8 @@ use std::process::ExitCode;
 mod bench_allreduce;
 mod bench_store;
 mod experiments;
+mod faults;
+mod fr_analyze;
 mod gpu;
 mod gpu_test;
 mod interop;
@@ -22,7 +24,7 @@ Tasks:
                          benchmarks; results go to bench/results/
   interop                store interop tests against PyTorch (sets up a virtual environment)
   faults [--backend mock|nccl] [--json PATH]
-                         the fault matrix
+                         the fault matrix (issue 5)
   fr-analyze DIR         reads every rank's flight-recorder dump and reports the first divergence
   tidy                   repository checks (also run by cargo test)
 
@@ -47,6 +49,8 @@ fn main() -> ExitCode {
         "gpu-test" => gpu_test::run(rest),
         gpu::RANK_TASK => gpu::rank_main(rest),
         "bench" => bench_allreduce::run(rest),
+        "faults" => faults::run(rest),
+        "fr-analyze" => fr_analyze::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     match result {

@@ -3,11 +3,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use pg_store::Store;
 
 use crate::cache::{CommCache, CommEntry};
+use crate::desync::DesyncReport;
+use crate::watchdog::{self, ErrorType, GroupStatus, GroupView, Reliability};
 use crate::work::WorkState;
 use crate::{
     Backend, Buffer, CommConfig, CommKey, Communicator, DType, Device, Error, Event, OpType, Options, ReduceOp, Result,
@@ -40,11 +42,15 @@ struct Inner<B: Backend> {
     options: Options,
     local_id: u64,
     cache: Mutex<CommCache<B>>,
+    /// This rank's collective communicator, also in the cache, for a lock-free hot path.
+    collective: OnceLock<CommEntry<B>>,
     state: Mutex<GroupState>,
     seq_collective: AtomicU64,
     seq_p2p: AtomicU64,
     comms_created: AtomicU64,
     ops_issued: AtomicU64,
+    /// The watchdog's in-flight list, status, flight recorder and threads (S21-S26).
+    rel: Reliability<B>,
 }
 
 /// A process group: this rank's view of a set of ranks that run collectives together.
@@ -99,6 +105,7 @@ impl<B: Backend> ProcessGroup<B> {
             return Err(Error::invalid(format!("rank {rank} is out of range for a group of size {size}")));
         }
         let local_id = NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed);
+        let rel = Reliability::new(&options);
         let group = Self {
             inner: Arc::new(Inner {
                 store,
@@ -108,13 +115,16 @@ impl<B: Backend> ProcessGroup<B> {
                 options,
                 local_id,
                 cache: Mutex::new(CommCache::default()),
+                collective: OnceLock::new(),
                 state: Mutex::new(GroupState { error: None, shut_down: false }),
                 seq_collective: AtomicU64::new(0),
                 seq_p2p: AtomicU64::new(0),
                 comms_created: AtomicU64::new(0),
                 ops_issued: AtomicU64::new(0),
+                rel,
             }),
         };
+        watchdog::start(&group.inner)?;
         tracing::info!(
             target: "pg",
             backend = B::NAME,
@@ -275,8 +285,10 @@ impl<B: Backend> ProcessGroup<B> {
     /// every later call returns [`Error::Aborted`]. Callable from any thread.
     pub fn abort(&self, reason: &str) {
         let error = Error::Aborted { reason: format!("rank {}: {reason}", self.inner.rank) };
-        self.set_error(error);
+        self.set_error(error.clone());
+        self.inner.rel.fail_in_flight(&error);
         self.inner.abort_comms(reason);
+        self.inner.rel.signal_stop(&self.inner.device);
     }
 
     /// Shuts the group down cleanly: finalizes every communicator; later calls return [`Error::Aborted`].
@@ -287,7 +299,55 @@ impl<B: Backend> ProcessGroup<B> {
             state.shut_down = true;
             state.error.get_or_insert(Error::Aborted { reason: "the process group was shut down".to_owned() });
         }
-        comms.iter().try_for_each(|comm| comm.finalize())
+        let finalized = comms.iter().try_for_each(|comm| comm.finalize());
+        // Then destroy: the watchdog is stopped, the in-flight list released, and the communicators dropped.
+        self.inner.rel.stop_threads(&self.inner.device);
+        self.inner.rel.fail_in_flight(&Error::Aborted { reason: "the process group was shut down".to_owned() });
+        let mut cache = self.lock_cache();
+        cache.ready.clear();
+        cache.initializing.clear();
+        finalized
+    }
+
+    // ===== reliability =====
+
+    /// The watchdog's view of the group: sticky error state, last enqueued/started/completed sequence numbers.
+    pub fn status(&self) -> GroupStatus {
+        let mut status = self.inner.rel.status();
+        status.aborted_comms = self.inner.all_comms().iter().filter(|comm| comm.is_aborted()).count();
+        status
+    }
+
+    /// The sticky error state (PyTorch's `getError()`).
+    pub fn error_type(&self) -> ErrorType {
+        self.inner.rel.status().error_type
+    }
+
+    /// The desync report written at the first timeout (with desync debugging on).
+    pub fn desync_report(&self) -> Option<DesyncReport> {
+        self.inner.rel.desync_report()
+    }
+
+    /// The flight recorder as JSON text, with PyTorch's field names.
+    pub fn flight_recorder_json(&self) -> String {
+        watchdog::dump_json(self.inner.as_ref()).to_string()
+    }
+
+    /// Writes the flight recorder to `{dump_path_prefix}{rank}` and returns the path (a dump on request).
+    pub fn dump_flight_recorder(&self) -> Result<std::path::PathBuf> {
+        watchdog::dump(self.inner.as_ref())
+    }
+
+    /// Changes the timeout of the ops enqueued from now on (PyTorch's `_set_default_timeout`); the group's
+    /// `Options::timeout` stays what it was built with.
+    pub fn set_timeout(&self, timeout: std::time::Duration) {
+        self.inner.rel.set_timeout(timeout);
+    }
+
+    /// Fault injection: the watchdog's next pass blocks for `duration`, as if wedged in a driver call.
+    #[doc(hidden)]
+    pub fn inject_watchdog_stall(&self, duration: std::time::Duration) {
+        self.inner.rel.stall_watchdog(duration);
     }
 
     // ===== the template =====
@@ -352,6 +412,16 @@ impl<B: Backend> ProcessGroup<B> {
             }
         }
 
+        // Desync debugging needs to tell a started op from a scheduled one, as PyTorch's timing events do.
+        let start_event = match self.inner.options.desync_debug {
+            true => {
+                let event = Arc::new(device.create_event());
+                event.record(&entry.stream)?;
+                Some(event)
+            }
+            false => None,
+        };
+
         enqueue(&entry.comm, &entry.stream)?;
 
         // S10: the end event marks the op's completion on the communication stream.
@@ -361,18 +431,21 @@ impl<B: Backend> ProcessGroup<B> {
         self.inner.ops_issued.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
-        Ok(WorkHandle {
+        let inputs = spec.inputs.iter().map(|b| (b.numel(), b.dtype())).collect();
+        let work = WorkHandle {
             state: Arc::new(WorkState {
                 device: device.clone(),
                 comm: entry.comm,
                 comm_stream: entry.stream,
                 end_event,
+                start_event,
+                fr_id: std::sync::OnceLock::new(),
                 seq,
                 op: spec.op,
                 numel_in: spec.inputs.iter().map(|b| b.numel()).sum(),
                 numel_out: spec.outputs.iter().map(|b| b.numel()).sum(),
                 start_time,
-                timeout: options.timeout,
+                timeout: self.inner.rel.timeout(options.timeout),
                 blocking_wait: options.blocking_wait,
                 blocking_wait_poll: options.blocking_wait_poll,
                 is_barrier: spec.is_barrier,
@@ -380,14 +453,26 @@ impl<B: Backend> ProcessGroup<B> {
                 stash: Mutex::new(stash),
                 outputs: spec.outputs,
             }),
-        })
+        };
+        self.inner.rel.track(&work.state, inputs, options.enable_watchdog);
+        // An abort that ran while this op was being enqueued did not see it on the in-flight list.
+        if let Some(error) = self.error() {
+            work.state.set_exception(error);
+        }
+        Ok(work)
     }
 
     /// Looks the key up in this group's cache; on a miss, creates the communicator (S3-S8).
     fn get_comm(&self, key: &CommKey) -> Result<CommEntry<B>> {
+        // The hot path: this rank's own collective communicator, once created, without a lock or a string.
+        if let (CommKey::Collective(devices), Some(entry)) = (key, self.inner.collective.get()) {
+            if devices.as_slice() == [self.inner.device.index()] {
+                return Ok(entry.clone());
+            }
+        }
         let cache_key = key.cache_key();
         let never = AtomicBool::new(false);
-        let deadline = self.inner.device.now() + self.inner.options.timeout;
+        let mut deadline = None;
         let store_key = loop {
             let mut cache = self.lock_cache();
             if let Some(entry) = cache.ready.get(&cache_key) {
@@ -407,7 +492,8 @@ impl<B: Backend> ProcessGroup<B> {
             }
             // Another thread of this rank is creating it: wait for it, bounded by the group's timeout.
             drop(cache);
-            if self.inner.device.now() > deadline {
+            let now = self.inner.device.now();
+            if now > *deadline.get_or_insert(now + self.inner.options.timeout) {
                 return Err(Error::invalid(format!(
                     "timed out waiting for another thread to create communicator '{cache_key}'"
                 )));
@@ -418,6 +504,10 @@ impl<B: Backend> ProcessGroup<B> {
         let mut cache = self.lock_cache();
         cache.initializing.remove(&cache_key);
         let entry = created?;
+        if *key == self.collective_key() {
+            // Never replaced: like PyTorch's cache, an aborted communicator stays until the group is dropped.
+            let _ = self.inner.collective.set(entry.clone());
+        }
         cache.ready.insert(cache_key, entry.clone());
         Ok(entry)
     }
@@ -570,8 +660,12 @@ impl<B: Backend> Inner<B> {
 
 impl<B: Backend> Drop for Inner<B> {
     fn drop(&mut self) {
+        let live_comms = self.all_comms().iter().any(|comm| !comm.is_aborted());
         let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if !state.shut_down && state.error.is_none() && !self.all_comms().is_empty() {
+        if !state.shut_down && state.error.is_some() && live_comms {
+            // A group torn down without clean-up (error-handling mode 3) still holds live communicators.
+            self.abort_comms("the process group was dropped after an error");
+        } else if !state.shut_down && live_comms {
             tracing::warn!(
                 target: "pg",
                 pg_id = self.local_id,
@@ -580,5 +674,48 @@ impl<B: Backend> Drop for Inner<B> {
             );
             self.abort_comms("the process group was dropped without shutdown()");
         }
+        self.rel.stop_threads(&self.device);
+    }
+}
+
+impl<B: Backend> GroupView<B> for Inner<B> {
+    fn rel(&self) -> &Reliability<B> {
+        &self.rel
+    }
+
+    fn store(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+
+    fn options(&self) -> &Options {
+        &self.options
+    }
+
+    fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn local_id(&self) -> u64 {
+        self.local_id
+    }
+
+    fn comms(&self) -> Vec<Arc<B::Communicator>> {
+        self.all_comms()
+    }
+
+    fn abort_comms(&self, reason: &str) {
+        Inner::abort_comms(self, reason);
+    }
+
+    fn tear_down(&self, error: Error) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).error.get_or_insert(error);
     }
 }

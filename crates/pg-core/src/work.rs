@@ -28,6 +28,10 @@ pub(crate) struct WorkState<B: Backend> {
     pub(crate) comm: Arc<B::Communicator>,
     pub(crate) comm_stream: B::Stream,
     pub(crate) end_event: Arc<B::Event>,
+    /// Recorded before the op when desync debugging is on, so the watchdog can tell started from scheduled.
+    pub(crate) start_event: Option<Arc<B::Event>>,
+    /// The op's flight-recorder entry.
+    pub(crate) fr_id: std::sync::OnceLock<u64>,
     pub(crate) seq: u64,
     pub(crate) op: OpType,
     pub(crate) numel_in: usize,
@@ -65,15 +69,26 @@ impl<B: Backend> WorkState<B> {
     }
 
     /// PyTorch's `isCompleted`: an exception, or the end event has passed.
+    ///
+    /// An op still pending on an aborted communicator will never finish: it completes with
+    /// [`Error::Aborted`], so that a wait blocked on it returns (abort from another thread, S26).
     pub(crate) fn is_completed(&self) -> bool {
-        if !self.comm.is_aborted() {
+        let aborted = self.comm.is_aborted();
+        if !aborted {
             self.check_and_set_exception();
         }
         if self.exception().is_some() {
             return true;
         }
         match self.end_event.query() {
-            Ok(done) => done,
+            Ok(true) => true,
+            Ok(false) | Err(_) if aborted => {
+                self.set_exception(Error::Aborted {
+                    reason: format!("the communicator was aborted while {} (seq {}) was in flight", self.op, self.seq),
+                });
+                true
+            }
+            Ok(false) => false,
             Err(error) => {
                 self.set_exception(error);
                 true

@@ -1,0 +1,394 @@
+//! The flight recorder: a bounded ring of a group's recent ops, dumped as JSON with PyTorch's field names (S24).
+//!
+//! Every op the group enqueues gets an entry; the watchdog marks it started and completed as it observes the
+//! op's events, and retires it.
+//! A dump lists the entries oldest first with their state (`scheduled`, `started` or `completed`), next to
+//! the group's configuration and its last enqueued, started and completed sequence numbers, in the layout of
+//! PyTorch's `_dump_nccl_trace_json` (version `2.10`), so that PyTorch's own tools can read it too.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use serde_json::{json, Map, Value};
+
+use crate::{DType, Error, OpType, Result};
+
+/// The dump format version, as PyTorch writes it.
+pub const FR_VERSION: &str = "2.10";
+
+/// A non-blocking query of one of an op's events, kept by its entry until the entry is retired.
+pub(crate) type EventProbe = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// What the caller knows about an op when it records it.
+pub(crate) struct NewEntry {
+    pub(crate) collective_seq_id: u64,
+    pub(crate) p2p_seq_id: u64,
+    pub(crate) op: OpType,
+    pub(crate) time_created_ns: u64,
+    pub(crate) inputs: Vec<(usize, DType)>,
+    pub(crate) outputs: Vec<(usize, DType)>,
+    pub(crate) timeout_ms: u64,
+    /// Whether the start event was done, queried at dump time until the watchdog saw it.
+    pub(crate) started: Option<EventProbe>,
+    /// Whether the end event was done, queried at dump time until the watchdog retired the entry.
+    pub(crate) completed: Option<EventProbe>,
+}
+
+/// One recorded op.
+struct Entry {
+    record_id: u64,
+    new: NewEntry,
+    op_id: u64,
+    thread_id: u64,
+    thread_name: String,
+    time_discovered_started_ns: Option<u64>,
+    time_discovered_completed_ns: Option<u64>,
+    retired: bool,
+}
+
+impl Entry {
+    fn state(&self) -> &'static str {
+        let probe = |p: &Option<EventProbe>| p.as_ref().is_some_and(|query| query());
+        if self.time_discovered_completed_ns.is_some() || probe(&self.new.completed) {
+            "completed"
+        } else if self.time_discovered_started_ns.is_some() || probe(&self.new.started) {
+            "started"
+        } else {
+            "scheduled"
+        }
+    }
+
+    fn to_json(&self, pg_id: u64, name: &str, desc: &str) -> Value {
+        let sizes = |list: &[(usize, DType)]| list.iter().map(|(numel, _)| json!([numel])).collect::<Vec<_>>();
+        let dtypes = |list: &[(usize, DType)]| list.iter().map(|(_, dtype)| dtype.torch_name()).collect::<Vec<_>>();
+        let new = &self.new;
+        json!({
+            "record_id": self.record_id,
+            "pg_id": pg_id,
+            "process_group": [name, desc],
+            "collective_seq_id": new.collective_seq_id,
+            "p2p_seq_id": new.p2p_seq_id,
+            "op_id": self.op_id,
+            "profiling_name": new.op.profiling_name(),
+            "time_created_ns": new.time_created_ns,
+            "input_sizes": sizes(&new.inputs),
+            "input_dtypes": dtypes(&new.inputs),
+            "output_sizes": sizes(&new.outputs),
+            "output_dtypes": dtypes(&new.outputs),
+            "state": self.state(),
+            "time_discovered_started_ns": self.time_discovered_started_ns,
+            "time_discovered_completed_ns": self.time_discovered_completed_ns,
+            "retired": self.retired,
+            "timeout_ms": new.timeout_ms,
+            "is_p2p": new.op.is_p2p(),
+            "frames": [],
+            "thread_id": self.thread_id,
+            "thread_name": self.thread_name,
+        })
+    }
+}
+
+/// The ring proper.
+#[derive(Default)]
+struct Ring {
+    entries: VecDeque<Entry>,
+    next_id: u64,
+}
+
+impl Ring {
+    fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
+        let first = self.entries.front()?.record_id;
+        let index = usize::try_from(id.checked_sub(first)?).ok()?;
+        self.entries.get_mut(index).filter(|entry| entry.record_id == id)
+    }
+}
+
+/// Who the group is, for the dump's `pg_config` and `pg_status` sections.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct DumpHeader {
+    pub(crate) pg_id: u64,
+    pub(crate) name: String,
+    pub(crate) desc: String,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) comm_lib_version: String,
+    pub(crate) last_enqueued: Option<u64>,
+    pub(crate) last_started: Option<u64>,
+    pub(crate) last_completed: Option<u64>,
+}
+
+/// A group's flight recorder: the last `capacity` ops (0 turns it off).
+pub(crate) struct FlightRecorder {
+    capacity: usize,
+    ring: Mutex<Ring>,
+}
+
+impl fmt::Debug for FlightRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlightRecorder").field("capacity", &self.capacity).field("len", &self.len()).finish()
+    }
+}
+
+impl FlightRecorder {
+    /// A recorder keeping the last `capacity` entries.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self { capacity, ring: Mutex::new(Ring::default()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records an op and returns its record id, or `None` when the recorder is off.
+    pub(crate) fn record(&self, new: NewEntry) -> Option<u64> {
+        if self.capacity == 0 {
+            return None;
+        }
+        let thread = std::thread::current();
+        let thread_name = thread.name().unwrap_or("unnamed").to_owned();
+        let thread_id = thread_number(&thread.id());
+        let mut ring = self.lock();
+        let record_id = ring.next_id;
+        ring.next_id += 1;
+        if ring.entries.len() == self.capacity {
+            ring.entries.pop_front();
+        }
+        let op_id = new.collective_seq_id.max(new.p2p_seq_id);
+        ring.entries.push_back(Entry {
+            record_id,
+            new,
+            op_id,
+            thread_id,
+            thread_name,
+            time_discovered_started_ns: None,
+            time_discovered_completed_ns: None,
+            retired: false,
+        });
+        Some(record_id)
+    }
+
+    /// Notes the time the watchdog saw the op start (a no-op once the entry has left the ring).
+    pub(crate) fn mark_started(&self, id: u64, now_ns: u64) {
+        if let Some(entry) = self.lock().get_mut(id) {
+            entry.time_discovered_started_ns.get_or_insert(now_ns);
+            entry.new.started = None;
+        }
+    }
+
+    /// Retires the entry: completed at `completed_ns` when given (a failed op keeps its last state); the
+    /// entry's event queries are dropped, so that the ring no longer keeps the op's events alive.
+    pub(crate) fn retire(&self, id: u64, completed_ns: Option<u64>) {
+        if let Some(entry) = self.lock().get_mut(id) {
+            if let Some(now) = completed_ns {
+                entry.time_discovered_started_ns.get_or_insert(now);
+                entry.time_discovered_completed_ns = Some(now);
+            }
+            entry.retired = true;
+            entry.new.started = None;
+            entry.new.completed = None;
+        }
+    }
+
+    /// The number of entries held.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// The dump as a JSON value, oldest entry first.
+    pub(crate) fn dump(&self, header: &DumpHeader) -> Value {
+        let entries: Vec<Value> =
+            self.lock().entries.iter().map(|e| e.to_json(header.pg_id, &header.name, &header.desc)).collect();
+        let seq = |s: Option<u64>| s.map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
+        let ranks: Vec<String> = (0..header.size).map(|r| r.to_string()).collect();
+        let mut pg_config = Map::new();
+        pg_config.insert(
+            header.name.clone(),
+            json!({ "name": header.name, "desc": header.desc, "ranks": format!("[{}]", ranks.join(", ")) }),
+        );
+        let mut pg_status = Map::new();
+        pg_status.insert(
+            header.name.clone(),
+            json!({
+                "last_enqueued_collective": seq(header.last_enqueued),
+                "last_started_collective": seq(header.last_started),
+                "last_completed_collective": seq(header.last_completed),
+            }),
+        );
+        json!({
+            "version": FR_VERSION,
+            "comm_lib_version": header.comm_lib_version,
+            "rank": header.rank,
+            "pg_config": pg_config,
+            "pg_status": pg_status,
+            "entries": entries,
+        })
+    }
+}
+
+/// The file a rank's dump goes to: the prefix with the rank appended (`/tmp/nccl_trace_rank_3`).
+pub(crate) fn dump_path(prefix: &str, rank: usize) -> PathBuf {
+    PathBuf::from(format!("{prefix}{rank}"))
+}
+
+/// Writes `dump` to `path` (creating its directory), through a temporary file so that a reader never sees half.
+pub(crate) fn write_dump(path: &Path, dump: &Value) -> Result<()> {
+    let failed = |what: &str, error: std::io::Error| {
+        Error::Backend(format!("flight recorder: could not {what} {}: {error}", path.display()))
+    };
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| failed("create the directory of", e))?;
+    }
+    let text = serde_json::to_string_pretty(dump).map_err(|e| Error::Backend(format!("flight recorder: {e}")))?;
+    let temporary = path.with_extension("partial");
+    std::fs::write(&temporary, text).map_err(|e| failed("write", e))?;
+    std::fs::rename(&temporary, path).map_err(|e| failed("rename into", e))
+}
+
+/// A stable number for a thread id (the standard library gives no integer view of it).
+fn thread_number(id: &std::thread::ThreadId) -> u64 {
+    let text = format!("{id:?}");
+    text.chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn entry(seq: u64, op: OpType) -> NewEntry {
+        NewEntry {
+            collective_seq_id: if op.is_p2p() { 0 } else { seq },
+            p2p_seq_id: if op.is_p2p() { seq } else { 0 },
+            op,
+            time_created_ns: seq * 1000,
+            inputs: vec![(16, DType::F32)],
+            outputs: vec![(16, DType::F32)],
+            timeout_ms: 600_000,
+            started: None,
+            completed: None,
+        }
+    }
+
+    fn header() -> DumpHeader {
+        DumpHeader {
+            pg_id: 7,
+            name: "0".into(),
+            desc: "default_pg".into(),
+            rank: 1,
+            size: 2,
+            comm_lib_version: "mock".into(),
+            last_enqueued: Some(3),
+            last_started: None,
+            last_completed: Some(2),
+        }
+    }
+
+    /// Records `n` ops in a ring of `capacity` and returns the record ids the dump lists.
+    fn ids_after(capacity: usize, n: u64) -> Vec<u64> {
+        let fr = FlightRecorder::new(capacity);
+        for seq in 1..=n {
+            fr.record(entry(seq, OpType::AllReduce));
+        }
+        let dump = fr.dump(&header());
+        dump["entries"].as_array().unwrap().iter().map(|e| e["record_id"].as_u64().unwrap()).collect()
+    }
+
+    #[test]
+    fn the_ring_keeps_the_last_entries() {
+        let cases: &[(usize, u64, &[u64])] =
+            &[(0, 5, &[]), (4, 0, &[]), (4, 3, &[0, 1, 2]), (4, 4, &[0, 1, 2, 3]), (4, 6, &[2, 3, 4, 5]), (1, 9, &[8])];
+        for &(capacity, n, expected) in cases {
+            assert_eq!(ids_after(capacity, n), expected, "capacity {capacity}, {n} ops");
+        }
+    }
+
+    #[test]
+    fn states_follow_the_watchdog_and_the_event_probes() {
+        let fr = FlightRecorder::new(8);
+        let end_done = Arc::new(AtomicBool::new(false));
+        let probe = Arc::clone(&end_done);
+        let mut pending = entry(1, OpType::AllReduce);
+        pending.completed = Some(Box::new(move || probe.load(Ordering::SeqCst)));
+        let a = fr.record(pending).unwrap();
+        let b = fr.record(entry(2, OpType::Broadcast)).unwrap();
+        let c = fr.record(entry(3, OpType::Send)).unwrap();
+        fr.mark_started(b, 50);
+        fr.retire(c, Some(90));
+        let states = |fr: &FlightRecorder| -> Vec<String> {
+            let dump = fr.dump(&header());
+            dump["entries"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap().to_owned()).collect()
+        };
+        assert_eq!(states(&fr), ["scheduled", "started", "completed"]);
+        end_done.store(true, Ordering::SeqCst);
+        assert_eq!(states(&fr), ["completed", "started", "completed"], "the end event is queried at dump time");
+        fr.retire(a, None);
+        end_done.store(false, Ordering::SeqCst);
+        assert_eq!(states(&fr)[0], "scheduled", "a retired entry no longer holds its event");
+    }
+
+    #[test]
+    fn the_dump_has_pytorch_field_names() {
+        let fr = FlightRecorder::new(8);
+        let id = fr.record(entry(1, OpType::AllReduce)).unwrap();
+        fr.retire(id, Some(5_000));
+        fr.record(entry(1, OpType::Recv)).unwrap();
+        let dump = fr.dump(&header());
+        assert_eq!(dump["version"], "2.10");
+        assert_eq!(dump["pg_config"]["0"]["desc"], "default_pg");
+        assert_eq!(dump["pg_config"]["0"]["ranks"], "[0, 1]");
+        assert_eq!(dump["pg_status"]["0"]["last_enqueued_collective"], 3);
+        assert_eq!(dump["pg_status"]["0"]["last_started_collective"], -1);
+        let first = &dump["entries"][0];
+        for field in [
+            "record_id",
+            "pg_id",
+            "process_group",
+            "collective_seq_id",
+            "p2p_seq_id",
+            "op_id",
+            "profiling_name",
+            "time_created_ns",
+            "input_sizes",
+            "input_dtypes",
+            "output_sizes",
+            "output_dtypes",
+            "state",
+            "time_discovered_started_ns",
+            "time_discovered_completed_ns",
+            "retired",
+            "timeout_ms",
+            "is_p2p",
+            "frames",
+            "thread_id",
+            "thread_name",
+        ] {
+            assert!(first.get(field).is_some(), "missing field {field}");
+        }
+        assert_eq!(first["profiling_name"], "nccl:all_reduce");
+        assert_eq!(first["input_sizes"], json!([[16]]));
+        assert_eq!(first["input_dtypes"], json!(["Float"]));
+        assert_eq!(first["time_discovered_completed_ns"], 5_000);
+        assert_eq!(first["retired"], true);
+        let second = &dump["entries"][1];
+        assert_eq!((second["is_p2p"].as_bool(), second["p2p_seq_id"].as_u64()), (Some(true), Some(1)));
+        assert!(second["time_discovered_completed_ns"].is_null());
+    }
+
+    #[test]
+    fn dumps_are_written_per_rank() {
+        let dir = std::env::temp_dir().join(format!("pg-fr-test-{}", std::process::id()));
+        let prefix = format!("{}/trace_rank_", dir.display());
+        let fr = FlightRecorder::new(2);
+        fr.record(entry(1, OpType::AllReduce));
+        let path = dump_path(&prefix, 3);
+        assert!(path.ends_with("trace_rank_3"));
+        write_dump(&path, &fr.dump(&header())).unwrap();
+        let read: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(read["entries"].as_array().map(Vec::len), Some(1));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,65 @@
+//! The heartbeat monitor (S22): a second host thread that detects a watchdog that stopped making progress.
+//!
+//! Every `heartbeat_timeout` (`TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`, default 480 s) it compares the watchdog's
+//! heartbeat with the one it saw last time.
+//! A watchdog that has not moved is stuck (in a driver call, on a lock): the monitor reports
+//! [`Error::HeartbeatTimeout`], a kind of its own, dumps the flight recorder, fails the in-flight Works, and
+//! aborts the communicators so that a call wedged in the communication library can return.
+//! PyTorch ends the process at this point; this library tears the group down instead.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Weak;
+use std::time::Duration;
+
+use crate::watchdog::{dump_once, heartbeat, mark_stuck, GroupView};
+use crate::{Backend, Device, Error};
+
+/// The monitor's thread body: it holds the group only weakly while it sleeps.
+pub(crate) fn monitor_loop<B: Backend, G: GroupView<B>>(
+    group: &Weak<G>,
+    device: &B::Device,
+    terminate: &AtomicBool,
+    timeout: Duration,
+) {
+    let Some(mut last_beat) = group.upgrade().map(|g| heartbeat(g.as_ref())) else { return };
+    let mut last_change = device.now();
+    loop {
+        device.sleep(timeout, terminate);
+        if terminate.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(group) = group.upgrade() else { return };
+        let beat = heartbeat(group.as_ref());
+        let now = device.now();
+        if beat != last_beat {
+            (last_beat, last_change) = (beat, now);
+            continue;
+        }
+        report_stuck(group.as_ref(), now.saturating_sub(last_change));
+        return;
+    }
+}
+
+/// What the monitor does once it found the watchdog stuck for `elapsed`.
+fn report_stuck<B: Backend, G: GroupView<B>>(group: &G, elapsed: Duration) {
+    let error = Error::HeartbeatTimeout { elapsed };
+    tracing::error!(
+        target: "pg",
+        pg_id = group.local_id(),
+        rank = group.rank(),
+        "the process group's watchdog got stuck for {} s without making progress; tearing the group down",
+        elapsed.as_secs()
+    );
+    let rel = group.rel();
+    mark_stuck(rel);
+    if group.options().dump_on_timeout {
+        dump_once(group);
+    }
+    // The watchdog cannot do its job, so the monitor does it: sticky state, failed Works, aborted
+    // communicators (which also unblocks a watchdog wedged in the communication library).
+    crate::watchdog::record_first_error(group, &error);
+    group.tear_down(error.clone());
+    rel.fail_in_flight(&error);
+    group.abort_comms(&error.to_string());
+    rel.signal_stop(group.device());
+}

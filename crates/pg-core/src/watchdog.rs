@@ -1,0 +1,639 @@
+//! The watchdog (S21): one host thread per group that polls the in-flight Works every `watchdog_period`,
+//! turns hangs and asynchronous communicator errors into typed errors, and does the completion bookkeeping.
+//!
+//! Each pass, for every in-flight Work: read the communicator's asynchronous error, check the Work's timeout,
+//! note when it started and completed (flight recorder, last started and completed sequence numbers, desync
+//! trace keys), release its stashed buffers once complete, and drop it from the list.
+//! On the first error it records the group's sticky [`ErrorType`], writes the desync report, tells the peers
+//! through the store (`remote_error:{pg_uid}`, `exception_dump`), dumps the flight recorder, and applies the
+//! error-handling mode: clean up aborts the communicators, tear down makes every later call of the group
+//! return the error (the process is never killed).
+//!
+//! The watchdog never makes a blocking device call: it only queries events and asynchronous errors.
+//! It sleeps and reads time only through the [`Device`], so it runs in virtual time on the simulated backend.
+//! It holds the group weakly between passes, so dropping the last handle of the group stops it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pg_store::Store;
+
+use crate::desync::{encode_trace, trace_end_key, trace_start_key, DesyncReport};
+use crate::flight_recorder::{dump_path, write_dump, DumpHeader, FlightRecorder, NewEntry};
+use crate::work::WorkState;
+use crate::{Backend, Buffer, Communicator, DType, Device, Error, ErrorKind, Event, OpType, Options, Result};
+
+/// How often the watchdog looks for an `exception_dump` signal from a peer (`TORCH_NCCL_COORD_CHECK_MILSEC`).
+const COORD_CHECK_PERIOD: Duration = Duration::from_secs(1);
+
+/// The store key through which a failing rank asks every rank to dump its flight recorder.
+pub(crate) const EXCEPTION_DUMP_KEY: &str = "exception_dump";
+
+/// The store key through which a failing rank tells its peers (`TORCH_NCCL_PROPAGATE_ERROR`).
+pub(crate) fn remote_error_key(pg_uid: &str) -> String {
+    format!("remote_error:{pg_uid}")
+}
+
+/// The group's sticky error state (PyTorch's `ErrorType`, read with `getError()`): the first error wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ErrorType {
+    /// No error so far.
+    #[default]
+    Success,
+    /// A Work timed out.
+    Timeout,
+    /// The communicator reported an error.
+    CommError,
+    /// A peer reported an error through the store.
+    RemoteError,
+    /// The watchdog stopped making progress (PyTorch kills the process here; this library reports it).
+    HeartbeatTimeout,
+}
+
+impl ErrorType {
+    fn of(error: &Error) -> Self {
+        match error.kind() {
+            ErrorKind::WorkTimeout => ErrorType::Timeout,
+            ErrorKind::Remote => ErrorType::RemoteError,
+            ErrorKind::HeartbeatTimeout => ErrorType::HeartbeatTimeout,
+            _ => ErrorType::CommError,
+        }
+    }
+}
+
+/// What the watchdog knows about the group: its error state and how far its ops got.
+#[derive(Debug, Clone, Default)]
+pub struct GroupStatus {
+    /// The sticky error state.
+    pub error_type: ErrorType,
+    /// The first error the watchdog (or heartbeat monitor) found.
+    pub error: Option<Error>,
+    /// The host time at which that error was found (the device clock, virtual on the simulated backend).
+    pub error_detected_at: Option<Duration>,
+    /// The sequence number of the last collective enqueued.
+    pub last_enqueued_seq: Option<u64>,
+    /// The last collective enqueued.
+    pub last_enqueued_op: Option<OpType>,
+    /// The sequence number of the last collective seen started (needs start events: desync debugging).
+    pub last_started_seq: Option<u64>,
+    /// The sequence number of the last collective seen completed.
+    pub last_completed_seq: Option<u64>,
+    /// The last collective seen completed.
+    pub last_completed_op: Option<OpType>,
+    /// Works the watchdog still tracks.
+    pub in_flight: usize,
+    /// Communicators of the group that are aborted.
+    pub aborted_comms: usize,
+    /// Watchdog passes so far (the heartbeat).
+    pub watchdog_passes: u64,
+    /// Flight-recorder dumps written to files.
+    pub dumps_written: u64,
+}
+
+/// The mutable part of the status.
+#[derive(Default)]
+struct StatusCell {
+    status: GroupStatus,
+    desync: Option<DesyncReport>,
+    dumped: bool,
+    next_coord_check: Duration,
+}
+
+/// The reliability state of one group: the in-flight list, the status, the flight recorder and the threads.
+pub(crate) struct Reliability<B: Backend> {
+    works: Mutex<Vec<Arc<WorkState<B>>>>,
+    status: Mutex<StatusCell>,
+    pub(crate) recorder: FlightRecorder,
+    terminate: Arc<AtomicBool>,
+    heartbeat: AtomicU64,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    watchdog_stuck: AtomicBool,
+    stall: Mutex<Option<Duration>>,
+    timeout: Mutex<Option<Duration>>,
+    store_broken: AtomicBool,
+    /// Store operations of the watchdog under way: a stopping group does not wait for one to time out.
+    in_store_op: AtomicU64,
+}
+
+impl<B: Backend> Reliability<B> {
+    pub(crate) fn new(options: &Options) -> Self {
+        Self {
+            works: Mutex::new(Vec::new()),
+            status: Mutex::new(StatusCell::default()),
+            recorder: FlightRecorder::new(options.trace_buffer_size),
+            terminate: Arc::new(AtomicBool::new(false)),
+            heartbeat: AtomicU64::new(0),
+            threads: Mutex::new(Vec::new()),
+            watchdog_stuck: AtomicBool::new(false),
+            stall: Mutex::new(None),
+            timeout: Mutex::new(None),
+            store_broken: AtomicBool::new(false),
+            in_store_op: AtomicU64::new(0),
+        }
+    }
+
+    fn lock_works(&self) -> MutexGuard<'_, Vec<Arc<WorkState<B>>>> {
+        self.works.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_status(&self) -> MutexGuard<'_, StatusCell> {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a new Work in the flight recorder and the status, and puts it on the in-flight list.
+    pub(crate) fn track(&self, work: &Arc<WorkState<B>>, inputs: Vec<(usize, DType)>, watched: bool) {
+        let probe = |event: &Arc<B::Event>| {
+            let event = Arc::clone(event);
+            Box::new(move || event.query().unwrap_or(false)) as Box<dyn Fn() -> bool + Send + Sync>
+        };
+        let is_p2p = work.op.is_p2p();
+        let id = self.recorder.record(NewEntry {
+            collective_seq_id: if is_p2p { 0 } else { work.seq },
+            p2p_seq_id: if is_p2p { work.seq } else { 0 },
+            op: work.op,
+            time_created_ns: nanos(work.start_time),
+            inputs,
+            outputs: work.outputs.iter().map(|b| (b.numel(), b.dtype())).collect(),
+            timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
+            started: work.start_event.as_ref().map(probe),
+            completed: Some(probe(&work.end_event)),
+        });
+        if let Some(id) = id {
+            let _ = work.fr_id.set(id);
+        }
+        if !is_p2p {
+            let mut cell = self.lock_status();
+            cell.status.last_enqueued_seq = Some(work.seq);
+            cell.status.last_enqueued_op = Some(work.op);
+        }
+        let mut works = self.lock_works();
+        if !watched {
+            // With no watchdog (blocking wait) the list serves abort only: it keeps the Works a caller still
+            // holds, so that an abort from another thread reaches a blocked wait.
+            // A Work whose handles are all gone leaves once its op is done (its stash may guard its buffers).
+            works.retain(|work| Arc::strong_count(work) > 1 || !work.end_event.query().unwrap_or(true));
+        }
+        works.push(Arc::clone(work));
+    }
+
+    /// Sets `error` on every in-flight Work and stops tracking them (abort and tear down).
+    pub(crate) fn fail_in_flight(&self, error: &Error) {
+        let works = std::mem::take(&mut *self.lock_works());
+        for work in works {
+            work.set_exception(error.clone());
+            if let Some(&id) = work.fr_id.get() {
+                self.recorder.retire(id, None);
+            }
+        }
+    }
+
+    /// The status as it is now.
+    pub(crate) fn status(&self) -> GroupStatus {
+        let mut status = self.lock_status().status.clone();
+        status.in_flight = self.lock_works().len();
+        status.watchdog_passes = self.heartbeat.load(Ordering::Relaxed);
+        status
+    }
+
+    /// The desync report written at the first timeout, if any.
+    pub(crate) fn desync_report(&self) -> Option<DesyncReport> {
+        self.lock_status().desync.clone()
+    }
+
+    /// The timeout of a new op: the one set with [`Reliability::set_timeout`], else the group's.
+    pub(crate) fn timeout(&self, group_timeout: Duration) -> Duration {
+        self.timeout.lock().unwrap_or_else(PoisonError::into_inner).unwrap_or(group_timeout)
+    }
+
+    /// Overrides the group's timeout for the ops enqueued from now on.
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        *self.timeout.lock().unwrap_or_else(PoisonError::into_inner) = Some(timeout);
+    }
+
+    /// Makes the watchdog's next pass block for `duration` (a fault-injection hook for the heartbeat monitor).
+    pub(crate) fn stall_watchdog(&self, duration: Duration) {
+        *self.stall.lock().unwrap_or_else(PoisonError::into_inner) = Some(duration);
+    }
+
+    /// Asks the watchdog and the heartbeat monitor to stop, without waiting for them.
+    pub(crate) fn signal_stop(&self, device: &B::Device) {
+        self.terminate.store(true, Ordering::SeqCst);
+        device.notify_host_threads();
+    }
+
+    /// Stops the threads and waits for them, except for the calling thread itself (the group may be dropped
+    /// on its own watchdog thread), for a watchdog found stuck (it may never return), and for one inside a
+    /// store operation (it may take the store's timeout): those end on their own, detached.
+    pub(crate) fn stop_threads(&self, device: &B::Device) {
+        self.signal_stop(device);
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        let me = std::thread::current().id();
+        let detach = self.watchdog_stuck.load(Ordering::SeqCst) || self.in_store_op.load(Ordering::SeqCst) > 0;
+        for thread in threads {
+            if thread.thread().id() == me || detach {
+                continue;
+            }
+            if thread.join().is_err() {
+                tracing::error!(target: "pg", "a process-group watchdog thread panicked");
+            }
+        }
+    }
+}
+
+/// What the watchdog needs from its group; implemented by the group's shared state.
+pub(crate) trait GroupView<B: Backend>: Send + Sync + 'static {
+    /// The reliability state.
+    fn rel(&self) -> &Reliability<B>;
+    /// The group's store.
+    fn store(&self) -> &dyn Store;
+    /// The group's options.
+    fn options(&self) -> &Options;
+    /// The rank's device.
+    fn device(&self) -> &B::Device;
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// The number of ranks.
+    fn size(&self) -> usize;
+    /// The process-wide id of the group.
+    fn local_id(&self) -> u64;
+    /// Every communicator of the group.
+    fn comms(&self) -> Vec<Arc<B::Communicator>>;
+    /// Aborts every communicator of the group.
+    fn abort_comms(&self, reason: &str);
+    /// Makes every later call of the group return `error` (the first such error stays).
+    fn tear_down(&self, error: Error);
+}
+
+/// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`.
+pub(crate) fn start<B: Backend, G: GroupView<B>>(group: &Arc<G>) -> Result<()> {
+    let options = group.options();
+    if !options.enable_watchdog {
+        return Ok(());
+    }
+    let device = group.device().clone();
+    let terminate = Arc::clone(&group.rel().terminate);
+    let tag = format!("pg{} rank {}", group.local_id(), group.rank());
+    let (weak, period) = (Arc::downgrade(group), options.watchdog_period);
+    let (d, t) = (device.clone(), Arc::clone(&terminate));
+    let watchdog = device.spawn_host_thread(
+        &format!("pt_nccl_watchdg ({tag})"),
+        Box::new(move || watchdog_loop(&weak, &d, &t, period)),
+    )?;
+    group.rel().threads.lock().unwrap_or_else(PoisonError::into_inner).push(watchdog);
+    if options.enable_monitoring {
+        let (weak, timeout) = (Arc::downgrade(group), options.heartbeat_timeout);
+        let d = device.clone();
+        let monitor = device.spawn_host_thread(
+            &format!("pt_nccl_heartbt ({tag})"),
+            Box::new(move || crate::heartbeat::monitor_loop(&weak, &d, &terminate, timeout)),
+        )?;
+        group.rel().threads.lock().unwrap_or_else(PoisonError::into_inner).push(monitor);
+    }
+    Ok(())
+}
+
+fn watchdog_loop<B: Backend, G: GroupView<B>>(
+    group: &Weak<G>,
+    device: &B::Device,
+    terminate: &AtomicBool,
+    period: Duration,
+) {
+    while !terminate.load(Ordering::SeqCst) {
+        match group.upgrade() {
+            Some(group) => pass(group.as_ref()),
+            None => break,
+        }
+        device.sleep(period, terminate);
+    }
+}
+
+/// One watchdog pass over the in-flight Works.
+fn pass<B: Backend, G: GroupView<B>>(group: &G) {
+    let rel = group.rel();
+    rel.heartbeat.fetch_add(1, Ordering::Relaxed);
+    let stall = rel.stall.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some(stall) = stall {
+        // The injected wedge: as a watchdog stuck in a driver call, it holds the group and makes no progress.
+        group.device().sleep(stall, &rel.terminate);
+    }
+    let options = group.options();
+    if options.propagate_error {
+        check_remote_error(group);
+    }
+    if options.dump_on_timeout {
+        check_dump_signal(group);
+    }
+    let works: Vec<Arc<WorkState<B>>> = rel.lock_works().clone();
+    let mut done: Vec<*const WorkState<B>> = Vec::new();
+    for work in &works {
+        if !rel.terminate.load(Ordering::SeqCst) {
+            work.check_and_set_exception();
+        }
+        let timed_out = work.exception().is_none() && work.check_timeout(work.timeout);
+        if let Some(error) = work.exception() {
+            done.push(Arc::as_ptr(work));
+            if let Some(&id) = work.fr_id.get() {
+                rel.recorder.retire(id, None);
+            }
+            tracing::error!(
+                target: "pg",
+                pg_id = group.local_id(),
+                rank = group.rank(),
+                seq = work.seq,
+                op = %work.op,
+                %error,
+                "failure detected by watchdog at work sequence id: {}",
+                work.seq
+            );
+            on_error(group, error, timed_out.then_some(work.as_ref()), Some(&work.comm));
+            continue;
+        }
+        note_started(group, work);
+        if work.is_completed() {
+            done.push(Arc::as_ptr(work));
+            note_completed(group, work);
+        }
+    }
+    if !done.is_empty() {
+        rel.lock_works().retain(|work| !done.contains(&Arc::as_ptr(work)));
+    }
+    drop(works);
+    // An asynchronous error with no Work in flight is still an error of the group.
+    if rel.lock_status().status.error_type == ErrorType::Success {
+        for comm in group.comms() {
+            if comm.is_aborted() {
+                continue;
+            }
+            if let Err(error) = comm.async_error() {
+                on_error(group, error, None, Some(&comm));
+                break;
+            }
+        }
+    }
+    rel.heartbeat.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Notes that `work` started, when its start event says so (only with start events: desync debugging).
+fn note_started<B: Backend, G: GroupView<B>>(group: &G, work: &WorkState<B>) {
+    let Some(start) = &work.start_event else { return };
+    if work.op.is_p2p() || !start.query().unwrap_or(false) {
+        return;
+    }
+    let rel = group.rel();
+    let newer = {
+        let mut cell = rel.lock_status();
+        let newer = cell.status.last_started_seq < Some(work.seq);
+        if newer {
+            cell.status.last_started_seq = Some(work.seq);
+        }
+        newer
+    };
+    if newer {
+        if let Some(&id) = work.fr_id.get() {
+            rel.recorder.mark_started(id, nanos(group.device().now()));
+        }
+        trace_update(group, &trace_start_key(group.rank()), work);
+    }
+}
+
+/// The bookkeeping of a completed Work: stash released, flight recorder retired, status and trace keys.
+fn note_completed<B: Backend, G: GroupView<B>>(group: &G, work: &WorkState<B>) {
+    let rel = group.rel();
+    work.stash.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    if let Some(&id) = work.fr_id.get() {
+        rel.recorder.retire(id, Some(nanos(group.device().now())));
+    }
+    if work.op.is_p2p() {
+        return;
+    }
+    let (newer_start, newer_end) = {
+        let mut cell = rel.lock_status();
+        let status = &mut cell.status;
+        let newer_start = work.start_event.is_some() && status.last_started_seq < Some(work.seq);
+        if newer_start {
+            status.last_started_seq = Some(work.seq);
+        }
+        let newer_end = status.last_completed_seq < Some(work.seq);
+        if newer_end {
+            status.last_completed_seq = Some(work.seq);
+            status.last_completed_op = Some(work.op);
+        }
+        (newer_start, newer_end)
+    };
+    if newer_start {
+        trace_update(group, &trace_start_key(group.rank()), work);
+    }
+    if newer_end {
+        trace_update(group, &trace_end_key(group.rank()), work);
+    }
+}
+
+/// Runs a store operation for the watchdog unless the group is stopping; marked as under way meanwhile.
+fn store_op<B: Backend, G: GroupView<B>, R>(group: &G, op: impl FnOnce(&dyn Store) -> R) -> Option<R> {
+    let rel = group.rel();
+    if rel.terminate.load(Ordering::SeqCst) {
+        return None;
+    }
+    rel.in_store_op.fetch_add(1, Ordering::SeqCst);
+    let result = op(group.store());
+    rel.in_store_op.fetch_sub(1, Ordering::SeqCst);
+    Some(result)
+}
+
+/// Writes a desync trace key; the first store failure turns desync tracing off, as in PyTorch.
+fn trace_update<B: Backend, G: GroupView<B>>(group: &G, key: &str, work: &WorkState<B>) {
+    let rel = group.rel();
+    if !group.options().desync_debug || rel.store_broken.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(Err(error)) = store_op(group, |store| store.set(key, &encode_trace(work.seq, work.op))) {
+        tracing::warn!(target: "pg", pg_id = group.local_id(), %error, "desync trace update failed; turning it off");
+        rel.store_broken.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Handles an error the watchdog or the heartbeat monitor found: sticky state, desync report, signals to the
+/// peers, flight-recorder dump, then the error-handling mode.
+pub(crate) fn on_error<B: Backend, G: GroupView<B>>(
+    group: &G,
+    error: Error,
+    timed_out: Option<&WorkState<B>>,
+    comm: Option<&Arc<B::Communicator>>,
+) {
+    let rel = group.rel();
+    let options = group.options();
+    let first = record_first_error(group, &error);
+    if let (Some(work), true) = (timed_out, options.desync_debug) {
+        match store_op(group, |store| DesyncReport::retrieve(store, group.rank(), group.size(), work.seq, work.op)) {
+            None => {}
+            Some(Ok(report)) => {
+                tracing::error!(target: "pg", pg_id = group.local_id(), rank = group.rank(), "{report}");
+                rel.lock_status().desync.get_or_insert(report);
+            }
+            Some(Err(error)) => tracing::warn!(target: "pg", %error, "could not read the desync report from the store"),
+        }
+    }
+    if first && !rel.store_broken.load(Ordering::Relaxed) {
+        let rank = i32::try_from(group.rank()).unwrap_or(i32::MAX).to_ne_bytes();
+        if options.propagate_error && error.kind() != ErrorKind::Remote {
+            signal(group, &remote_error_key(&options.group_name), &rank);
+        }
+        if options.dump_on_timeout {
+            signal(group, EXCEPTION_DUMP_KEY, &rank);
+        }
+    }
+    if first && options.dump_on_timeout {
+        dump_once(group);
+    }
+    let mode = options.error_handling;
+    if mode.should_clean_up() {
+        // The in-flight Works fail with the error that makes their communicators go, not with a bare abort.
+        for work in rel.lock_works().iter() {
+            work.set_exception(error.clone());
+        }
+        let reason = format!("rank {}: {error}", group.rank());
+        if let Some(comm) = comm {
+            if let Err(abort_error) = comm.abort(&reason) {
+                tracing::warn!(target: "pg", %abort_error, "aborting the failed communicator failed");
+            }
+        }
+        group.abort_comms(&reason);
+    }
+    if mode.should_tear_down() {
+        group.tear_down(error.clone());
+        rel.fail_in_flight(&error);
+    }
+}
+
+/// Records `error` as the group's sticky error unless one is there; returns whether it was the first.
+pub(crate) fn record_first_error<B: Backend, G: GroupView<B>>(group: &G, error: &Error) -> bool {
+    let now = group.device().now();
+    let mut cell = group.rel().lock_status();
+    let first = cell.status.error_type == ErrorType::Success;
+    if first {
+        cell.status.error_type = ErrorType::of(error);
+        cell.status.error = Some(error.clone());
+        cell.status.error_detected_at = Some(now);
+    }
+    first
+}
+
+fn signal<B: Backend, G: GroupView<B>>(group: &G, key: &str, value: &[u8]) {
+    if let Some(Err(error)) = store_op(group, |store| store.set(key, value)) {
+        tracing::warn!(target: "pg", pg_id = group.local_id(), key, %error, "could not signal the peers");
+        group.rel().store_broken.store(true, Ordering::Relaxed);
+    }
+}
+
+fn read_rank(value: &[u8]) -> Option<usize> {
+    let bytes: [u8; 4] = value.get(..4)?.try_into().ok()?;
+    usize::try_from(i32::from_ne_bytes(bytes)).ok()
+}
+
+/// Reads the `remote_error:{pg_uid}` key: a peer that failed makes this group fail too.
+fn check_remote_error<B: Backend, G: GroupView<B>>(group: &G) {
+    let rel = group.rel();
+    if rel.store_broken.load(Ordering::Relaxed) || rel.lock_status().status.error_type != ErrorType::Success {
+        return;
+    }
+    let key = remote_error_key(&group.options().group_name);
+    let read = |store: &dyn Store| match store.check(&[&key]) {
+        Ok(true) => Ok(store.get(&key).ok().as_deref().and_then(read_rank)),
+        Ok(false) => Ok(None),
+        Err(error) => Err(error),
+    };
+    let failed = match store_op(group, read) {
+        None | Some(Ok(None)) => None,
+        Some(Ok(rank)) => rank,
+        Some(Err(error)) => {
+            tracing::warn!(target: "pg", %error, "could not check for a remote error; no longer checking");
+            rel.store_broken.store(true, Ordering::Relaxed);
+            None
+        }
+    };
+    if let Some(rank) = failed.filter(|rank| *rank != group.rank()) {
+        tracing::error!(target: "pg", pg_id = group.local_id(), rank = group.rank(), failed = rank, "a peer failed");
+        on_error(group, Error::Remote { rank }, None, None);
+    }
+}
+
+/// Looks for a peer's request to dump (the `exception_dump` key), at most once per coordination period.
+fn check_dump_signal<B: Backend, G: GroupView<B>>(group: &G) {
+    let rel = group.rel();
+    let now = group.device().now();
+    {
+        let mut cell = rel.lock_status();
+        if cell.dumped || cell.status.last_enqueued_seq.is_none() || now < cell.next_coord_check {
+            return;
+        }
+        cell.next_coord_check = now + COORD_CHECK_PERIOD;
+    }
+    if rel.store_broken.load(Ordering::Relaxed) {
+        return;
+    }
+    let read = |store: &dyn Store| match store.check(&[EXCEPTION_DUMP_KEY]) {
+        Ok(true) => Some(store.get(EXCEPTION_DUMP_KEY).ok().as_deref().and_then(read_rank)),
+        _ => None,
+    };
+    if let Some(Some(from)) = store_op(group, read) {
+        tracing::error!(target: "pg", pg_id = group.local_id(), rank = group.rank(), ?from, "a peer asked for a dump");
+        dump_once(group);
+    }
+}
+
+/// Dumps the flight recorder to this rank's file unless this group already did.
+pub(crate) fn dump_once<B: Backend, G: GroupView<B>>(group: &G) {
+    let first = !std::mem::replace(&mut group.rel().lock_status().dumped, true);
+    if first {
+        if let Err(error) = dump(group) {
+            tracing::error!(target: "pg", %error, "flight recorder dump failed");
+        }
+    }
+}
+
+/// The flight recorder of `group` as JSON.
+pub(crate) fn dump_json<B: Backend, G: GroupView<B>>(group: &G) -> serde_json::Value {
+    let status = group.rel().status();
+    let options = group.options();
+    let versions = group.device().versions();
+    let comm_lib_version = versions
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("nccl"))
+        .map_or_else(|| B::NAME.to_owned(), |(_, version)| version.clone());
+    group.rel().recorder.dump(&DumpHeader {
+        pg_id: group.local_id(),
+        name: options.group_name.clone(),
+        desc: options.group_desc.clone(),
+        rank: group.rank(),
+        size: group.size(),
+        comm_lib_version,
+        last_enqueued: status.last_enqueued_seq,
+        last_started: status.last_started_seq,
+        last_completed: status.last_completed_seq,
+    })
+}
+
+/// Writes the flight recorder to `{dump_path_prefix}{rank}` and returns the path.
+pub(crate) fn dump<B: Backend, G: GroupView<B>>(group: &G) -> Result<std::path::PathBuf> {
+    let path = dump_path(&group.options().dump_path_prefix, group.rank());
+    write_dump(&path, &dump_json(group))?;
+    group.rel().lock_status().status.dumps_written += 1;
+    tracing::info!(target: "pg", pg_id = group.local_id(), rank = group.rank(), path = %path.display(), "flight recorder dumped");
+    Ok(path)
+}
+
+/// A heartbeat the monitor compares between two looks.
+pub(crate) fn heartbeat<B: Backend, G: GroupView<B>>(group: &G) -> u64 {
+    group.rel().heartbeat.load(Ordering::Relaxed)
+}
+
+/// Marks the watchdog as stuck, so that no one waits for it to stop.
+pub(crate) fn mark_stuck<B: Backend>(rel: &Reliability<B>) {
+    rel.watchdog_stuck.store(true, Ordering::SeqCst);
+}
+
+fn nanos(time: Duration) -> u64 {
+    u64::try_from(time.as_nanos()).unwrap_or(u64::MAX)
+}

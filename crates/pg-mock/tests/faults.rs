@@ -1,0 +1,259 @@
+//! The fault matrix of issue 5 on the simulated backend, one test per scenario (`cargo xtask faults` prints
+//! the same scenarios as a table).
+#![forbid(unsafe_code)]
+
+#[path = "faults/matrix.rs"]
+mod matrix;
+
+/// Runs scenario `id` in its own dump directory and fails with every check that did not hold.
+fn check(id: &str) {
+    let scenario = matrix::scenarios().into_iter().find(|s| s.id == id).expect("a scenario with this id");
+    let dir = std::env::temp_dir().join(format!("pg-faults-test-{}-{id}", std::process::id()));
+    // The debug-built mock runs a few thousand collectives a second: the test issues a tenth of the issue's
+    // 50,000 unwaited ops, `cargo xtask faults` all of them.
+    let outcome = (scenario.run)(&matrix::Env { dir: dir.clone(), unwaited_ops: 5_000 });
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        outcome.pass(),
+        "scenario {id} ({}): expected {}\nobserved: {}\nlatency: {:?}\nfailed checks:\n  {}",
+        scenario.name,
+        scenario.expected,
+        outcome.observed,
+        outcome.latency,
+        outcome.failures.join("\n  ")
+    );
+}
+
+#[test]
+fn s1_a_rank_skips_one_collective() {
+    check("1");
+}
+
+#[test]
+fn s1b_the_error_propagates_through_the_store() {
+    check("1b");
+}
+
+#[test]
+fn s2_an_async_communicator_error_under_each_error_handling_mode() {
+    check("2");
+}
+
+#[test]
+fn s3_blocking_wait_on_a_hung_op_times_out_and_aborts() {
+    check("3");
+}
+
+#[test]
+fn s4_the_store_dies_during_rendezvous() {
+    check("4");
+}
+
+#[test]
+fn s5_a_wedged_watchdog_is_a_heartbeat_timeout() {
+    check("5");
+}
+
+#[test]
+fn s6_abort_from_a_second_thread_releases_the_waiter() {
+    check("6");
+}
+
+#[test]
+fn s7_fifty_thousand_unwaited_ops_keep_the_books_flat() {
+    check("7");
+}
+
+#[test]
+fn s8_is_gpu_only() {
+    let scenario = matrix::scenarios().into_iter().find(|s| s.id == "8").expect("scenario 8");
+    let outcome = (scenario.run)(&matrix::Env { dir: std::env::temp_dir(), unwaited_ops: 0 });
+    assert!(outcome.not_applicable && !outcome.pass(), "the mock must not claim the GPU scenario");
+}
+
+#[test]
+fn s9_a_new_group_on_a_fresh_prefix_works_after_an_error() {
+    check("9");
+}
+
+/// The reliability layer's behaviour on healthy runs and around shutdown, next to the fault matrix.
+mod healthy {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use pg_core::{DType, Device as _, ErrorType, Options, ProcessGroup, ReduceOp, Stream as _};
+    use pg_mock::{Mock, MockDevice, World, WorldConfig};
+    use pg_store::{PrefixStore, Store};
+
+    fn group(
+        store: &Arc<dyn Store>,
+        name: &str,
+        rank: usize,
+        size: usize,
+        device: &MockDevice,
+        options: Options,
+    ) -> ProcessGroup<Mock> {
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(name, Arc::clone(store)));
+        ProcessGroup::new(store, rank, size, device.clone(), options).expect("a process group")
+    }
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("pg-faults-healthy-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn long_healthy_ops_raise_no_alarm_and_the_sequence_numbers_advance() {
+        // Ops that each take 3 s of device time, under a 10 s timeout and a 2 s heartbeat timeout: the watchdog
+        // keeps beating while it waits, and nothing times out.
+        let world = World::new(WorldConfig::with_devices(2));
+        let store = world.store();
+        let options = Options::builder()
+            .timeout(Duration::from_secs(10))
+            .heartbeat_timeout(Duration::from_secs(2))
+            .desync_debug(true)
+            .dump_path_prefix(format!("{}/trace_", dir("long").display()))
+            .build();
+        let seen = world.run(2, move |rank, device| {
+            let pg = group(&store, "long", rank, 2, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            for _ in 0..5 {
+                // The timeout runs from the host's enqueue (S13), so the host keeps pace with the device.
+                device.sleep_kernel(&device.current_stream(), Duration::from_secs(3)).unwrap();
+                pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+                device.current_stream().synchronize().unwrap();
+            }
+            device.sleep(Duration::from_millis(300), &AtomicBool::new(false));
+            let status = pg.status();
+            let values = pg_mock::decode(DType::F32, &device.copy_to_host(&buffer, &device.current_stream()).unwrap());
+            pg.shutdown().unwrap();
+            (status, values)
+        });
+        for (rank, (status, values)) in seen.iter().enumerate() {
+            assert_eq!(status.error_type, ErrorType::Success, "rank {rank}: {status:?}");
+            assert_eq!(
+                (status.last_enqueued_seq, status.last_started_seq, status.last_completed_seq),
+                (Some(5), Some(5), Some(5)),
+                "rank {rank}"
+            );
+            assert_eq!(status.in_flight, 0, "rank {rank}");
+            assert!(status.watchdog_passes > 100, "rank {rank}: the watchdog ran {} passes", status.watchdog_passes);
+            assert_eq!(status.dumps_written, 0, "rank {rank}: nothing to dump on a healthy run");
+            assert_eq!(values, &[32.0; 8], "rank {rank}: five in-place sums of two ranks");
+        }
+    }
+
+    #[test]
+    fn a_dump_on_request_lists_the_ops_with_their_states() {
+        let world = World::new(WorldConfig::with_devices(2));
+        let store = world.store();
+        let prefix = format!("{}/trace_", dir("request").display());
+        let options = Options::builder().trace_buffer_size(3).dump_path_prefix(prefix.clone()).build();
+        let dumps = world.run(2, move |rank, device| {
+            let pg = group(&store, "request", rank, 2, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            for _ in 0..4 {
+                pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            }
+            device.current_stream().synchronize().unwrap();
+            device.sleep(Duration::from_millis(300), &AtomicBool::new(false));
+            // One more, still running when the dump is taken.
+            device.sleep_kernel(&device.current_stream(), Duration::from_secs(1)).unwrap();
+            let _running = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            let path = pg.dump_flight_recorder().unwrap();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let inline = pg.flight_recorder_json();
+            assert!(inline.contains("\"profiling_name\":\"nccl:all_reduce\""), "{inline}");
+            (path, text)
+        });
+        for (rank, (path, text)) in dumps.iter().enumerate() {
+            assert!(path.ends_with(format!("trace_{rank}")), "{}", path.display());
+            // The ring keeps the last 3 of 5 ops: seqs 3 and 4 completed, 5 scheduled.
+            for gone in [1, 2] {
+                assert!(!text.contains(&format!("\"collective_seq_id\": {gone},")), "rank {rank}: seq {gone} kept");
+            }
+            assert_eq!(text.matches("\"state\": \"completed\"").count(), 2, "rank {rank}:\n{text}");
+            assert_eq!(text.matches("\"state\": \"scheduled\"").count(), 1, "rank {rank}:\n{text}");
+            assert!(text.contains("\"last_completed_collective\": 4"), "rank {rank}:\n{text}");
+            assert!(text.contains("\"last_enqueued_collective\": 5"), "rank {rank}:\n{text}");
+        }
+        let _ = std::fs::remove_dir_all(dir("request"));
+    }
+
+    #[test]
+    fn dropping_a_group_with_a_hung_op_neither_hangs_nor_leaves_its_communicator_running() {
+        // Rank 1 never joins op 1, and neither rank waits or shuts down: dropping the groups must return, and
+        // the dropped group's communicator is aborted (its pending op released).
+        let world = World::new(WorldConfig::with_devices(2));
+        let store = world.store();
+        let options = Options::builder().dump_on_timeout(false).build();
+        let retained = world.run(2, move |rank, device| {
+            let pg = group(&store, "drop", rank, 2, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            let hung = (rank == 0).then(|| pg.all_reduce(&buffer, ReduceOp::Sum).unwrap());
+            device.sleep(Duration::from_millis(500), &AtomicBool::new(false));
+            let completed_before = hung.as_ref().map(|w| w.is_completed());
+            drop(pg);
+            (completed_before, hung.map(|w| w.is_completed()))
+        });
+        assert_eq!(retained[0], (Some(false), Some(true)), "the hung op ends once its group is dropped");
+    }
+
+    #[test]
+    fn shutting_down_while_the_watchdog_waits_on_a_dead_store_does_not_wait_for_it() {
+        // With error propagation on, the watchdog reads the store every pass; once the store stops answering,
+        // a read waits for the store's timeout (300 s). Shutdown must not wait that long for the watchdog: a
+        // join would stop the virtual clock, and the mock would report a stall. (A plain drop never waits:
+        // the watchdog holds the group while it reads, so the group is dropped by the watchdog afterwards.)
+        let world = World::new(WorldConfig::with_devices(1));
+        let store = world.store();
+        let options = Options::builder().propagate_error(true).dump_on_timeout(false).build();
+        let took = world.run(1, move |rank, device| {
+            let pg = group(&store, "dead-store", rank, 1, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            device.world().inject(pg_mock::Fault::StoreDown { fail_fast: false });
+            device.sleep(Duration::from_millis(250), &AtomicBool::new(false));
+            let before = device.now();
+            pg.shutdown().unwrap();
+            drop(pg);
+            device.now() - before
+        });
+        assert!(took[0] < Duration::from_millis(1), "shutdown took {:?}", took[0]);
+    }
+
+    #[test]
+    fn set_timeout_applies_to_the_ops_enqueued_after_it() {
+        let world = World::new(WorldConfig::with_devices(2));
+        let store = world.store();
+        let options = Options::builder().dump_on_timeout(false).build();
+        let seen = world.run(2, move |rank, device| {
+            let pg = group(&store, "set-timeout", rank, 2, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            let before = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            before.wait().unwrap();
+            pg.set_timeout(Duration::from_millis(300));
+            if rank == 1 {
+                // Rank 1 skips the next collective and waits for rank 0 to give up on it.
+                store.wait(&["set-timeout-failed"], Some(Duration::from_secs(60))).unwrap();
+                return None;
+            }
+            let work = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            while pg.status().error.is_none() {
+                device.sleep(Duration::from_millis(1), &AtomicBool::new(false));
+            }
+            store.set("set-timeout-failed", b"1").unwrap();
+            let detected = pg.status().error_detected_at.unwrap() - work.start_time();
+            Some((before.timeout(), work.timeout(), detected))
+        });
+        let (before, after, detected) = seen[0].unwrap();
+        assert_eq!((before, after), (pg_core::DEFAULT_TIMEOUT, Duration::from_millis(300)));
+        assert!(detected > after && detected <= after + Duration::from_millis(200), "detected after {detected:?}");
+    }
+}
