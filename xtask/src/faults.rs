@@ -53,11 +53,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     match backend.as_str() {
         "mock" => {}
-        "nccl" => {
-            return Err("the nccl backend is not available to the fault matrix yet: pg-nccl has no multi-process \
-                        fault runner (scenarios 1, 3, 6, 8, 9 on 2 GPUs are still to do); nothing was run"
-                .to_owned())
-        }
+        "nccl" => return run_nccl(&dumps, json_path.as_deref()),
         other => return Err(format!("unknown backend '{other}' (mock or nccl)")),
     }
     let scenarios: Vec<matrix::Scenario> =
@@ -127,6 +123,37 @@ pub fn run(args: &[String]) -> Result<(), String> {
     match failed {
         0 => Ok(()),
         n => Err(format!("{n} scenario(s) failed")),
+    }
+}
+
+/// The GPU half: scenarios 1, 3, 6, 8 and 9 on two GPUs, one process per GPU (`gpu_faults`).
+fn run_nccl(dumps: &Path, json_path: Option<&Path>) -> Result<(), String> {
+    let rows = crate::gpu_faults::run(dumps)?;
+    println!("fault matrix on 2 GPUs (NCCL; timeout 2 s, watchdog period 100 ms; latencies in real time)");
+    println!("scenario | rank | expected | observed | detection latency | pass");
+    println!("--- | --- | --- | --- | --- | ---");
+    for row in &rows {
+        println!(
+            "{} | {} | {} | {} | {} | {}",
+            row.scenario,
+            row.rank,
+            row.expected,
+            row.observed,
+            row.detection_ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1} ms")),
+            if row.pass { "pass" } else { "FAIL" }
+        );
+    }
+    analyse_scenario_1(&dumps.join("scenario-1"));
+    if let Some(path) = json_path {
+        let doc = json!({ "backend": "nccl", "timeout_ms": 2000, "watchdog_period_ms": 100, "rows": rows });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    let failed = rows.iter().filter(|row| !row.pass).count();
+    match failed {
+        0 => Ok(()),
+        n => Err(format!("{n} row(s) failed")),
     }
 }
 

@@ -9,6 +9,7 @@ mod experiments;
 mod faults;
 mod fr_analyze;
 mod gpu;
+mod gpu_faults;
 mod gpu_test;
 mod interop;
 mod tidy;
@@ -48,6 +49,7 @@ fn main() -> ExitCode {
         "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
         "gpu-test" => gpu_test::run(rest),
         gpu::RANK_TASK => gpu::rank_main(rest),
+        gpu_faults::RANK_TASK => gpu_faults::rank_main(rest),
         "bench" => bench_allreduce::run(rest),
         "faults" => faults::run(rest),
         "fr-analyze" => fr_analyze::run(rest),
