@@ -100,7 +100,7 @@ impl Default for WorldConfig {
             streams_per_pool: 32,
             kernel_log_capacity: 4096,
             time_limit: Duration::from_secs(24 * 3600),
-            stall_limit: Duration::from_secs(120),
+            stall_limit: Duration::from_secs(30),
             faults: Vec::new(),
         }
     }
