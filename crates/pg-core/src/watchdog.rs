@@ -357,6 +357,8 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
         }
     }
     if !done.is_empty() {
+        // A set, so that the enqueue path never waits behind a quadratic scan of a long in-flight list.
+        let done: std::collections::HashSet<*const WorkState<B>> = done.into_iter().collect();
         rel.lock_works().retain(|work| !done.contains(&Arc::as_ptr(work)));
     }
     drop(works);
