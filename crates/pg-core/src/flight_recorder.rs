@@ -19,7 +19,22 @@ use crate::{DType, Error, OpType, Result};
 pub const FR_VERSION: &str = "2.10";
 
 /// A non-blocking query of one of an op's events, kept by its entry until the entry is retired.
-pub(crate) type EventProbe = Box<dyn Fn() -> bool + Send + Sync>;
+///
+/// Any backend's event is one (an `Arc<B::Event>` coerces to an `EventProbe` without allocating, which matters
+/// on the enqueue path).
+pub(crate) trait Probe: Send + Sync {
+    /// Whether the event's recorded point has passed (false when the query fails).
+    fn passed(&self) -> bool;
+}
+
+impl<E: crate::Event> Probe for E {
+    fn passed(&self) -> bool {
+        self.query().unwrap_or(false)
+    }
+}
+
+/// A shared [`Probe`].
+pub(crate) type EventProbe = std::sync::Arc<dyn Probe>;
 
 /// What the caller knows about an op when it records it.
 pub(crate) struct NewEntry {
@@ -50,7 +65,7 @@ struct Entry {
 
 impl Entry {
     fn state(&self) -> &'static str {
-        let probe = |p: &Option<EventProbe>| p.as_ref().is_some_and(|query| query());
+        let probe = |p: &Option<EventProbe>| p.as_ref().is_some_and(|probe| probe.passed());
         if self.time_discovered_completed_ns.is_some() || probe(&self.new.completed) {
             "completed"
         } else if self.time_discovered_started_ns.is_some() || probe(&self.new.started) {
@@ -318,10 +333,15 @@ mod tests {
     #[test]
     fn states_follow_the_watchdog_and_the_event_probes() {
         let fr = FlightRecorder::new(8);
-        let end_done = Arc::new(AtomicBool::new(false));
-        let probe = Arc::clone(&end_done);
+        struct Flag(AtomicBool);
+        impl Probe for Flag {
+            fn passed(&self) -> bool {
+                self.0.load(Ordering::SeqCst)
+            }
+        }
+        let end_done = Arc::new(Flag(AtomicBool::new(false)));
         let mut pending = entry(1, OpType::AllReduce);
-        pending.completed = Some(Box::new(move || probe.load(Ordering::SeqCst)));
+        pending.completed = Some(Arc::clone(&end_done) as EventProbe);
         let a = fr.record(pending).unwrap();
         let b = fr.record(entry(2, OpType::Broadcast)).unwrap();
         let c = fr.record(entry(3, OpType::Send)).unwrap();
@@ -332,10 +352,10 @@ mod tests {
             dump["entries"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap().to_owned()).collect()
         };
         assert_eq!(states(&fr), ["scheduled", "started", "completed"]);
-        end_done.store(true, Ordering::SeqCst);
+        end_done.0.store(true, Ordering::SeqCst);
         assert_eq!(states(&fr), ["completed", "started", "completed"], "the end event is queried at dump time");
         fr.retire(a, None);
-        end_done.store(false, Ordering::SeqCst);
+        end_done.0.store(false, Ordering::SeqCst);
         assert_eq!(states(&fr)[0], "scheduled", "a retired entry no longer holds its event");
     }
 

@@ -150,10 +150,7 @@ impl<B: Backend> Reliability<B> {
         outputs: Vec<(usize, DType)>,
         watched: bool,
     ) {
-        let probe = |event: &Arc<B::Event>| {
-            let event = Arc::clone(event);
-            Box::new(move || event.query().unwrap_or(false)) as Box<dyn Fn() -> bool + Send + Sync>
-        };
+        let probe = |event: &Arc<B::Event>| Arc::clone(event) as crate::flight_recorder::EventProbe;
         let is_p2p = work.op.is_p2p();
         let id = self.recorder.record(NewEntry {
             collective_seq_id: if is_p2p { 0 } else { work.seq },
