@@ -1,8 +1,98 @@
-//! Real-GPU runs: one process per GPU over env:// (wired by the GPU issue).
+//! Real-GPU runs of the experiments: one process per GPU over env:// on loopback, each running the same generic
+//! experiment code as the simulated backend, the launcher joining their results.
 
-use super::experiments::{ExperimentConfig, RankResults};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use super::experiments::{run_rank, ExperimentConfig, RankContext, RankResults};
+
+/// The hidden subcommand a rank process runs.
+pub const RANK_TASK: &str = "__experiments-rank";
+
+/// How long the launcher lets the rank processes run before it stops them.
+const JOB_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Runs the experiments on the NCCL backend, one process per GPU, and collects every rank's results.
-pub fn run_experiments(_config: &ExperimentConfig) -> Result<Vec<RankResults>, String> {
-    Err("the nccl backend is not wired into `cargo xtask experiments` yet (see `cargo xtask gpu-test`)".to_owned())
+pub fn run_experiments(config: &ExperimentConfig) -> Result<Vec<RankResults>, String> {
+    let gpus = pg_nccl::available().map_err(|e| format!("the nccl backend cannot run here: {e}"))?;
+    if config.world_size > gpus {
+        return Err(format!("--world-size {} needs as many GPUs; this machine has {gpus}", config.world_size));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map_err(|e| format!("finding a free port: {e}"))?
+        .port();
+    let dir = std::env::temp_dir().join(format!("pg-experiments-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    for rank in 0..config.world_size {
+        let mut command = Command::new(&exe);
+        command
+            .arg(RANK_TASK)
+            .arg(out_path(&dir, rank))
+            .arg(serde_json::to_string(config).map_err(|e| e.to_string())?)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", config.world_size.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            command.env("NCCL_NVLS_ENABLE", "0");
+        }
+        let child = command.spawn().map_err(|e| format!("starting rank {rank}: {e}"))?;
+        children.push((rank, child));
+    }
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    while !children.is_empty() {
+        let mut still_running = Vec::new();
+        for (rank, mut child) in children {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => {}
+                Ok(Some(status)) => failed.push(format!("rank {rank} exited with {status}")),
+                Ok(None) if started.elapsed() > JOB_TIMEOUT => {
+                    let _ = child.kill();
+                    failed.push(format!("rank {rank} still running after {JOB_TIMEOUT:?}: killed"));
+                }
+                Ok(None) => still_running.push((rank, child)),
+                Err(e) => failed.push(format!("rank {rank}: {e}")),
+            }
+        }
+        children = still_running;
+        // The launcher polls its children; nothing here waits for a condition it could be told about.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !failed.is_empty() {
+        return Err(failed.join("; "));
+    }
+    let results = (0..config.world_size)
+        .map(|rank| {
+            let path = out_path(&dir, rank);
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    results
+}
+
+fn out_path(dir: &Path, rank: usize) -> PathBuf {
+    dir.join(format!("rank{rank}.json"))
+}
+
+/// `xtask __experiments-rank OUT CONFIG_JSON`: one rank of `run_experiments`, rendezvousing through env://.
+pub fn rank_main(args: &[String]) -> Result<(), String> {
+    let [out, config] = args else {
+        return Err(format!("usage: {RANK_TASK} OUT_JSON CONFIG_JSON"));
+    };
+    let config: ExperimentConfig = serde_json::from_str(config).map_err(|e| format!("config: {e}"))?;
+    let rendezvous = pg_core::store::rendezvous::env_rendezvous(Duration::from_secs(300)).map_err(|e| e.to_string())?;
+    let local_rank = rendezvous.local_rank.unwrap_or(rendezvous.rank);
+    let device = pg_nccl::Device::new(local_rank).map_err(|e| format!("device {local_rank}: {e}"))?;
+    let ctx = RankContext::<pg_nccl::Nccl> { rank: rendezvous.rank, device, store: rendezvous.store, config };
+    let results = run_rank(&ctx).map_err(|e| format!("rank {}: {e}", ctx.rank))?;
+    let json = serde_json::to_string(&results).map_err(|e| e.to_string())?;
+    std::fs::write(out, json).map_err(|e| format!("{out}: {e}"))
 }

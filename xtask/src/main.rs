@@ -3,10 +3,14 @@
 
 use std::process::ExitCode;
 
+mod bench_allreduce;
+mod bench_store;
 mod experiments;
 mod faults;
 mod fr_analyze;
 mod gpu;
+mod gpu_test;
+mod interop;
 mod tidy;
 
 const HELP: &str = "\
@@ -42,6 +46,11 @@ fn main() -> ExitCode {
         "tidy" => tidy::main(),
         "faults" => faults::run(rest),
         "fr-analyze" => fr_analyze::run(rest),
+        "interop" => interop::main(rest),
+        "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
+        "gpu-test" => gpu_test::run(rest),
+        gpu::RANK_TASK => gpu::rank_main(rest),
+        "bench" => bench_allreduce::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     match result {

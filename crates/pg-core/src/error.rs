@@ -74,7 +74,7 @@ pub enum Error {
         /// The store key it read.
         store_key: String,
         /// What the store said.
-        source: StoreError,
+        source: Box<StoreError>,
     },
     /// The caller passed something wrong: a size, a dtype, a rank, an environment value.
     #[error("invalid argument: {0}")]
@@ -121,9 +121,8 @@ impl Error {
             Error::Remote { .. } => ErrorKind::Remote,
             Error::Aborted { .. } => ErrorKind::Aborted,
             Error::HeartbeatTimeout { .. } => ErrorKind::HeartbeatTimeout,
-            Error::Store(StoreError::Timeout { .. }) | Error::Rendezvous { source: StoreError::Timeout { .. }, .. } => {
-                ErrorKind::StoreTimeout
-            }
+            Error::Store(error) if error.is_timeout() => ErrorKind::StoreTimeout,
+            Error::Rendezvous { source, .. } if source.is_timeout() => ErrorKind::StoreTimeout,
             Error::Store(_) | Error::Rendezvous { .. } => ErrorKind::StoreNetwork,
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Unsupported(_) => ErrorKind::Unsupported,

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use pg_store::Store;
 
@@ -42,6 +42,8 @@ struct Inner<B: Backend> {
     options: Options,
     local_id: u64,
     cache: Mutex<CommCache<B>>,
+    /// This rank's collective communicator, also in the cache, for a lock-free hot path.
+    collective: OnceLock<CommEntry<B>>,
     state: Mutex<GroupState>,
     seq_collective: AtomicU64,
     seq_p2p: AtomicU64,
@@ -113,6 +115,7 @@ impl<B: Backend> ProcessGroup<B> {
                 options,
                 local_id,
                 cache: Mutex::new(CommCache::default()),
+                collective: OnceLock::new(),
                 state: Mutex::new(GroupState { error: None, shut_down: false }),
                 seq_collective: AtomicU64::new(0),
                 seq_p2p: AtomicU64::new(0),
@@ -461,9 +464,15 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// Looks the key up in this group's cache; on a miss, creates the communicator (S3-S8).
     fn get_comm(&self, key: &CommKey) -> Result<CommEntry<B>> {
+        // The hot path: this rank's own collective communicator, once created, without a lock or a string.
+        if let (CommKey::Collective(devices), Some(entry)) = (key, self.inner.collective.get()) {
+            if devices.as_slice() == [self.inner.device.index()] {
+                return Ok(entry.clone());
+            }
+        }
         let cache_key = key.cache_key();
         let never = AtomicBool::new(false);
-        let deadline = self.inner.device.now() + self.inner.options.timeout;
+        let mut deadline = None;
         let store_key = loop {
             let mut cache = self.lock_cache();
             if let Some(entry) = cache.ready.get(&cache_key) {
@@ -483,7 +492,8 @@ impl<B: Backend> ProcessGroup<B> {
             }
             // Another thread of this rank is creating it: wait for it, bounded by the group's timeout.
             drop(cache);
-            if self.inner.device.now() > deadline {
+            let now = self.inner.device.now();
+            if now > *deadline.get_or_insert(now + self.inner.options.timeout) {
                 return Err(Error::invalid(format!(
                     "timed out waiting for another thread to create communicator '{cache_key}'"
                 )));
@@ -494,6 +504,10 @@ impl<B: Backend> ProcessGroup<B> {
         let mut cache = self.lock_cache();
         cache.initializing.remove(&cache_key);
         let entry = created?;
+        if *key == self.collective_key() {
+            // Never replaced: like PyTorch's cache, an aborted communicator stays until the group is dropped.
+            let _ = self.inner.collective.set(entry.clone());
+        }
         cache.ready.insert(cache_key, entry.clone());
         Ok(entry)
     }
@@ -515,7 +529,7 @@ impl<B: Backend> ProcessGroup<B> {
                 rank: inner.rank,
                 cache_key: cache_key.to_owned(),
                 store_key: store_key.to_owned(),
-                source,
+                source: Box::new(source),
             })?),
         };
         let config = CommConfig {

@@ -8,11 +8,16 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod file;
 mod hash;
 mod prefix;
+pub mod rendezvous;
 mod store;
+pub mod tcp;
 
 pub use error::StoreError;
+pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use store::{Store, DEFAULT_STORE_TIMEOUT};
+pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer};

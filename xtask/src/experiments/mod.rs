@@ -7,6 +7,4 @@ mod semantics;
 mod streams;
 
 pub use report::aggregate;
-pub use run::{main, ExperimentConfig, RankResults};
-#[allow(unused_imports, reason = "used by the GPU worker once it is wired")]
-pub use run::{run_rank, RankContext};
+pub use run::{main, run_rank, ExperimentConfig, RankContext, RankResults};

@@ -1,0 +1,130 @@
+"""PyTorch's dist.all_reduce: the third contestant of pg's all_reduce benchmark.
+
+Run with torchrun, one process per GPU, e.g.
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 bench/torch_allreduce.py --out DIR
+Same procedure as the Rust contestants (crates/pg-nccl/src/bin/pg-nccl-gpu/bench.rs): per size, per trial,
+align the ranks, queue a spin so the host runs ahead, K in-place all_reduces (async_op=True, then wait()),
+timing events around them on the current stream; host clocks around the call and the wait. Medians.
+Writes DIR/torch.json (rank 0, with every rank's numbers gathered).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+SIZES = [8, 64, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
+
+
+def ops_per_trial(size):
+    if size <= 1 << 20:
+        return 200
+    if size <= 64 << 20:
+        return 20
+    if size <= 256 << 20:
+        return 10
+    return 5
+
+
+def spin_cycles(ops, cycles_per_ms):
+    """As the Rust side: 100 us per op, at least 5 ms, so the host enqueues every op before the GPU gets there."""
+    return int(max(5.0, ops * 0.1) * cycles_per_ms)
+
+
+def trial(t, tiny, ops, cycles_per_ms):
+    dist.all_reduce(tiny)
+    torch.cuda.current_stream().synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(spin_cycles(ops, cycles_per_ms))
+    start.record()
+    enqueue, wait = [], []
+    for _ in range(ops):
+        t0 = time.perf_counter_ns()
+        work = dist.all_reduce(t, async_op=True)
+        t1 = time.perf_counter_ns()
+        work.wait()
+        t2 = time.perf_counter_ns()
+        enqueue.append((t1 - t0) / 1e3)
+        wait.append((t2 - t1) / 1e3)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / ops, enqueue, wait
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--max-bytes", type=int, default=1 << 30)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--cycles-per-ms", type=int, default=1_980_000, help="SM clock (H200: 1.98 GHz)")
+    args = parser.parse_args()
+    assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "NCCL_NVLS_ENABLE=0 must be set"
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tiny = torch.ones(1, device=device)
+    dist.all_reduce(tiny)
+    rows = []
+    for size in [s for s in SIZES if s <= args.max_bytes]:
+        numel = max(size // 4, 1)
+        ops = ops_per_trial(size)
+        t = torch.full((numel,), float(rank + 1), device=device)
+        dist.all_reduce(t)
+        want = world * (world + 1) / 2
+        assert torch.all(t == want).item(), f"wrong sum at {size} B"
+        trial(t, tiny, min(ops, 20), args.cycles_per_ms)  # warm-up
+        times, enq, wt = [], [], []
+        for _ in range(args.trials):
+            t = torch.ones(numel, device=device)
+            d, e, w = trial(t, tiny, ops, args.cycles_per_ms)
+            times.append(d)
+            enq += e
+            wt += w
+        time_us = statistics.median(times)
+        rows.append({
+            "contestant": "torch",
+            "bytes": size,
+            "ops_per_trial": ops,
+            "trials": args.trials,
+            "time_us": time_us,
+            "host_enqueue_us": statistics.median(enq),
+            "wait_us": statistics.median(wt),
+            "device_us_trials": times,
+        })
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows)
+    if rank == 0:
+        merged = []
+        for index, row in enumerate(rows):
+            slowest = max(r[index]["time_us"] for r in gathered)
+            algbw = row["bytes"] / (slowest * 1e-6) / 1e9
+            merged.append(dict(row,
+                               time_us=slowest,
+                               algbw_gbps=algbw,
+                               busbw_gbps=algbw * 2 * (world - 1) / world,
+                               host_enqueue_us=max(r[index]["host_enqueue_us"] for r in gathered),
+                               wait_us=max(r[index]["wait_us"] for r in gathered)))
+        versions = {
+            "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "device": torch.cuda.get_device_name(device),
+            "cuda": torch.version.cuda,
+        }
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "torch.json"), "w") as f:
+            json.dump({"task": "bench-torch", "world_size": world, "versions": versions, "rows": merged,
+                       "ranks": gathered}, f, indent=2)
+        print(f"torch all_reduce: {len(merged)} sizes written to {args.out}/torch.json")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+//! The result level below cudarc's safe API: one small function per driver call we make on raw handles.
+//!
+//! Every function binds nothing itself: callers bind the device's context to the thread first
+//! (`CudaContext::bind_to_thread`), as every driver call below needs the right current context.
+
+use std::ffi::c_void;
+
+use cudarc::driver::safe::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, sys, CudaContext};
+
+use crate::error::{DriverContext, Result};
+
+/// Whether the driver library can be opened (cudarc would panic at the first call otherwise).
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: only tries `dlopen` on the driver's library names; it calls nothing in the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Turns off cudarc's per-slice event tracking for `ctx`.
+pub(crate) fn disable_event_tracking(ctx: &CudaContext) {
+    // SAFETY: cudarc's tracking only concerns its `CudaSlice` type, which pg-cuda never creates: all device
+    // memory here is raw, and its cross-stream lifetime is the caching allocator's job (record_stream).
+    unsafe { ctx.disable_event_tracking() }
+}
+
+/// `cuMemAlloc`: `bytes` of device memory on the bound context.
+pub(crate) fn mem_alloc(bytes: usize) -> Result<u64> {
+    // SAFETY: allocation has no preconditions; the memory is uninitialised, and pg-cuda only hands it out as
+    // raw bytes that kernels and copies write before anyone reads them through a typed view.
+    unsafe { result::malloc_sync(bytes) }.during("cuMemAlloc")
+}
+
+/// `cuMemFree`.
+///
+/// # Safety
+/// `ptr` must come from [`mem_alloc`] on the bound context and no queued work may use it any more.
+pub(crate) unsafe fn mem_free(ptr: u64) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { result::free_sync(ptr) }.during("cuMemFree")
+}
+
+/// `cuMemsetD8Async`/`D16`/`D32`: sets `count` elements of `width` bytes at `ptr` to `pattern`.
+///
+/// # Safety
+/// `ptr` must hold `count * width` bytes of device memory of the stream's context.
+pub(crate) unsafe fn memset_async(
+    ptr: u64,
+    width: usize,
+    pattern: u64,
+    count: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    let cu = stream.cu_stream();
+    match width {
+        // SAFETY: the range is valid by the contract; the stream is live while `stream` is.
+        1 => unsafe { result::memset_d8_async(ptr, pattern as u8, count, cu) }.during("cuMemsetD8Async"),
+        // SAFETY: as above, for 2-byte elements.
+        2 => unsafe { sys::cuMemsetD16Async(ptr, pattern as u16, count, cu) }.result().during("cuMemsetD16Async"),
+        // SAFETY: as above, for 4-byte elements.
+        4 => unsafe { sys::cuMemsetD32Async(ptr, pattern as u32, count, cu) }.result().during("cuMemsetD32Async"),
+        _ => unreachable!("memset_async is called for widths 1, 2 and 4 only"),
+    }
+}
+
+/// `cuMemAllocHost`: page-locked host memory, for staging copies that must not block the host.
+pub(crate) fn host_alloc(bytes: usize) -> Result<*mut u8> {
+    // SAFETY: no preconditions; the caller fills the memory before the copy reads it.
+    unsafe { result::malloc_host(bytes.max(1), 0) }.map(|p| p.cast::<u8>()).during("cuMemAllocHost")
+}
+
+/// `cuMemFreeHost`.
+///
+/// # Safety
+/// `ptr` must come from [`host_alloc`] and no queued copy may read it any more.
+pub(crate) unsafe fn host_free(ptr: *mut u8) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { result::free_host(ptr.cast::<c_void>()) }.during("cuMemFreeHost")
+}
+
+/// `cuMemcpyHtoDAsync` from page-locked memory.
+///
+/// # Safety
+/// `src` must be page-locked host memory of `bytes` bytes that stays valid until the copy has run; `dst` must
+/// hold `bytes` bytes of the stream's device.
+pub(crate) unsafe fn copy_htod_async(dst: u64, src: *const u8, bytes: usize, stream: &CudaStream) -> Result<()> {
+    // SAFETY: `src` is valid for `bytes` by the contract, and so is the slice made of it.
+    let src = unsafe { std::slice::from_raw_parts(src, bytes) };
+    // SAFETY: ranges valid by the contract; the stream is live.
+    unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) }.during("cuMemcpyHtoDAsync")
+}
+
+/// `cuMemcpyDtoHAsync` into `dst`; the caller synchronises the stream before reading `dst`.
+///
+/// # Safety
+/// `src` must hold `dst.len()` bytes of the stream's device, and `dst` must not be touched until the stream
+/// has been synchronised.
+pub(crate) unsafe fn copy_dtoh_async(dst: &mut [u8], src: u64, stream: &CudaStream) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }.during("cuMemcpyDtoHAsync")
+}
+
+/// The stream priority range of the bound context: `(least, greatest)`, greatest numerically lowest.
+pub(crate) fn stream_priority_range() -> Result<(i32, i32)> {
+    result::stream::get_priority_range().during("cuCtxGetStreamPriorityRange")
+}
+
+/// Launches the spin kernel: one thread that waits `cycles` clock ticks.
+pub(crate) fn launch_spin(stream: &CudaStream, spin: &CudaFunction, cycles: u64) -> Result<()> {
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = stream.launch_builder(spin);
+    launch.arg(&cycles);
+    // SAFETY: `pg_spin(u64 cycles)` takes exactly this one argument and touches no memory.
+    unsafe { launch.launch(cfg) }.map(drop).during("cuLaunchKernel(pg_spin)")
+}
+
+/// Launches the 8-byte fill kernel over `count` elements at `ptr`.
+///
+/// # Safety
+/// `ptr` must hold `count * 8` bytes of device memory of the stream's context.
+pub(crate) unsafe fn launch_fill64(
+    stream: &CudaStream,
+    fill: &CudaFunction,
+    ptr: u64,
+    count: u64,
+    pattern: u64,
+) -> Result<()> {
+    const THREADS: u32 = 256;
+    let blocks = count.div_ceil(u64::from(THREADS)).clamp(1, 1024) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = stream.launch_builder(fill);
+    launch.arg(&ptr).arg(&count).arg(&pattern);
+    // SAFETY: `pg_fill_b64(u64 ptr, u64 count, u64 pattern)` writes `count` 8-byte words from `ptr` (a
+    // grid-stride loop), which the contract makes valid.
+    unsafe { launch.launch(cfg) }.map(drop).during("cuLaunchKernel(pg_fill_b64)")
+}
+
+/// `cuStreamQuery`: whether all work on the stream has finished (`CUDA_ERROR_NOT_READY` means no).
+pub(crate) fn stream_query(stream: &CudaStream) -> Result<bool> {
+    // SAFETY: the stream is live while `stream` is; the query has no other precondition.
+    match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        other => Err(cudarc::driver::DriverError(other)).during("cuStreamQuery"),
+    }
+}

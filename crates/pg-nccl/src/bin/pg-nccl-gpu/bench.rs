@@ -1,0 +1,250 @@
+//! The all_reduce benchmark's Rust contestants: a raw NCCL loop (nccl-sys) and the process group.
+//!
+//! Per size, interleaved raw / pg, for each trial: align the ranks (a one-element all_reduce and a stream
+//! synchronize), queue a spin kernel (100 us per op, at least 5 ms) so the host runs ahead, record a timing event, enqueue K in-place
+//! all_reduces (the process group: `all_reduce` then `wait()` each, the synchronous form), record an event,
+//! synchronise. Device time per op = elapsed / K; host enqueue and `wait()` times are host clocks around each
+//! call. Medians over trials (device) and over every op (host). Results are checked once per size.
+
+use std::time::{Duration, Instant};
+
+use pg_core::{DType, Device as _, Event as _, Options, ReduceOp, Stream as _, StreamGuard};
+use pg_nccl::raw::RawComm;
+use pg_nccl::{Buffer, Nccl, Stream};
+use serde_json::{json, Value};
+
+use crate::smoke::{all_equal, filled, group, rank_sum, read, Group};
+use crate::Rank;
+
+fn e(err: impl std::fmt::Display) -> String {
+    err.to_string()
+}
+
+pub fn sizes(max: usize) -> Vec<usize> {
+    let all = [8, 64, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
+    all.into_iter().filter(|&s| s <= max).collect()
+}
+
+fn ops_per_trial(bytes: usize) -> usize {
+    match bytes {
+        0..=1_048_576 => 200,
+        1_048_577..=67_108_864 => 20,
+        67_108_865..=268_435_456 => 10,
+        _ => 5,
+    }
+}
+
+/// The spin queued before a trial: long enough for the host to enqueue every op before the GPU reaches them
+/// (PyTorch needs 30-45 us per op), so that events time the device, not the host.
+pub fn spin_for(ops: usize) -> Duration {
+    Duration::from_micros((ops as u64 * 100).max(5_000))
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+struct Sample {
+    device_us: f64,
+    enqueue_us: Vec<f64>,
+    wait_us: Vec<f64>,
+}
+
+enum Contestant<'a> {
+    /// `ncclAllReduce` on a pool stream, nothing else.
+    Raw { comm: &'a RawComm, stream: &'a Stream },
+    /// The process group, the caller's current stream being the legacy default stream (as in PyTorch).
+    Pg { pg: &'a Group },
+    /// The process group with a pool stream made current (a `StreamGuard`), to see what the legacy stream costs.
+    PgOnStream { pg: &'a Group, stream: &'a Stream },
+}
+
+impl Contestant<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Contestant::Raw { .. } => "raw",
+            Contestant::Pg { .. } => "pg",
+            Contestant::PgOnStream { .. } => "pg-current-pool-stream",
+        }
+    }
+
+    fn group(&self) -> Option<&Group> {
+        match self {
+            Contestant::Raw { .. } => None,
+            Contestant::Pg { pg } | Contestant::PgOnStream { pg, .. } => Some(pg),
+        }
+    }
+}
+
+fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: usize) -> Result<Sample, String> {
+    let device = &ctx.device;
+    let cuda = device.cuda();
+    let _guard = match who {
+        Contestant::PgOnStream { stream, .. } => Some(StreamGuard::<Nccl>::new(device, stream)),
+        _ => None,
+    };
+    let stream = match who {
+        Contestant::Raw { stream, .. } => (*stream).clone(),
+        _ => device.current_stream(),
+    };
+    // Align the ranks.
+    match (who, who.group()) {
+        (Contestant::Raw { comm, stream }, _) => comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?,
+        (_, Some(pg)) => pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?,
+        (_, None) => unreachable!("only the raw contestant has no group"),
+    }
+    stream.cuda().synchronize().map_err(e)?;
+    let start = cuda.timing_event().map_err(e)?;
+    let end = cuda.timing_event().map_err(e)?;
+    cuda.sleep_kernel(stream.cuda(), spin_for(ops)).map_err(e)?;
+    start.record(stream.cuda()).map_err(e)?;
+    let mut enqueue_us = Vec::with_capacity(ops);
+    let mut wait_us = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        match (who, who.group()) {
+            (Contestant::Raw { comm, stream }, _) => {
+                let t = Instant::now();
+                comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?;
+                enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            (_, Some(pg)) => {
+                let t = Instant::now();
+                let work = pg.all_reduce(buffer, ReduceOp::Sum).map_err(e)?;
+                enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+                let t = Instant::now();
+                work.wait().map_err(e)?;
+                wait_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            (_, None) => unreachable!("only the raw contestant has no group"),
+        }
+    }
+    end.record(stream.cuda()).map_err(e)?;
+    let elapsed = end.elapsed_since(&start).map_err(e)?;
+    Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us })
+}
+
+pub fn run(ctx: &Rank) -> Result<Value, String> {
+    let device = &ctx.device;
+    let world = ctx.world;
+    let me = (ctx.rank + 1) as f64;
+    // The raw communicator: its own unique id through the store, its own stream from the pool.
+    let id = if ctx.rank == 0 {
+        let id = device.new_unique_id().map_err(e)?;
+        ctx.store.set("bench-raw-id", &id.0).map_err(e)?;
+        id
+    } else {
+        pg_core::UniqueId(ctx.store.get("bench-raw-id").map_err(e)?)
+    };
+    let raw = RawComm::new(device, &id, world, ctx.rank).map_err(e)?;
+    let raw_stream = device.stream_from_pool(false).map_err(e)?;
+    let user_stream = device.stream_from_pool(false).map_err(e)?;
+    let pg = group(ctx, "bench", Options::builder())?;
+    let tiny = filled(ctx, DType::F32, 1, 1.0)?;
+    pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+
+    let mut rows = Vec::new();
+    for bytes in sizes(ctx.settings.bench_max_bytes) {
+        let numel = (bytes / 4).max(1);
+        let ops = ops_per_trial(bytes);
+        let buffer = filled(ctx, DType::F32, numel, me)?;
+        // Check once per size, outside timing: raw, then pg.
+        raw.all_reduce_in_place(&buffer, ReduceOp::Sum, &raw_stream).map_err(e)?;
+        raw_stream.cuda().synchronize().map_err(e)?;
+        all_equal(&read(ctx, &buffer)?, rank_sum(world)).map_err(|m| format!("raw {bytes} B: {m}"))?;
+        let buffer = filled(ctx, DType::F32, numel, me)?;
+        pg.all_reduce_sync(&buffer, ReduceOp::Sum).map_err(e)?;
+        all_equal(&read(ctx, &buffer)?, rank_sum(world)).map_err(|m| format!("pg {bytes} B: {m}"))?;
+
+        let contestants = [
+            Contestant::Raw { comm: &raw, stream: &raw_stream },
+            Contestant::Pg { pg: &pg },
+            Contestant::PgOnStream { pg: &pg, stream: &user_stream },
+        ];
+        let mut samples: Vec<Vec<Sample>> = contestants.iter().map(|_| Vec::new()).collect();
+        // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
+        for who in &contestants {
+            trial(ctx, who, &buffer, &tiny, ops.min(20))?;
+        }
+        for _ in 0..ctx.settings.bench_trials {
+            for (index, who) in contestants.iter().enumerate() {
+                let buffer = filled(ctx, DType::F32, numel, 1.0)?;
+                samples[index].push(trial(ctx, who, &buffer, &tiny, ops)?);
+            }
+        }
+        for (who, samples) in contestants.iter().zip(samples) {
+            let mut device_us: Vec<f64> = samples.iter().map(|s| s.device_us).collect();
+            let mut enqueue: Vec<f64> = samples.iter().flat_map(|s| s.enqueue_us.iter().copied()).collect();
+            let mut wait: Vec<f64> = samples.iter().flat_map(|s| s.wait_us.iter().copied()).collect();
+            let time_us = median(&mut device_us);
+            let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
+            let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
+            rows.push(json!({
+                "contestant": who.name(),
+                "bytes": bytes,
+                "ops_per_trial": ops,
+                "trials": ctx.settings.bench_trials,
+                "time_us": time_us,
+                "algbw_gbps": algbw,
+                "busbw_gbps": busbw,
+                "host_enqueue_us": median(&mut enqueue),
+                "wait_us": if wait.is_empty() { Value::Null } else { json!(median(&mut wait)) },
+                "device_us_trials": device_us,
+            }));
+        }
+        println!("  rank {} {bytes} B done", ctx.rank);
+    }
+    let host_costs = host_costs(ctx, &pg)?;
+    device.synchronize().map_err(e)?;
+    pg.shutdown().map_err(e)?;
+    drop(raw);
+    Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs }))
+}
+
+/// Medians of the host cost of the primitives the process group calls per op (20,000 calls each).
+fn host_costs(ctx: &Rank, pg: &Group) -> Result<Value, String> {
+    const N: usize = 20_000;
+    let device = &ctx.device;
+    let current = device.current_stream();
+    let key = device.index().to_string();
+    let comm_stream = pg.comm_stream(&key).ok_or("no comm stream")?;
+    let pool_stream = device.stream_from_pool(false).map_err(e)?;
+    let buffer = filled(ctx, DType::F32, 2, 1.0)?;
+    let measure = |body: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
+        let mut samples = Vec::with_capacity(N);
+        for _ in 0..N {
+            let t = Instant::now();
+            body()?;
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(median(&mut samples))
+    };
+    let timer = measure(&mut || Ok(()))?;
+    let record_default = measure(&mut || device.create_event().record(&current).map_err(e))?;
+    let record_pool = measure(&mut || device.create_event().record(&pool_stream).map_err(e))?;
+    let marker = device.create_event();
+    marker.record(&current).map_err(e)?;
+    let wait = measure(&mut || comm_stream.wait_event(&marker).map_err(e))?;
+    let record_stream = measure(&mut || device.record_stream(&buffer, &comm_stream).map_err(e))?;
+    let current_stream = measure(&mut || {
+        let _ = device.current_stream();
+        Ok(())
+    })?;
+    device.synchronize().map_err(e)?;
+    Ok(json!({
+        "timer": timer,
+        "event_create_record_drop_on_default_stream": record_default,
+        "event_create_record_drop_on_pool_stream": record_pool,
+        "stream_wait_event": wait,
+        "record_stream": record_stream,
+        "current_stream": current_stream,
+    }))
+}

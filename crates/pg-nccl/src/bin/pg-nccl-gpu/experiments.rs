@@ -1,0 +1,138 @@
+//! The seed's three experiments on real GPUs: the communicator cache, the completion semantics, the streams.
+
+use std::time::Instant;
+
+use pg_core::{DType, Device as _, KernelKind, Options, ReduceOp, Stream as _};
+use serde_json::{json, Value};
+
+use crate::smoke::{all_equal, filled, group, rank_sum, read};
+use crate::Rank;
+
+/// The seed's sleep: 80,000,000 SM cycles (`torch.cuda._sleep(80000000)`, 40.4 ms on an H200).
+const SLEEP_CYCLES: u64 = 80_000_000;
+/// The seed's tensor: 16 MiB of f32.
+const NUMEL: usize = 4 << 20;
+
+fn e(err: impl std::fmt::Display) -> String {
+    err.to_string()
+}
+
+pub fn run(ctx: &Rank) -> Result<Value, String> {
+    let cache = cache_experiment(ctx)?;
+    let semantics = semantics_experiment(ctx)?;
+    let streams = streams_experiment(ctx)?;
+    Ok(json!({ "task": "experiments", "backend": "nccl", "cache": cache, "semantics": semantics, "streams": streams }))
+}
+
+/// Experiment 1 (S5): the world group and two clones of the same membership, three all_reduces each.
+fn cache_experiment(ctx: &Rank) -> Result<Value, String> {
+    let want = rank_sum(ctx.world);
+    let me = (ctx.rank + 1) as f64;
+    let mut groups = Vec::new();
+    for name in ["world", "clone-1", "clone-2"] {
+        groups.push((name, group(ctx, &format!("exp-cache-{name}"), Options::builder())?));
+    }
+    let mut rows = Vec::new();
+    let (mut creations, mut correct, mut creations_after_first) = (0, 0, 0);
+    for (name, pg) in &groups {
+        for op in 0..3 {
+            let before = pg.counters().comms_created;
+            let buffer = filled(ctx, DType::F32, 1024, me)?;
+            pg.all_reduce_sync(&buffer, ReduceOp::Sum).map_err(e)?;
+            let ok = all_equal(&read(ctx, &buffer)?, want).is_ok();
+            let created = pg.counters().comms_created - before;
+            creations += created;
+            correct += u64::from(ok);
+            if op > 0 {
+                creations_after_first += created;
+            }
+            rows.push(json!({ "group": name, "op": op, "created": created, "correct": ok }));
+        }
+    }
+    for (_, pg) in &groups {
+        pg.shutdown().map_err(e)?;
+    }
+    Ok(json!({
+        "groups": 3,
+        "ops_per_group": 3,
+        "comm_creations": creations,
+        "correct_ops": correct,
+        "creations_after_first_op": creations_after_first,
+        "rows": rows,
+    }))
+}
+
+/// Experiment 2 (S18): a long sleep on the current stream, then a 16 MiB all_reduce; four ways to wait.
+fn semantics_experiment(ctx: &Rank) -> Result<Value, String> {
+    let device = &ctx.device;
+    let want = rank_sum(ctx.world);
+    let me = (ctx.rank + 1) as f64;
+    let plain = group(ctx, "exp-sem", Options::builder())?;
+    let blocking = group(ctx, "exp-sem-blocking", Options::builder().blocking_wait(true))?;
+    // Create both communicators (and warm the kernels) outside the measurement.
+    for pg in [&plain, &blocking] {
+        let warm = filled(ctx, DType::F32, NUMEL, me)?;
+        pg.all_reduce_sync(&warm, ReduceOp::Sum).map_err(e)?;
+    }
+    device.synchronize().map_err(e)?;
+    let mut rows = Vec::new();
+    for config in ["no wait + device sync", "Future.wait", "blocking Work.wait", "non-blocking Work.wait"] {
+        let pg = if config == "blocking Work.wait" { &blocking } else { &plain };
+        let buffer = filled(ctx, DType::F32, NUMEL, me)?;
+        device.synchronize().map_err(e)?;
+        pg.barrier_sync().map_err(e)?;
+        device.synchronize().map_err(e)?;
+        device.cuda().spin_cycles(device.current_stream().cuda(), SLEEP_CYCLES).map_err(e)?;
+        let work = pg.all_reduce(&buffer, ReduceOp::Sum).map_err(e)?;
+        let future = work.future();
+        let future_done_after_enqueue = future.is_done();
+        let t = Instant::now();
+        match config {
+            "no wait + device sync" => {}
+            "Future.wait" => drop(future.wait().map_err(e)?),
+            _ => work.wait().map_err(e)?,
+        }
+        let action_us = t.elapsed().as_secs_f64() * 1e6;
+        let completed_after_action = work.is_completed();
+        device.synchronize().map_err(e)?;
+        let correct = all_equal(&read(ctx, &buffer)?, want).is_ok();
+        rows.push(json!({
+            "config": config,
+            "host_action_us": action_us,
+            "completed_after_action": u8::from(completed_after_action),
+            "future_done_after_enqueue": future_done_after_enqueue,
+            "correct": correct,
+        }));
+    }
+    plain.shutdown().map_err(e)?;
+    blocking.shutdown().map_err(e)?;
+    let sleep_ms = SLEEP_CYCLES as f64 / device.cuda().clock_rate_khz() as f64;
+    Ok(json!({ "sleep_cycles": SLEEP_CYCLES, "sleep_ms_nominal": sleep_ms, "numel": NUMEL, "rows": rows }))
+}
+
+/// Experiment 3 (S20): on which stream the comm kernels run, against the caller's current stream.
+fn streams_experiment(ctx: &Rank) -> Result<Value, String> {
+    let device = &ctx.device;
+    let pg = group(ctx, "exp-streams", Options::builder())?;
+    let before = device.kernel_launches().len();
+    let buffer = filled(ctx, DType::F32, NUMEL, (ctx.rank + 1) as f64)?;
+    let work = pg.all_reduce(&buffer, ReduceOp::Sum).map_err(e)?;
+    work.wait().map_err(e)?;
+    device.synchronize().map_err(e)?;
+    let current = device.current_stream().id();
+    let launches = device.kernel_launches();
+    let comm: Vec<u64> = launches
+        .iter()
+        .skip(before.min(launches.len()))
+        .filter(|l| l.kind == KernelKind::Comm)
+        .map(|l| l.stream_id)
+        .collect();
+    let on_other = !comm.is_empty() && comm.iter().all(|&s| s != current);
+    pg.shutdown().map_err(e)?;
+    Ok(json!({
+        "current_stream": current,
+        "comm_stream": work.comm_stream().id(),
+        "comm_kernel_streams": comm,
+        "comm_kernels_on_other_stream": on_other,
+    }))
+}

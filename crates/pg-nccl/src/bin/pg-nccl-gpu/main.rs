@@ -1,0 +1,266 @@
+//! `pg-nccl-gpu`: the real-GPU suite of pg, one process per GPU.
+//!
+//! `pg-nccl-gpu run [--nproc N] [--tasks smoke,experiments,bench] [--out DIR] [bench options]` finds the GPUs,
+//! starts one rank process per GPU for each task (environment as torchrun sets it: `RANK`, `WORLD_SIZE`,
+//! `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges
+//! their results into `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank
+//! failed, or there is no GPU.
+//!
+//! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`).
+//!
+//! TEMPORARY: the ranks rendezvous through a directory store ([`dirstore`]) until pg-store's TCP store
+//! (env://) is on main; `MASTER_ADDR`/`MASTER_PORT` are set for that switch.
+#![forbid(unsafe_code)]
+
+mod bench;
+mod dirstore;
+mod experiments;
+mod report;
+mod smoke;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pg_core::store::Store;
+use serde_json::{json, Value};
+
+const USAGE: &str = "\
+usage: pg-nccl-gpu run [--nproc N] [--tasks smoke,experiments,bench] [--out DIR]
+                       [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
+       pg-nccl-gpu rank --task TASK --out DIR [same bench options]
+       pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
+";
+
+/// Settings shared by the launcher and the ranks.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub nproc: Option<usize>,
+    pub tasks: Vec<String>,
+    pub out: PathBuf,
+    pub bench_max_bytes: usize,
+    pub bench_trials: usize,
+    pub timeout: Duration,
+}
+
+fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> {
+    let mut settings = Settings {
+        nproc: None,
+        tasks: vec!["smoke".into(), "experiments".into()],
+        out: PathBuf::from("gpu-results"),
+        bench_max_bytes: 1 << 30,
+        bench_trials: 5,
+        timeout: Duration::from_secs(300),
+    };
+    let (command, rest) = args.split_first().ok_or_else(|| USAGE.to_owned())?;
+    let mut task = None;
+    let mut it = rest.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().cloned().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
+        let number = |v: String| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--nproc" => settings.nproc = Some(number(value()?)?),
+            "--tasks" => settings.tasks = value()?.split(',').map(str::to_owned).collect(),
+            "--task" => task = Some(value()?),
+            "--out" => settings.out = PathBuf::from(value()?),
+            "--bench-max-bytes" => settings.bench_max_bytes = number(value()?)?,
+            "--bench-trials" => settings.bench_trials = number(value()?)?.max(1),
+            "--timeout-s" => settings.timeout = Duration::from_secs(number(value()?)? as u64),
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+    }
+    Ok((command.clone(), settings, task))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (command, settings, task) = match parse(&args) {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match command.as_str() {
+        "run" => launch(&settings),
+        "rank" => match task {
+            Some(task) => run_rank(&task, &settings),
+            None => Err(format!("rank needs --task\n{USAGE}")),
+        },
+        "ptx" => {
+            print!("{}", pg_nccl::pg_cuda::kernels_ptx());
+            Ok(())
+        }
+        "merge-bench" => {
+            let label = std::env::var("PG_BENCH_LABEL").unwrap_or_default();
+            report::merge_bench(&settings.out, &label).map(drop)
+        }
+        other => Err(format!("unknown command {other}\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("pg-nccl-gpu: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ===== the launcher =====
+
+fn launch(settings: &Settings) -> Result<(), String> {
+    let gpus = pg_nccl::available().map_err(|err| format!("no GPU to test on: {err}"))?;
+    let nproc = settings.nproc.unwrap_or(gpus);
+    if nproc == 0 || nproc > gpus {
+        return Err(format!("--nproc {nproc} but {gpus} GPU(s) here"));
+    }
+    std::fs::create_dir_all(&settings.out).map_err(|e| format!("{}: {e}", settings.out.display()))?;
+    println!("Found {gpus} GPU(s); running {nproc} rank(s) per task: {}", settings.tasks.join(", "));
+    let mut failed = Vec::new();
+    for (index, task) in settings.tasks.iter().enumerate() {
+        let started = Instant::now();
+        match launch_task(settings, task, nproc, index) {
+            Ok(ranks) => {
+                let ok = report::task(settings, task, &ranks)?;
+                println!(
+                    "[{task}] {} in {:.1} s",
+                    if ok { "passed" } else { "FAILED" },
+                    started.elapsed().as_secs_f64()
+                );
+                if !ok {
+                    failed.push(task.clone());
+                }
+            }
+            Err(message) => {
+                println!("[{task}] FAILED: {message}");
+                failed.push(task.clone());
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("failed: {}", failed.join(", ")))
+    }
+}
+
+/// Runs one task on `nproc` rank processes; returns each rank's result.
+fn launch_task(settings: &Settings, task: &str, nproc: usize, index: usize) -> Result<Vec<Value>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let rendezvous = std::env::temp_dir().join(format!("pg-nccl-gpu-{}-{task}-{index}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&rendezvous);
+    std::fs::create_dir_all(&rendezvous).map_err(|e| e.to_string())?;
+    let port = 29500 + (std::process::id() % 1000) as usize * 10 + index;
+    let mut children: Vec<Child> = Vec::new();
+    for rank in 0..nproc {
+        let child = Command::new(&exe)
+            .args(["rank", "--task", task, "--out"])
+            .arg(&settings.out)
+            .args(["--bench-max-bytes", &settings.bench_max_bytes.to_string()])
+            .args(["--bench-trials", &settings.bench_trials.to_string()])
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", nproc.to_string())
+            .env("LOCAL_WORLD_SIZE", nproc.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("PG_RDZV_DIR", &rendezvous)
+            .env("NCCL_NVLS_ENABLE", "0")
+            .spawn()
+            .map_err(|e| format!("starting rank {rank}: {e}"))?;
+        children.push(child);
+    }
+    let deadline = Instant::now() + settings.timeout;
+    let mut statuses = vec![None; nproc];
+    while statuses.iter().any(Option::is_none) {
+        for (rank, child) in children.iter_mut().enumerate() {
+            if statuses[rank].is_none() {
+                if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                    statuses[rank] = Some(status);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            for child in &mut children {
+                let _ = child.kill();
+            }
+            let _ = std::fs::remove_dir_all(&rendezvous);
+            return Err(format!("timed out after {} s", settings.timeout.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir_all(&rendezvous);
+    let mut results = Vec::new();
+    for (rank, status) in statuses.into_iter().enumerate() {
+        let status = status.expect("all done");
+        let path = rank_file(&settings.out, task, rank);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("rank {rank} ({status}) left no result at {}: {e}", path.display()))?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !status.success() {
+            return Err(format!("rank {rank} exited with {status}: {}", value["error"]));
+        }
+        results.push(value);
+    }
+    Ok(results)
+}
+
+fn rank_file(out: &Path, task: &str, rank: usize) -> PathBuf {
+    out.join(format!("{task}-rank{rank}.json"))
+}
+
+// ===== one rank =====
+
+/// What a rank knows about itself.
+#[derive(Debug)]
+pub struct Rank {
+    pub rank: usize,
+    pub world: usize,
+    pub device: pg_nccl::Device,
+    pub store: Arc<dyn Store>,
+    pub settings: Settings,
+}
+
+fn env_usize(name: &str) -> Result<usize, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set"))?.parse().map_err(|e| format!("{name}: {e}"))
+}
+
+fn run_rank(task: &str, settings: &Settings) -> Result<(), String> {
+    let rank = env_usize("RANK")?;
+    let outcome = rank_body(task, rank, settings);
+    let value = match &outcome {
+        Ok(value) => value.clone(),
+        Err(message) => json!({ "rank": rank, "error": message }),
+    };
+    std::fs::create_dir_all(&settings.out).map_err(|e| e.to_string())?;
+    let path = rank_file(&settings.out, task, rank);
+    std::fs::write(&path, serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    outcome.map(drop)
+}
+
+fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, String> {
+    let world = env_usize("WORLD_SIZE")?;
+    let local_rank = env_usize("LOCAL_RANK")?;
+    if std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
+        return Err("NCCL_NVLS_ENABLE=0 must be set (NVLink multicast stays off)".into());
+    }
+    let dir = std::env::var("PG_RDZV_DIR").map_err(|_| "PG_RDZV_DIR is not set".to_owned())?;
+    let store: Arc<dyn Store> =
+        Arc::new(dirstore::DirStore::new(Path::new(&dir), Duration::from_secs(120)).map_err(|e| e.to_string())?);
+    let device = pg_nccl::Device::new(local_rank).map_err(|e| e.to_string())?;
+    let ctx = Rank { rank, world, device, store, settings: settings.clone() };
+    let mut value = match task {
+        "smoke" => smoke::run(&ctx),
+        "experiments" => experiments::run(&ctx),
+        "bench" => bench::run(&ctx),
+        other => return Err(format!("unknown task {other}")),
+    }?;
+    value["rank"] = json!(rank);
+    value["world_size"] = json!(world);
+    value["versions"] =
+        json!(pg_core::Device::versions(&ctx.device).into_iter().collect::<std::collections::BTreeMap<_, _>>());
+    Ok(value)
+}

@@ -1,0 +1,358 @@
+//! Merges the ranks' results of a task, prints its tables, writes `<task>.json` and `<task>.md`.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::Settings;
+
+/// Reports `task` from its ranks' results; returns whether every check passed.
+pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, String> {
+    let (ok, markdown) = match task {
+        "smoke" => smoke(ranks),
+        "experiments" => experiments(ranks),
+        "bench" => bench(ranks),
+        other => return Err(format!("no report for task {other}")),
+    };
+    print!("{markdown}");
+    let merged = json!({ "task": task, "passed": ok, "world_size": ranks.len(), "versions": ranks[0]["versions"], "ranks": ranks });
+    let json_path = settings.out.join(format!("{task}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let md_path = settings.out.join(format!("{task}.md"));
+    std::fs::write(&md_path, &markdown).map_err(|e| format!("{}: {e}", md_path.display()))?;
+    Ok(ok)
+}
+
+fn smoke(ranks: &[Value]) -> (bool, String) {
+    let mut md = String::from("\n| check | ");
+    for rank in 0..ranks.len() {
+        let _ = write!(md, "rank {rank} | ");
+    }
+    md.push_str("\n|---|");
+    md.push_str(&"---|".repeat(ranks.len()));
+    md.push('\n');
+    let mut ok = true;
+    let checks = ranks[0]["checks"].as_array().cloned().unwrap_or_default();
+    for (index, check) in checks.iter().enumerate() {
+        let _ = write!(md, "| {} | ", check["name"].as_str().unwrap_or("?"));
+        for rank in ranks {
+            let this = &rank["checks"][index];
+            let passed = this["passed"] == json!(true);
+            ok &= passed;
+            let detail = match &this["detail"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let _ = write!(md, "{} {} | ", if passed { "ok" } else { "FAIL" }, detail.replace('|', "/"));
+        }
+        md.push('\n');
+    }
+    ok &= !checks.is_empty();
+    (ok, md)
+}
+
+fn experiments(ranks: &[Value]) -> (bool, String) {
+    let world = ranks.len() as u64;
+    let sum = |f: &dyn Fn(&Value) -> u64| ranks.iter().map(f).sum::<u64>();
+    let creations = sum(&|r| r["cache"]["comm_creations"].as_u64().unwrap_or(0));
+    let correct = sum(&|r| r["cache"]["correct_ops"].as_u64().unwrap_or(0));
+    let after_first = sum(&|r| r["cache"]["creations_after_first_op"].as_u64().unwrap_or(0));
+    let mut ok = creations == 3 * world && correct == 9 * world && after_first == 0;
+    let mut md = String::new();
+    let _ = writeln!(md, "\n### Experiment 1: communicator cache (3 groups of identical membership x {world} ranks)\n");
+    let _ = writeln!(md, "| communicator creations | correct rank ops | creations after the first op per group |");
+    let _ = writeln!(md, "|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| {creations} (expect {}) | {correct} (expect {}) | {after_first} (expect 0) |",
+        3 * world,
+        9 * world
+    );
+
+    let sleep_ms = ranks[0]["semantics"]["sleep_ms_nominal"].as_f64().unwrap_or(f64::NAN);
+    let _ = writeln!(
+        md,
+        "\n### Experiment 2: completion semantics (80M-cycle sleep = {sleep_ms:.1} ms nominal, 16 MiB all_reduce)\n"
+    );
+    let _ = writeln!(md, "| config | host time of the action (per rank) | completed after action | Future.done() after enqueue | correct |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    let expected_completed = [0, 0, 1, 0];
+    let rows = ranks[0]["semantics"]["rows"].as_array().cloned().unwrap_or_default();
+    for (index, row) in rows.iter().enumerate() {
+        let mut times = Vec::new();
+        let mut completed = Vec::new();
+        let mut done = true;
+        let mut right = true;
+        for rank in ranks {
+            let this = &rank["semantics"]["rows"][index];
+            let us = this["host_action_us"].as_f64().unwrap_or(f64::NAN);
+            times.push(if us >= 1000.0 { format!("{:.1} ms", us / 1e3) } else { format!("{us:.1} us") });
+            let c = this["completed_after_action"].as_u64().unwrap_or(9);
+            completed.push(c.to_string());
+            ok &= c == expected_completed.get(index).copied().unwrap_or(9);
+            done &= this["future_done_after_enqueue"] == json!(true);
+            right &= this["correct"] == json!(true);
+        }
+        ok &= done && right;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            row["config"].as_str().unwrap_or("?"),
+            times.join(", "),
+            completed.join(", "),
+            done,
+            right
+        );
+    }
+
+    let _ = writeln!(md, "\n### Experiment 3: streams\n");
+    let _ = writeln!(md, "| rank | current stream | comm stream | comm kernel streams | on another stream |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for (rank, value) in ranks.iter().enumerate() {
+        let s = &value["streams"];
+        let other = s["comm_kernels_on_other_stream"] == json!(true);
+        ok &= other;
+        let _ = writeln!(
+            md,
+            "| {rank} | {} | {} | {} | {other} |",
+            s["current_stream"], s["comm_stream"], s["comm_kernel_streams"]
+        );
+    }
+    (ok, md)
+}
+
+fn bench(ranks: &[Value]) -> (bool, String) {
+    let mut md = String::new();
+    let world = ranks.len();
+    let _ = writeln!(
+        md,
+        "\n### all_reduce, {world} ranks, f32 in place (time: slowest rank's median; host: slowest rank's median)\n"
+    );
+    let _ = writeln!(md, "| size | contestant | time/op us | busbw GB/s | host enqueue us/op | wait() us |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let rows = ranks[0]["rows"].as_array().cloned().unwrap_or_default();
+    for (index, row) in rows.iter().enumerate() {
+        let max = |key: &str| {
+            ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+        };
+        let bytes = row["bytes"].as_u64().unwrap_or(0);
+        let time = max("time_us");
+        let busbw = bytes as f64 / (time * 1e-6) / 1e9 * 2.0 * (world as f64 - 1.0) / world as f64;
+        let wait = if row["wait_us"].is_null() { "-".to_owned() } else { format!("{:.2}", max("wait_us")) };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {time:.2} | {busbw:.1} | {:.2} | {wait} |",
+            human(bytes),
+            row["contestant"].as_str().unwrap_or("?"),
+            max("host_enqueue_us")
+        );
+    }
+    for (rank, value) in ranks.iter().enumerate() {
+        let _ = writeln!(md, "\nrank {rank} host cost of primitives (median us): {}", value["host_costs_us"]);
+    }
+    (!rows.is_empty(), md)
+}
+
+pub fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+/// One contestant at one size, over the ranks: the slowest rank's time and host medians.
+#[derive(Debug, Clone)]
+pub struct BenchRow {
+    pub contestant: String,
+    pub bytes: u64,
+    pub time_us: f64,
+    pub busbw_gbps: f64,
+    pub enqueue_us: f64,
+    pub wait_us: Option<f64>,
+}
+
+fn rust_rows(bench: &Value) -> Vec<BenchRow> {
+    let ranks = bench["ranks"].as_array().cloned().unwrap_or_default();
+    let world = ranks.len().max(1) as f64;
+    let rows = ranks.first().and_then(|r| r["rows"].as_array().cloned()).unwrap_or_default();
+    rows.iter()
+        .enumerate()
+        .map(|(index, row)| {
+            let max = |key: &str| {
+                ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+            };
+            let bytes = row["bytes"].as_u64().unwrap_or(0);
+            let time_us = max("time_us");
+            BenchRow {
+                contestant: row["contestant"].as_str().unwrap_or("?").to_owned(),
+                bytes,
+                time_us,
+                busbw_gbps: bytes as f64 / (time_us * 1e-6) / 1e9 * 2.0 * (world - 1.0) / world,
+                enqueue_us: max("host_enqueue_us"),
+                wait_us: if row["wait_us"].is_null() { None } else { Some(max("wait_us")) },
+            }
+        })
+        .collect()
+}
+
+fn torch_rows(torch: &Value) -> Vec<BenchRow> {
+    let rows = torch["rows"].as_array().cloned().unwrap_or_default();
+    rows.iter()
+        .map(|row| BenchRow {
+            contestant: "torch".into(),
+            bytes: row["bytes"].as_u64().unwrap_or(0),
+            time_us: row["time_us"].as_f64().unwrap_or(f64::NAN),
+            busbw_gbps: row["busbw_gbps"].as_f64().unwrap_or(f64::NAN),
+            enqueue_us: row["host_enqueue_us"].as_f64().unwrap_or(f64::NAN),
+            wait_us: row["wait_us"].as_f64(),
+        })
+        .collect()
+}
+
+/// Joins `bench.json` (raw, pg) and `torch.json` (if present) in `dir` into `allreduce.md`/`allreduce.json`.
+pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
+    let load = |name: &str| -> Result<Option<Value>, String> {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
+            Err(_) => Ok(None),
+        }
+    };
+    let bench = load("bench.json")?.ok_or("no bench.json: run the bench task first")?;
+    let torch = load("torch.json")?;
+    let mut rows = rust_rows(&bench);
+    if let Some(torch) = &torch {
+        rows.extend(torch_rows(torch));
+    }
+    let mut sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let find = |c: &str, b: u64| rows.iter().find(|r| r.contestant == c && r.bytes == b);
+    let mut md = String::new();
+    let _ = writeln!(md, "# all_reduce: raw NCCL loop vs pg's process group vs PyTorch\n");
+    let _ = writeln!(md, "{label}\n");
+    let _ = writeln!(md, "Rust: {}", bench["versions"]);
+    if let Some(torch) = &torch {
+        let _ = writeln!(md, "\nPyTorch: {}", torch["versions"]);
+    }
+    let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of trials, slowest rank); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()).\n", bench["world_size"]);
+    let _ = writeln!(md, "| size | raw us | pg us | torch us | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | pg enqueue us (pool stream current) | torch enqueue us | torch wait us |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut ok = true;
+    let mut summary = Vec::new();
+    let f = |row: Option<&BenchRow>, get: &dyn Fn(&BenchRow) -> Option<f64>| {
+        row.and_then(get).map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+    };
+    for &bytes in &sizes {
+        let (raw, pg, torch) = (find("raw", bytes), find("pg", bytes), find("torch", bytes));
+        let pg_pool = find("pg-current-pool-stream", bytes);
+        let ratio = match (raw, pg) {
+            (Some(r), Some(p)) => Some(p.busbw_gbps / r.busbw_gbps),
+            _ => None,
+        };
+        if bytes >= 64 << 20 {
+            ok &= ratio.is_some_and(|r| r >= 0.98);
+        }
+        let overhead = match (raw, pg) {
+            (Some(r), Some(p)) => Some(p.enqueue_us - r.enqueue_us),
+            _ => None,
+        };
+        summary.push(json!({
+            "bytes": bytes,
+            "raw": raw.map(row_json), "pg": pg.map(row_json), "torch": torch.map(row_json),
+            "pg_current_pool_stream": pg_pool.map(row_json),
+            "pg_over_raw_busbw": ratio, "pg_minus_raw_enqueue_us": overhead,
+        }));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            human(bytes),
+            f(raw, &|r| Some(r.time_us)),
+            f(pg, &|r| Some(r.time_us)),
+            f(torch, &|r| Some(r.time_us)),
+            f(raw, &|r| Some(r.busbw_gbps)),
+            f(pg, &|r| Some(r.busbw_gbps)),
+            f(torch, &|r| Some(r.busbw_gbps)),
+            ratio.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into()),
+            f(raw, &|r| Some(r.enqueue_us)),
+            f(pg, &|r| Some(r.enqueue_us)),
+            f(pg, &|r| r.wait_us),
+            f(pg_pool, &|r| Some(r.enqueue_us)),
+            f(torch, &|r| Some(r.enqueue_us)),
+            f(torch, &|r| r.wait_us),
+        );
+    }
+    let mut overheads: Vec<f64> = summary.iter().filter_map(|s| s["pg_minus_raw_enqueue_us"].as_f64()).collect();
+    let overhead = crate::bench::median(&mut overheads);
+    ok &= overhead <= 2.0;
+    let _ =
+        writeln!(md, "\nMedian over sizes of (pg host enqueue - raw host enqueue): {overhead:.2} us (target <= 2 us).");
+    let _ = writeln!(
+        md,
+        "pg busbw within 2% of raw at >= 64 MiB: {}.",
+        if ok { "yes" } else { "NO (or overhead over target)" }
+    );
+    std::fs::write(dir.join("allreduce.md"), &md).map_err(|e| e.to_string())?;
+    let merged = json!({
+        "label": label,
+        "rust_versions": bench["versions"],
+        "torch_versions": torch.as_ref().map(|t| t["versions"].clone()),
+        "world_size": bench["world_size"],
+        "pg_minus_raw_enqueue_us_median": overhead,
+        "targets_met": ok,
+        "sizes": summary,
+    });
+    std::fs::write(dir.join("allreduce.json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    print!("{md}");
+    Ok(ok)
+}
+
+fn row_json(row: &BenchRow) -> Value {
+    json!({
+        "time_us": row.time_us, "busbw_gbps": row.busbw_gbps,
+        "host_enqueue_us": row.enqueue_us, "wait_us": row.wait_us,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rows: Value) -> Value {
+        json!({ "rows": rows, "versions": { "nccl": "2.28.9" } })
+    }
+
+    #[test]
+    fn merge_joins_contestants_and_checks_the_targets() {
+        let dir = std::env::temp_dir().join(format!("pg-merge-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |c: &str, bytes: u64, time: f64, enqueue: f64| {
+            json!({ "contestant": c, "bytes": bytes, "time_us": time, "host_enqueue_us": enqueue,
+                    "wait_us": if c == "raw" { Value::Null } else { json!(0.8) } })
+        };
+        let rows = json!([
+            row("raw", 8, 6.5, 9.5),
+            row("pg", 8, 7.7, 11.0),
+            row("raw", 64 << 20, 250.0, 11.0),
+            row("pg", 64 << 20, 251.0, 12.5),
+        ]);
+        let bench = json!({ "world_size": 2, "versions": {}, "ranks": [rank(rows.clone()), rank(rows)] });
+        std::fs::write(dir.join("bench.json"), bench.to_string()).unwrap();
+        assert!(merge_bench(&dir, "test").unwrap(), "busbw within 2% and overhead 1.5 us meet the targets");
+        let merged: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("allreduce.json")).unwrap()).unwrap();
+        assert_eq!(merged["sizes"].as_array().unwrap().len(), 2);
+        assert_eq!(merged["pg_minus_raw_enqueue_us_median"], json!(1.5));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human(8), "8 B");
+        assert_eq!(human(64 << 10), "64 KiB");
+        assert_eq!(human(1 << 30), "1 GiB");
+    }
+}

@@ -1,0 +1,434 @@
+//! `Communicator`: one NCCL communicator, owned, with NCCL's threading rules enforced (see the crate docs).
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
+use std::time::{Duration, Instant};
+
+use nccl_sys::{Library, Status};
+use pg_core::{Buffer as _, CommConfig, Error, KernelKind, ReduceOp, UniqueId};
+
+use crate::conv::{cuda_error, data_type, nccl_error, red_op};
+use crate::device::launches;
+use crate::{Buffer, Nccl, Stream};
+
+/// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
+const ABORT_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// An `ncclComm_t` that may move between threads.
+#[derive(Clone, Copy)]
+struct RawComm(nccl_sys::Comm);
+
+// SAFETY: an NCCL communicator is not tied to the thread that made it; NCCL only requires that calls on it
+// are not issued by two threads at once, which `Communicator` enforces with its issue mutex (and the handle
+// lock for the calls NCCL allows from any thread: async-error query and abort).
+unsafe impl Send for RawComm {}
+// SAFETY: as above: shared references only reach the handle through `Communicator`'s locks.
+unsafe impl Sync for RawComm {}
+
+/// One NCCL communicator of this process: a rank of `size`, on one device.
+///
+/// Every call that issues work (collectives, P2P, finalize) holds the issue mutex; the handle sits behind a
+/// read-write lock that [`pg_core::Communicator::abort`] empties, so no call can start on an aborted
+/// communicator. Dropping destroys it (`ncclCommDestroy`) unless it was aborted.
+pub struct Communicator {
+    library: &'static Library,
+    device: pg_cuda::Device,
+    rank: usize,
+    size: usize,
+    nonblocking: bool,
+    description: String,
+    handle: RwLock<Option<RawComm>>,
+    issue: Mutex<()>,
+    ready: AtomicBool,
+    aborted: AtomicBool,
+    abort_reason: Mutex<Option<String>>,
+}
+
+impl Communicator {
+    /// Joins `id` as `rank` of `size` on `device` (`ncclCommInitRankConfig`).
+    pub(crate) fn init(
+        device: pg_cuda::Device,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> pg_core::Result<Self> {
+        if rank >= size {
+            return Err(Error::invalid(format!("rank {rank} of a communicator of {size}")));
+        }
+        let library = nccl_sys::library().map_err(nccl_error)?;
+        let id = nccl_sys::UniqueId::from_bytes(&id.0)
+            .ok_or_else(|| Error::invalid(format!("an NCCL unique id has 128 bytes, not {}", id.0.len())))?;
+        let mut nccl_config = library.config(!config.nonblocking);
+        device.bind_to_thread().map_err(cuda_error)?;
+        // SAFETY: the device's context is current on this thread (just bound), so NCCL picks that device.
+        let (comm, status) =
+            unsafe { library.comm_init_rank_config(size, &id, rank, &mut nccl_config) }.map_err(nccl_error)?;
+        tracing::debug!(rank, size, device = device.ordinal(), nonblocking = config.nonblocking, %status,
+            description = %config.description, "NCCL communicator created");
+        Ok(Self {
+            library,
+            device,
+            rank,
+            size,
+            nonblocking: config.nonblocking,
+            description: config.description.clone(),
+            handle: RwLock::new(Some(RawComm(comm))),
+            issue: Mutex::new(()),
+            ready: AtomicBool::new(status.is_success()),
+            aborted: AtomicBool::new(false),
+            abort_reason: Mutex::new(None),
+        })
+    }
+
+    /// The loaded NCCL library.
+    pub fn library(&self) -> &'static Library {
+        self.library
+    }
+
+    /// Whether the communicator was created non-blocking.
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking
+    }
+
+    fn aborted_error(&self) -> Error {
+        let reason = self.abort_reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Error::Aborted { reason: reason.unwrap_or_else(|| "the communicator was aborted".into()) }
+    }
+
+    /// The live handle, or the aborted error.
+    fn live(&self) -> pg_core::Result<RawComm> {
+        let handle = *self.handle.read().unwrap_or_else(|e| e.into_inner());
+        handle.ok_or_else(|| self.aborted_error())
+    }
+
+    fn lock_issue(&self) -> MutexGuard<'_, ()> {
+        self.issue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The asynchronous state: success, in-progress, or an error.
+    fn async_state(&self) -> pg_core::Result<Status> {
+        let handle = self.handle.read().unwrap_or_else(|e| e.into_inner());
+        let Some(comm) = *handle else { return Err(self.aborted_error()) };
+        // SAFETY: the handle is live while the read lock is held (abort and drop take it under the write
+        // lock), and NCCL allows this query concurrently with calls on the communicator.
+        unsafe { self.library.comm_get_async_error(comm.0) }.map_err(nccl_error)
+    }
+
+    /// Waits while the communicator reports in-progress (a non-blocking init or call); fails on its error or
+    /// an abort.
+    fn wait_while_in_progress(&self) -> pg_core::Result<()> {
+        let mut pause = Duration::from_micros(1);
+        loop {
+            let state = self.async_state()?;
+            if state.is_success() {
+                return Ok(());
+            }
+            if state.is_error() {
+                return Err(self.state_error(state));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn state_error(&self, state: Status) -> Error {
+        let comm = self.live().map(|c| c.0).unwrap_or(std::ptr::null_mut());
+        // SAFETY: `comm` is live or null; reading the last error is allowed from this thread.
+        let last = unsafe { self.library.last_error(comm) };
+        let text = self.library.error_string(state);
+        Error::communicator(format!(
+            "NCCL async error {state}: {text}{}",
+            if last.is_empty() { String::new() } else { format!("; last error: {last}") }
+        ))
+    }
+
+    /// Issues one call under the issue mutex, on the device's context, and finishes an in-progress return.
+    fn issue(
+        &self,
+        name: &'static str,
+        stream: &Stream,
+        call: impl FnOnce(&Library, nccl_sys::Comm) -> nccl_sys::Result<Status>,
+    ) -> pg_core::Result<()> {
+        let _issuing = self.lock_issue();
+        let comm = self.live()?;
+        if !self.ready.load(Ordering::Acquire) {
+            self.wait_while_in_progress()?;
+            self.ready.store(true, Ordering::Release);
+        }
+        self.device.bind_to_thread().map_err(cuda_error)?;
+        let status = call(self.library, comm.0).map_err(nccl_error)?;
+        if status.is_in_progress() {
+            self.wait_while_in_progress()?;
+        }
+        launches::log(self.device.ordinal(), stream.0.id(), KernelKind::Comm, name);
+        Ok(())
+    }
+
+    fn check_pair(&self, input: &Buffer, output: &Buffer, out_per_in: (usize, usize)) -> pg_core::Result<()> {
+        let (num, den) = out_per_in;
+        if input.dtype != output.dtype {
+            return Err(Error::invalid(format!("input is {} but output is {}", input.dtype, output.dtype)));
+        }
+        if input.numel * num != output.numel * den {
+            return Err(Error::invalid(format!(
+                "input has {} elements and output {}, for {} ranks",
+                input.numel, output.numel, self.size
+            )));
+        }
+        for buffer in [input, output] {
+            if buffer.device_index() != self.device.ordinal() {
+                return Err(Error::invalid(format!(
+                    "a buffer of cuda:{} on a communicator of cuda:{}",
+                    buffer.device_index(),
+                    self.device.ordinal()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: usize) -> pg_core::Result<()> {
+        if peer < self.size && peer != self.rank {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!("peer {peer} from rank {} of {}", self.rank, self.size)))
+        }
+    }
+
+    /// Enqueues a reduce of `input` into `root`'s `output`.
+    pub fn reduce(
+        &self,
+        input: &Buffer,
+        output: &Buffer,
+        op: ReduceOp,
+        root: usize,
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.check_pair(input, output, (1, 1))?;
+        let op = red_op(op, input.dtype)?;
+        self.issue("reduce", stream, |lib, comm| {
+            // SAFETY: both buffers hold `numel` elements of the dtype on the communicator's device (checked), and
+            // stay allocated until the stream passes this op (the process group records them on the stream);
+            // the issue mutex is held.
+            unsafe {
+                lib.reduce(
+                    input.ptr(),
+                    output.ptr(),
+                    input.numel,
+                    data_type(input.dtype),
+                    op,
+                    root,
+                    comm,
+                    stream.0.raw() as _,
+                )
+            }
+        })
+    }
+}
+
+impl pg_core::Communicator for Communicator {
+    type B = Nccl;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
+        self.check_pair(input, output, (1, 1))?;
+        let op = red_op(op, input.dtype)?;
+        self.issue("all_reduce", stream, |lib, comm| {
+            // SAFETY: as in `reduce`.
+            unsafe {
+                lib.all_reduce(
+                    input.ptr(),
+                    output.ptr(),
+                    input.numel,
+                    data_type(input.dtype),
+                    op,
+                    comm,
+                    stream.0.raw() as _,
+                )
+            }
+        })
+    }
+
+    fn broadcast(&self, input: &Buffer, output: &Buffer, root: usize, stream: &Stream) -> pg_core::Result<()> {
+        self.check_pair(input, output, (1, 1))?;
+        if root >= self.size {
+            return Err(Error::invalid(format!("root {root} of {} ranks", self.size)));
+        }
+        self.issue("broadcast", stream, |lib, comm| {
+            // SAFETY: as in `reduce`.
+            unsafe {
+                lib.broadcast(
+                    input.ptr(),
+                    output.ptr(),
+                    input.numel,
+                    data_type(input.dtype),
+                    root,
+                    comm,
+                    stream.0.raw() as _,
+                )
+            }
+        })
+    }
+
+    fn all_gather(&self, input: &Buffer, output: &Buffer, stream: &Stream) -> pg_core::Result<()> {
+        self.check_pair(input, output, (self.size, 1))?;
+        self.issue("all_gather", stream, |lib, comm| {
+            // SAFETY: as in `reduce`; the output holds `size` times the input (checked).
+            unsafe {
+                lib.all_gather(
+                    input.ptr(),
+                    output.ptr(),
+                    input.numel,
+                    data_type(input.dtype),
+                    comm,
+                    stream.0.raw() as _,
+                )
+            }
+        })
+    }
+
+    fn reduce_scatter(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
+        self.check_pair(input, output, (1, self.size))?;
+        let op = red_op(op, input.dtype)?;
+        self.issue("reduce_scatter", stream, |lib, comm| {
+            // SAFETY: as in `reduce`; the input holds `size` times the output (checked).
+            unsafe {
+                lib.reduce_scatter(
+                    input.ptr(),
+                    output.ptr(),
+                    output.numel,
+                    data_type(input.dtype),
+                    op,
+                    comm,
+                    stream.0.raw() as _,
+                )
+            }
+        })
+    }
+
+    fn send(&self, buffer: &Buffer, peer: usize, stream: &Stream) -> pg_core::Result<()> {
+        self.check_pair(buffer, buffer, (1, 1))?;
+        self.check_peer(peer)?;
+        self.issue("send", stream, |lib, comm| {
+            // SAFETY: as in `reduce`.
+            unsafe { lib.send(buffer.ptr(), buffer.numel, data_type(buffer.dtype), peer, comm, stream.0.raw() as _) }
+        })
+    }
+
+    fn recv(&self, buffer: &Buffer, peer: usize, stream: &Stream) -> pg_core::Result<()> {
+        self.check_pair(buffer, buffer, (1, 1))?;
+        self.check_peer(peer)?;
+        self.issue("recv", stream, |lib, comm| {
+            // SAFETY: as in `reduce`.
+            unsafe { lib.recv(buffer.ptr(), buffer.numel, data_type(buffer.dtype), peer, comm, stream.0.raw() as _) }
+        })
+    }
+
+    fn is_ready(&self) -> pg_core::Result<bool> {
+        if self.ready.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let state = self.async_state()?;
+        if state.is_error() {
+            return Err(self.state_error(state));
+        }
+        let ready = state.is_success();
+        if ready {
+            self.ready.store(true, Ordering::Release);
+        }
+        Ok(ready)
+    }
+
+    fn async_error(&self) -> pg_core::Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(self.aborted_error());
+        }
+        let state = self.async_state()?;
+        if state.is_error() {
+            Err(self.state_error(state))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn abort(&self, reason: &str) -> pg_core::Result<()> {
+        {
+            let mut stored = self.abort_reason.lock().unwrap_or_else(|e| e.into_inner());
+            stored.get_or_insert_with(|| reason.to_owned());
+        }
+        self.aborted.store(true, Ordering::Release);
+        // No call can start after this: every call reads the handle under the lock first.
+        let taken = self.handle.write().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(comm) = taken else { return Ok(()) };
+        // Prefer aborting with the issue mutex held; if a thread stays inside NCCL (blocked on a peer), abort
+        // under it, which is what NCCL's abort is for.
+        let deadline = Instant::now() + ABORT_LOCK_WAIT;
+        let _issuing = loop {
+            match self.issue.try_lock() {
+                Ok(guard) => break Some(guard),
+                Err(TryLockError::Poisoned(poisoned)) => break Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(TryLockError::WouldBlock) => break None,
+            }
+        };
+        tracing::warn!(rank = self.rank, size = self.size, reason, "aborting NCCL communicator");
+        // Bind the device so NCCL's teardown runs in the right context; a failure here does not stop the abort.
+        let _ = self.device.bind_to_thread();
+        // SAFETY: `comm` was live and is now out of the handle, so no new call can reach it; a thread already
+        // inside a call is allowed by NCCL's abort contract.
+        unsafe { self.library.comm_abort(comm.0) }.map_err(nccl_error)?;
+        Ok(())
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    fn finalize(&self) -> pg_core::Result<()> {
+        let _issuing = self.lock_issue();
+        let comm = self.live()?;
+        self.device.bind_to_thread().map_err(cuda_error)?;
+        // SAFETY: the handle is live and the issue mutex is held.
+        let status = unsafe { self.library.comm_finalize(comm.0) }.map_err(nccl_error)?;
+        if status.is_in_progress() {
+            self.wait_while_in_progress()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        let taken = self.handle.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(comm) = taken else { return };
+        let _ = self.device.bind_to_thread();
+        // SAFETY: `&mut self`: no other thread can hold the handle; it was live (not aborted).
+        if let Err(err) = unsafe { self.library.comm_destroy(comm.0) } {
+            tracing::warn!(rank = self.rank, %err, "ncclCommDestroy failed");
+        }
+    }
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("device", &self.device.ordinal())
+            .field("nonblocking", &self.nonblocking)
+            .field("description", &self.description)
+            .field("aborted", &self.aborted.load(Ordering::Acquire))
+            .finish()
+    }
+}

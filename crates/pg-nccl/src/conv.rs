@@ -1,0 +1,167 @@
+//! Conversions between pg-core's values and NCCL's and pg-cuda's: the only module that matches on NCCL enums.
+
+use nccl_sys::sys;
+use pg_core::{DType, Error, ReduceOp};
+
+/// NCCL's data type for `dtype` (bool travels as uint8, as in PyTorch).
+pub(crate) fn data_type(dtype: DType) -> sys::DataType {
+    match dtype {
+        DType::F32 => sys::ncclFloat32,
+        DType::F64 => sys::ncclFloat64,
+        DType::F16 => sys::ncclFloat16,
+        DType::BF16 => sys::ncclBfloat16,
+        DType::I8 => sys::ncclInt8,
+        DType::U8 | DType::Bool => sys::ncclUint8,
+        DType::I32 => sys::ncclInt32,
+        DType::I64 => sys::ncclInt64,
+    }
+}
+
+/// NCCL's reduction for `op` on `dtype` (PyTorch's mapping: a sum of bools is a max, i.e. a logical or).
+pub(crate) fn red_op(op: ReduceOp, dtype: DType) -> pg_core::Result<sys::RedOp> {
+    op.check(dtype)?;
+    Ok(match (op, dtype) {
+        (ReduceOp::Sum, DType::Bool) => sys::ncclMax,
+        (ReduceOp::Product, DType::Bool) => sys::ncclMin,
+        (ReduceOp::Sum, _) => sys::ncclSum,
+        (ReduceOp::Product, _) => sys::ncclProd,
+        (ReduceOp::Max, _) => sys::ncclMax,
+        (ReduceOp::Min, _) => sys::ncclMin,
+        (ReduceOp::Avg, _) => sys::ncclAvg,
+        (ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor, _) => {
+            return Err(Error::unsupported(format!("ReduceOp.{} on NCCL", op.torch_name())))
+        }
+    })
+}
+
+/// The bit pattern of `value` as one element of `dtype`, and the element width (what `fill` writes).
+pub(crate) fn fill_pattern(dtype: DType, value: f64) -> (usize, u64) {
+    match dtype {
+        DType::F32 => (4, u64::from((value as f32).to_bits())),
+        DType::F64 => (8, value.to_bits()),
+        DType::F16 => (2, u64::from(f32_to_f16(value as f32))),
+        DType::BF16 => (2, u64::from(f32_to_bf16(value as f32))),
+        DType::I8 => (1, u64::from(value as i8 as u8)),
+        DType::U8 => (1, u64::from(value as u8)),
+        DType::Bool => (1, u64::from(value != 0.0)),
+        DType::I32 => (4, u64::from(value as i32 as u32)),
+        DType::I64 => (8, value as i64 as u64),
+    }
+}
+
+/// IEEE binary16 from binary32, rounding to nearest even.
+pub(crate) fn f32_to_f16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exponent = ((bits >> 23) & 0xff) as i32;
+    let mantissa = bits & 0x7f_ffff;
+    if exponent == 0xff {
+        // Infinity or NaN (keep NaN quiet and non-zero).
+        return sign | 0x7c00 | if mantissa != 0 { 0x200 } else { 0 };
+    }
+    let unbiased = exponent - 127;
+    if unbiased > 15 {
+        return sign | 0x7c00;
+    }
+    if unbiased >= -14 {
+        let half_exponent = (unbiased + 15) as u32;
+        let mut half = (half_exponent << 10) | (mantissa >> 13);
+        let rest = mantissa & 0x1fff;
+        if rest > 0x1000 || (rest == 0x1000 && half & 1 == 1) {
+            half += 1; // May carry into the exponent, which is the right result (up to infinity).
+        }
+        return sign | half as u16;
+    }
+    if unbiased < -25 {
+        return sign;
+    }
+    // Subnormal half: shift the mantissa with its implicit bit.
+    let full = mantissa | 0x80_0000;
+    let shift = (-14 - unbiased + 13) as u32;
+    let mut half = full >> shift;
+    let rest = full & ((1 << shift) - 1);
+    let halfway = 1 << (shift - 1);
+    if rest > halfway || (rest == halfway && half & 1 == 1) {
+        half += 1;
+    }
+    sign | half as u16
+}
+
+/// bfloat16 from binary32, rounding to nearest even.
+pub(crate) fn f32_to_bf16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    if value.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let rounding = 0x7fff + ((bits >> 16) & 1);
+    ((bits + rounding) >> 16) as u16
+}
+
+/// A CUDA error as pg-core's backend error.
+pub(crate) fn cuda_error(err: pg_cuda::CudaError) -> Error {
+    match err {
+        pg_cuda::CudaError::InvalidArgument(message) => Error::InvalidArgument(message),
+        other => Error::Backend(other.to_string()),
+    }
+}
+
+/// An NCCL error as pg-core's: a failed call is a communicator error, a loading problem a backend error.
+pub(crate) fn nccl_error(err: nccl_sys::Error) -> Error {
+    match err {
+        nccl_sys::Error::Call { .. } => Error::communicator(err.to_string()),
+        nccl_sys::Error::InvalidArgument { .. } => Error::invalid(err.to_string()),
+        other => Error::Backend(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reductions() {
+        assert_eq!(red_op(ReduceOp::Sum, DType::F32).unwrap(), sys::ncclSum);
+        assert_eq!(red_op(ReduceOp::Sum, DType::Bool).unwrap(), sys::ncclMax);
+        assert_eq!(red_op(ReduceOp::Avg, DType::BF16).unwrap(), sys::ncclAvg);
+        assert!(red_op(ReduceOp::Avg, DType::Bool).is_err());
+        assert!(red_op(ReduceOp::BitXor, DType::I32).is_err());
+    }
+
+    #[test]
+    fn data_types() {
+        assert_eq!(data_type(DType::F32), 7);
+        assert_eq!(data_type(DType::BF16), 9);
+        assert_eq!(data_type(DType::Bool), data_type(DType::U8));
+    }
+
+    #[test]
+    fn half_conversions() {
+        assert_eq!(f32_to_f16(1.0), 0x3c00);
+        assert_eq!(f32_to_f16(-2.0), 0xc000);
+        assert_eq!(f32_to_f16(65504.0), 0x7bff);
+        assert_eq!(f32_to_f16(1e6), 0x7c00);
+        assert_eq!(f32_to_f16(0.0), 0);
+        assert_eq!(f32_to_f16(5.960_464_5e-8), 0x0001, "smallest subnormal");
+        assert_eq!(f32_to_f16(0.333_333_34), 0x3555);
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        assert_eq!(f32_to_bf16(3.0), 0x4040);
+        assert_eq!(f32_to_bf16(-0.5), 0xbf00);
+    }
+
+    #[test]
+    fn patterns() {
+        assert_eq!(fill_pattern(DType::F32, 1.5), (4, 0x3fc0_0000));
+        assert_eq!(fill_pattern(DType::I64, -1.0), (8, u64::MAX));
+        assert_eq!(fill_pattern(DType::Bool, 2.0), (1, 1));
+        assert_eq!(fill_pattern(DType::F64, 2.0), (8, 2.0f64.to_bits()));
+    }
+
+    #[test]
+    fn error_kinds() {
+        let call = nccl_sys::Error::Call { call: "ncclAllReduce", status: nccl_sys::Status(6), detail: String::new() };
+        assert_eq!(nccl_error(call).kind(), pg_core::ErrorKind::Communicator);
+        let missing = nccl_sys::Error::LibraryNotFound { tried: vec![] };
+        assert_eq!(nccl_error(missing).kind(), pg_core::ErrorKind::Backend);
+        assert_eq!(cuda_error(pg_cuda::CudaError::DriverNotFound).kind(), pg_core::ErrorKind::Backend);
+    }
+}

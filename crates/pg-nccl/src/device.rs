@@ -1,0 +1,206 @@
+//! `Device`: pg-core's device concept on a pg-cuda device, with NCCL communicator creation.
+
+use std::sync::atomic::AtomicBool;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pg_core::{Buffer as _, CommConfig, DType, Error, KernelKind, KernelLaunch, UniqueId};
+
+use crate::conv::{cuda_error, fill_pattern, nccl_error};
+use crate::{Buffer, Communicator, Event, Nccl, Stream};
+
+/// One GPU as this process sees it. Cloning gives another handle to the same device.
+#[derive(Debug, Clone)]
+pub struct Device {
+    cuda: pg_cuda::Device,
+}
+
+impl Device {
+    /// The GPU `ordinal` (an error, never a panic, without a driver or with too few devices).
+    pub fn new(ordinal: usize) -> pg_core::Result<Self> {
+        Ok(Self { cuda: pg_cuda::Device::new(ordinal).map_err(cuda_error)? })
+    }
+
+    /// The pg-cuda device (pools, allocator statistics, timing events).
+    pub fn cuda(&self) -> &pg_cuda::Device {
+        &self.cuda
+    }
+
+    /// Allocates `numel` elements of `dtype` for use on `stream`.
+    pub fn alloc_on(&self, dtype: DType, numel: usize, stream: &Stream) -> pg_core::Result<Buffer> {
+        let bytes = numel
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::invalid(format!("{numel} elements of {dtype} overflow the address space")))?;
+        let cuda = self.cuda.alloc(bytes, &stream.0).map_err(cuda_error)?;
+        Ok(Buffer { cuda, dtype, numel })
+    }
+
+    fn check_buffer(&self, buffer: &Buffer) -> pg_core::Result<()> {
+        if buffer.device_index() == self.cuda.ordinal() {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "a buffer of cuda:{} used on cuda:{}",
+                buffer.device_index(),
+                self.cuda.ordinal()
+            )))
+        }
+    }
+}
+
+impl pg_core::Device for Device {
+    type B = Nccl;
+
+    fn index(&self) -> usize {
+        self.cuda.ordinal()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (cuda:{})", self.cuda.name(), self.cuda.ordinal())
+    }
+
+    fn current_stream(&self) -> Stream {
+        Stream(self.cuda.current_stream())
+    }
+
+    fn set_current_stream(&self, stream: &Stream) -> Stream {
+        Stream(self.cuda.set_current_stream(&stream.0))
+    }
+
+    fn stream_from_pool(&self, high_priority: bool) -> pg_core::Result<Stream> {
+        self.cuda.stream_from_pool(high_priority).map(Stream).map_err(cuda_error)
+    }
+
+    fn create_event(&self) -> Event {
+        Event(self.cuda.event())
+    }
+
+    fn synchronize(&self) -> pg_core::Result<()> {
+        self.cuda.synchronize().map_err(cuda_error)
+    }
+
+    fn alloc(&self, dtype: DType, numel: usize) -> pg_core::Result<Buffer> {
+        self.alloc_on(dtype, numel, &Stream(self.cuda.current_stream()))
+    }
+
+    fn record_stream(&self, buffer: &Buffer, stream: &Stream) -> pg_core::Result<()> {
+        self.check_buffer(buffer)?;
+        self.cuda.record_stream(&buffer.cuda, &stream.0).map_err(cuda_error)
+    }
+
+    fn copy_from_host(&self, buffer: &Buffer, bytes: &[u8], stream: &Stream) -> pg_core::Result<()> {
+        self.check_buffer(buffer)?;
+        self.cuda.copy_from_host(&buffer.cuda, bytes, &stream.0).map_err(cuda_error)
+    }
+
+    fn copy_to_host(&self, buffer: &Buffer, stream: &Stream) -> pg_core::Result<Vec<u8>> {
+        self.check_buffer(buffer)?;
+        self.cuda.copy_to_host(&buffer.cuda, &stream.0).map_err(cuda_error)
+    }
+
+    fn fill(&self, buffer: &Buffer, value: f64, stream: &Stream) -> pg_core::Result<()> {
+        self.check_buffer(buffer)?;
+        let (width, pattern) = fill_pattern(buffer.dtype, value);
+        self.cuda.fill(&buffer.cuda, width, pattern, &stream.0).map_err(cuda_error)?;
+        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Fill, "fill");
+        Ok(())
+    }
+
+    fn sleep_kernel(&self, stream: &Stream, duration: Duration) -> pg_core::Result<()> {
+        self.cuda.sleep_kernel(&stream.0, duration).map_err(cuda_error)?;
+        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Sleep, "sleep");
+        Ok(())
+    }
+
+    fn kernel_launches(&self) -> Vec<KernelLaunch> {
+        launches::of(self.cuda.ordinal())
+    }
+
+    fn versions(&self) -> Vec<(String, String)> {
+        let mut versions = vec![
+            ("device".to_owned(), self.cuda.name().to_owned()),
+            ("sm_clock_khz".to_owned(), self.cuda.clock_rate_khz().to_string()),
+        ];
+        match nccl_sys::library() {
+            Ok(lib) => {
+                versions.push(("nccl".to_owned(), lib.version().to_string()));
+                versions.push(("nccl_library".to_owned(), lib.path().display().to_string()));
+            }
+            Err(err) => versions.push(("nccl".to_owned(), format!("unavailable: {err}"))),
+        }
+        versions
+    }
+
+    fn new_unique_id(&self) -> pg_core::Result<UniqueId> {
+        let library = nccl_sys::library().map_err(nccl_error)?;
+        let id = library.get_unique_id().map_err(nccl_error)?;
+        Ok(UniqueId(id.to_bytes().to_vec()))
+    }
+
+    fn create_communicator(
+        &self,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> pg_core::Result<Communicator> {
+        Communicator::init(self.cuda.clone(), id, size, rank, config)
+    }
+
+    fn now(&self) -> Duration {
+        pg_cuda::now()
+    }
+
+    fn sleep(&self, duration: Duration, interrupt: &AtomicBool) {
+        pg_cuda::sleep(duration, interrupt)
+    }
+
+    fn notify_host_threads(&self) {
+        pg_cuda::notify_host_threads()
+    }
+
+    fn spawn_host_thread(
+        &self,
+        name: &str,
+        body: Box<dyn FnOnce() + Send + 'static>,
+    ) -> pg_core::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(body)
+            .map_err(|err| Error::Backend(format!("spawning host thread {name}: {err}")))
+    }
+}
+
+/// The kernels this backend launched itself, per device: a bounded log (the newest [`launches::KEPT`]).
+pub(crate) mod launches {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use pg_core::{KernelKind, KernelLaunch};
+
+    /// Entries kept per process.
+    pub(crate) const KEPT: usize = 4096;
+
+    /// (device, stream id, kind, name): no allocation on the enqueue path; names become Strings when read.
+    type Entry = (usize, u64, KernelKind, &'static str);
+
+    static LOG: Mutex<VecDeque<Entry>> = Mutex::new(VecDeque::new());
+
+    /// Logs a launch on `device`'s stream `stream_id`.
+    pub(crate) fn log(device: usize, stream_id: u64, kind: KernelKind, name: &'static str) {
+        let mut log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() == KEPT {
+            log.pop_front();
+        }
+        log.push_back((device, stream_id, kind, name));
+    }
+
+    /// The logged launches on `device`, oldest first.
+    pub(crate) fn of(device: usize) -> Vec<KernelLaunch> {
+        let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter()
+            .filter(|entry| entry.0 == device)
+            .map(|&(_, stream_id, kind, name)| KernelLaunch { stream_id, kind, name: name.to_owned() })
+            .collect()
+    }
+}

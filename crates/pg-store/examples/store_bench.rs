@@ -1,0 +1,466 @@
+//! The store benchmark behind `cargo xtask bench store`: one Rust client load against our server and
+//! against PyTorch's, side by side, in one run.
+//!
+//! Both servers run as separate processes on 127.0.0.1 (`pgstore serve`, and a Python `TCPStore` master);
+//! the clients are this process's threads, one blocking `TcpStore` connection each, identical for both.
+//! Results go to `<out>/store.json` and `<out>/store.md`.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use pg_store::{Store, TcpStore};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+const OPS: [&str; 4] = ["set", "get", "add", "wait-wakeup"];
+
+struct Options {
+    pgstore: String,
+    python: Option<String>,
+    out: String,
+    clients: Vec<usize>,
+    total_ops: usize,
+    reps: usize,
+}
+
+fn parse() -> Result<Options, String> {
+    let mut options = Options {
+        pgstore: String::new(),
+        python: None,
+        out: "bench/results".into(),
+        clients: vec![1, 8, 64, 1024],
+        total_ops: 10_000,
+        reps: 3,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let mut value = || iter.next().cloned().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--pgstore" => options.pgstore = value()?,
+            "--python" => options.python = Some(value()?),
+            "--out" => options.out = value()?,
+            "--clients" => {
+                options.clients = value()?
+                    .split(',')
+                    .map(|n| n.trim().parse().map_err(|_| format!("--clients: bad number {n}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--ops" => options.total_ops = value()?.parse().map_err(|_| "--ops: bad number".to_owned())?,
+            "--reps" => options.reps = value()?.parse().map_err(|_| "--reps: bad number".to_owned())?,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if options.pgstore.is_empty() {
+        return Err("--pgstore PATH is required".into());
+    }
+    Ok(options)
+}
+
+/// A server process; dropping it ends the process.
+struct ServerProcess {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // Closing stdin ends the Python server; the Rust one is killed by its id.
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(mut command: Command, marker: &str) -> Result<ServerProcess, String> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start {command:?}: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).map_err(|e| e.to_string())?;
+    let port = line
+        .trim()
+        .strip_prefix(marker)
+        .and_then(|rest| rest.rsplit(':').next())
+        .and_then(|port| port.parse().ok())
+        .ok_or_else(|| format!("{command:?} did not announce a port: {line:?}"))?;
+    Ok(ServerProcess { child, port })
+}
+
+const PYTORCH_SERVER: &str = r#"
+import sys, datetime
+import torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=600), wait_for_workers=False)
+print("PORT 127.0.0.1:%d" % s.port, flush=True)
+sys.stdin.read()
+"#;
+
+struct Measurement {
+    server: &'static str,
+    op: &'static str,
+    clients: usize,
+    ops: usize,
+    seconds: f64,
+    /// The throughput of each run, sorted.
+    rates: Vec<f64>,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+impl Measurement {
+    /// The median throughput of the runs.
+    fn throughput(&self) -> f64 {
+        self.rates.get(self.rates.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> f64 {
+    let at = (sorted.len() * p / 100).min(sorted.len().saturating_sub(1));
+    sorted.get(at).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}
+
+/// Runs `work` on every client at once; returns every latency and the wall time from the first start to
+/// the last end.
+fn drive<F>(clients: &[Arc<TcpStore>], work: F) -> (Vec<Duration>, f64)
+where
+    F: Fn(usize, &TcpStore, &mut Vec<Duration>) + Send + Sync + 'static,
+{
+    let work = Arc::new(work);
+    let start_line = Arc::new(Barrier::new(clients.len()));
+    let threads: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(index, client)| {
+            let (client, work, start_line) = (Arc::clone(client), Arc::clone(&work), Arc::clone(&start_line));
+            std::thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    let mut latencies = Vec::new();
+                    start_line.wait();
+                    let start = Instant::now();
+                    work(index, &client, &mut latencies);
+                    (start, Instant::now(), latencies)
+                })
+                .expect("spawn a client thread")
+        })
+        .collect();
+    let mut all = Vec::new();
+    let mut first = None::<Instant>;
+    let mut last = None::<Instant>;
+    for thread in threads {
+        let (start, end, latencies) = thread.join().expect("client thread");
+        first = Some(first.map_or(start, |f| f.min(start)));
+        last = Some(last.map_or(end, |l| l.max(end)));
+        all.extend(latencies);
+    }
+    let seconds = match (first, last) {
+        (Some(first), Some(last)) => (last - first).as_secs_f64(),
+        _ => 0.0,
+    };
+    (all, seconds)
+}
+
+fn timed(latencies: &mut Vec<Duration>, op: impl FnOnce()) {
+    let start = Instant::now();
+    op();
+    latencies.push(start.elapsed());
+}
+
+/// One run of one operation by every client; returns the latencies, the wall time and the operation count.
+fn run_op(
+    server: &str,
+    op: &str,
+    connections: &[Arc<TcpStore>],
+    port: u16,
+    per_client: usize,
+) -> (Vec<Duration>, f64, usize) {
+    let clients = connections.len();
+    let value = Arc::new(vec![b'v'; 64]);
+    match op {
+        "set" => {
+            let (latencies, seconds) = drive(connections, move |c, s, lat| {
+                for i in 0..per_client {
+                    timed(lat, || s.set(&format!("set/{c}/{}", i % 64), &value).expect("set"));
+                }
+                // SET has no reply: one round trip proves the server has handled every set.
+                s.check(&["nothing"]).expect("check");
+            });
+            (latencies, seconds, clients * per_client)
+        }
+        "get" => {
+            for (c, s) in connections.iter().enumerate() {
+                s.set(&format!("get/{c}"), &value).expect("set");
+            }
+            let (latencies, seconds) = drive(connections, move |c, s, lat| {
+                let key = format!("get/{c}");
+                for _ in 0..per_client {
+                    timed(lat, || assert_eq!(s.get(&key).expect("get").len(), 64));
+                }
+            });
+            (latencies, seconds, clients * per_client)
+        }
+        "add" => {
+            let base = connections[0].add("add/counter", 0).expect("add");
+            let (latencies, seconds) = drive(connections, move |_, s, lat| {
+                for _ in 0..per_client {
+                    timed(lat, || {
+                        s.add("add/counter", 1).expect("add");
+                    });
+                }
+            });
+            let total = connections[0].add("add/counter", 0).expect("add") - base;
+            assert_eq!(total as usize, clients * per_client, "{server}: lost adds");
+            (latencies, seconds, clients * per_client)
+        }
+        _ => wait_wakeup(connections, port, clients),
+    }
+}
+
+/// Measures every operation with `clients` clients on every server, alternating servers run by run so that
+/// both see the same background load; the throughput reported is the median of `reps` runs.
+fn measure(servers: &[(&'static str, u16)], clients: usize, total_ops: usize, reps: usize) -> Vec<Measurement> {
+    let per_client = (total_ops / clients).max(20);
+    let pools: Vec<Vec<Arc<TcpStore>>> = servers
+        .iter()
+        .map(|&(_, port)| {
+            (0..clients)
+                .map(|_| Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server")))
+                .collect()
+        })
+        .collect();
+    let mut results = Vec::new();
+    for op in OPS {
+        let mut runs: Vec<(Vec<Duration>, Vec<f64>, f64, usize)> =
+            vec![(Vec::new(), Vec::new(), 0.0, 0); servers.len()];
+        for _ in 0..reps {
+            for (index, &(server, port)) in servers.iter().enumerate() {
+                // A SET has no reply and costs little: ten times as many make a run long enough to time.
+                let count = if op == "set" { per_client * 10 } else { per_client };
+                let (latencies, seconds, ops) = run_op(server, op, &pools[index], port, count);
+                let run = &mut runs[index];
+                run.0.extend(latencies);
+                run.1.push(ops as f64 / seconds);
+                run.2 += seconds;
+                run.3 += ops;
+            }
+        }
+        for (&(server, _), (mut latencies, mut rates, seconds, ops)) in servers.iter().zip(runs) {
+            latencies.sort_unstable();
+            rates.sort_by(f64::total_cmp);
+            let m = Measurement {
+                server,
+                op,
+                clients,
+                ops,
+                seconds,
+                rates,
+                p50_us: percentile(&latencies, 50),
+                p99_us: percentile(&latencies, 99),
+            };
+            eprintln!(
+                "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us",
+                m.throughput(),
+                m.p50_us,
+                m.p99_us
+            );
+            results.push(m);
+        }
+    }
+    results
+}
+
+/// Every client waits for a key that one setter sets; latency is from the moment the set is sent to the
+/// moment each waiter's `wait` returns.
+fn wait_wakeup(connections: &[Arc<TcpStore>], port: u16, clients: usize) -> (Vec<Duration>, f64, usize) {
+    let rounds = (2000 / clients).max(10);
+    let setter = TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("setter connects");
+    let stamp = format!("{:?}", Instant::now());
+    let set_at: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; rounds]));
+    let seen = Arc::clone(&set_at);
+    let stamp_for_waiters = stamp.clone();
+    let run = std::thread::spawn({
+        let connections = connections.to_vec();
+        move || {
+            drive(&connections, move |_, s, lat| {
+                for round in 0..rounds {
+                    let ready = format!("ww/{stamp_for_waiters}/ready/{round}");
+                    if s.add(&ready, 1).expect("add") == clients as i64 {
+                        s.set(&format!("{ready}/all"), b"1").expect("set");
+                    }
+                    s.wait(&[&format!("ww/{stamp_for_waiters}/go/{round}")], None).expect("wait");
+                    let returned = Instant::now();
+                    let sent = seen.lock().unwrap()[round].expect("the set time is stored before the set");
+                    lat.push(returned.saturating_duration_since(sent));
+                }
+            })
+        }
+    });
+    for round in 0..rounds {
+        setter.wait(&[&format!("ww/{stamp}/ready/{round}/all")], None).expect("everyone is ready");
+        set_at.lock().unwrap()[round] = Some(Instant::now());
+        setter.set(&format!("ww/{stamp}/go/{round}"), b"1").expect("set");
+    }
+    let (latencies, seconds) = run.join().expect("waiters");
+    (latencies, seconds, clients * rounds)
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores ({cpu}), Linux {}", kernel.trim())
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn main() {
+    let options = match parse() {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("store_bench: {message}");
+            std::process::exit(2);
+        }
+    };
+    let ours = start(
+        {
+            let mut c = Command::new(&options.pgstore);
+            c.args(["serve", "--host", "127.0.0.1", "--port", "0"]);
+            c
+        },
+        "pgstore: listening on ",
+    )
+    .expect("pgstore serve starts");
+    let (theirs, torch_version) = match &options.python {
+        Some(python) => {
+            let version = Command::new(python)
+                .args(["-W", "ignore", "-c", "import torch; print(torch.__version__)"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                .unwrap_or_default();
+            let mut c = Command::new(python);
+            c.args(["-W", "ignore", "-u", "-c", PYTORCH_SERVER]);
+            (Some(start(c, "PORT ").expect("PyTorch's TCPStore server starts")), Some(version))
+        }
+        None => (None, None),
+    };
+    let mut servers = vec![("pg-store", ours.port)];
+    if let Some(theirs) = &theirs {
+        servers.push(("pytorch", theirs.port));
+    }
+    let mut results = Vec::new();
+    for &clients in &options.clients {
+        results.extend(measure(&servers, clients, options.total_ops, options.reps));
+    }
+    drop(ours);
+    drop(theirs);
+
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let machine = machine();
+    let pytorch = torch_version
+        .clone()
+        .map_or("not measured (no Python with torch)".to_owned(), |v| format!("torch {v}, libuv TCPStore server"));
+    let command = "cargo xtask bench store";
+
+    let mut json = String::new();
+    let _ = writeln!(json, "{{");
+    let _ = writeln!(json, "  \"command\": {},", json_string(command));
+    let _ = writeln!(json, "  \"date\": {},", json_string(&date));
+    let _ = writeln!(json, "  \"machine\": {},", json_string(&machine));
+    let _ = writeln!(json, "  \"pytorch\": {},", json_string(&pytorch));
+    let _ = writeln!(json, "  \"client\": \"pg-store TcpStore (Rust), one blocking connection per client thread, identical for both servers\",");
+    let _ = writeln!(json, "  \"results\": [");
+    for (i, m) in results.iter().enumerate() {
+        let _ = writeln!(
+            json,
+            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"p50_us\": {:.2}, \"p99_us\": {:.2}}}{}",
+            json_string(m.server),
+            json_string(m.op),
+            m.clients,
+            m.ops,
+            m.seconds,
+            m.throughput(),
+            m.rates.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
+            m.p50_us,
+            m.p99_us,
+            if i + 1 < results.len() { "," } else { "" }
+        );
+    }
+    let _ = writeln!(json, "  ]");
+    let _ = writeln!(json, "}}");
+
+    let mut md = String::new();
+    let _ = writeln!(md, "# TCP store benchmark\n");
+    let _ = writeln!(md, "- Command: `{command}`");
+    let _ = writeln!(md, "- Date: {date}");
+    let _ = writeln!(md, "- Machine: {machine}");
+    let _ = writeln!(md, "- PyTorch: {pytorch}");
+    let _ =
+        writeln!(md, "- Servers: `pgstore serve` and a Python `TCPStore` master, each its own process on 127.0.0.1.");
+    let _ = writeln!(
+        md,
+        "- Runs: {} per configuration, alternating the servers run by run; ops/s is the median run, latencies are over all runs; {} operations per run (at least 20 per client; ten times as many for `set`).",
+        options.reps, options.total_ops
+    );
+    let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
+    let _ = writeln!(md, "- `set`: SET has no reply, so its latency is the client's send time; its throughput includes one closing round trip per client. `get` is WAIT then GET (two round trips), as PyTorch's client does. `add`: every client adds to one counter (checked exact). `wait-wakeup`: every client waits on one key that another client sets; latency runs from the moment the set is sent to each `wait` returning (a waiter whose WAIT reaches the server after the set is answered at once).\n");
+    let _ = writeln!(
+        md,
+        "| op | clients | pg-store ops/s | PyTorch ops/s | pg-store p50 / p99 (µs) | PyTorch p50 / p99 (µs) |"
+    );
+    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: |");
+    for op in OPS {
+        for &clients in &options.clients {
+            let find = |server: &str| results.iter().find(|m| m.server == server && m.op == op && m.clients == clients);
+            let ours = find("pg-store");
+            let theirs = find("pytorch");
+            let rate = |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.0}", m.throughput()));
+            let lat =
+                |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.1} / {:.1}", m.p50_us, m.p99_us));
+            let _ = writeln!(
+                md,
+                "| {op} | {clients} | {} | {} | {} | {} |",
+                rate(ours),
+                rate(theirs),
+                lat(ours),
+                lat(theirs)
+            );
+        }
+    }
+    std::fs::create_dir_all(&options.out).expect("create the results directory");
+    let json_path = format!("{}/store.json", options.out);
+    let md_path = format!("{}/store.md", options.out);
+    std::fs::File::create(&json_path).and_then(|mut f| f.write_all(json.as_bytes())).expect("write JSON");
+    std::fs::File::create(&md_path).and_then(|mut f| f.write_all(md.as_bytes())).expect("write Markdown");
+    print!("{md}");
+    eprintln!("wrote {json_path} and {md_path}");
+}

@@ -1,0 +1,629 @@
+//! The TCP store client: PyTorch's `TCPStore` as a Rust [`Store`], optionally hosting the server.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::protocol::{Command, Encoder, Limits, CHECK_READY, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED};
+use super::server::{ServerOptions, TcpStoreServer};
+use super::DEFAULT_PORT;
+use crate::{Store, StoreError, DEFAULT_STORE_TIMEOUT};
+
+/// Every user key goes over the wire with this prefix, as PyTorch's client sends it.
+const KEY_PREFIX: &str = "/";
+/// The worker counter, sent without the prefix.
+pub const INIT_KEY: &str = "init/";
+
+/// How to open a [`TcpStore`] (PyTorch's `TCPStoreOptions`).
+#[derive(Debug, Clone)]
+pub struct TcpStoreOptions {
+    /// The server's port; with `is_server` and port 0 the server picks a free one.
+    pub port: u16,
+    /// Whether this handle starts the server in-process (rank 0 does).
+    pub is_server: bool,
+    /// The number of workers that will connect, the server's process included.
+    pub num_workers: Option<usize>,
+    /// Whether to count this worker in `init/` and, on the server, wait for `num_workers`.
+    pub wait_workers: bool,
+    /// The timeout of connecting and of every blocking operation; zero means no timeout.
+    pub timeout: Duration,
+    /// The limits of the in-process server.
+    pub limits: Limits,
+    /// The first pause between connection attempts; it grows 1.5 times per attempt, with jitter, up to 60 s.
+    pub initial_backoff: Duration,
+}
+
+impl Default for TcpStoreOptions {
+    fn default() -> Self {
+        Self {
+            port: DEFAULT_PORT,
+            is_server: false,
+            num_workers: None,
+            wait_workers: true,
+            timeout: DEFAULT_STORE_TIMEOUT,
+            limits: Limits::default(),
+            initial_backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+/// One connection to the server.
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    /// Received bytes not consumed yet: `rbuf[rstart..rend]`.
+    rbuf: Vec<u8>,
+    rstart: usize,
+    rend: usize,
+    /// The socket's current read timeout, to avoid resetting it on every read.
+    read_timeout: Option<Duration>,
+    encoder: Encoder,
+    /// Set when an earlier failure left the byte stream in an unknown state.
+    broken: Option<String>,
+}
+
+/// Why reading a reply stopped.
+enum ReadFailure {
+    TimedOut,
+    Failed(String),
+}
+
+impl Conn {
+    fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            rbuf: vec![0; 16 * 1024],
+            rstart: 0,
+            rend: 0,
+            read_timeout: None,
+            encoder: Encoder::new(),
+            broken: None,
+        }
+    }
+
+    fn send(&mut self) -> Result<(), StoreError> {
+        let result = self.stream.write_all(self.encoder.as_bytes());
+        self.encoder.clear();
+        result.map_err(|e| self.fail(format!("cannot send to the store server: {e}")))
+    }
+
+    fn fail(&mut self, message: String) -> StoreError {
+        self.broken = Some(message.clone());
+        StoreError::Network(message)
+    }
+
+    /// Fills `out` from the connection, waiting at most until `deadline` (forever when `None`).
+    fn read_until(&mut self, out: &mut [u8], deadline: Option<Instant>) -> Result<(), ReadFailure> {
+        let mut filled = 0;
+        while filled < out.len() {
+            if self.rstart < self.rend {
+                let n = (self.rend - self.rstart).min(out.len() - filled);
+                out[filled..filled + n].copy_from_slice(&self.rbuf[self.rstart..self.rstart + n]);
+                self.rstart += n;
+                filled += n;
+                continue;
+            }
+            let timeout = match deadline {
+                None => None,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Err(ReadFailure::TimedOut),
+                },
+            };
+            // The socket timeout only needs to change when it is shorter than the one set, or unset.
+            // A socket timeout within 20 ms of the wanted one is kept: it saves a system call per read.
+            let needs_change = match (timeout, self.read_timeout) {
+                (None, None) => false,
+                (Some(want), Some(have)) => want.abs_diff(have) > Duration::from_millis(20),
+                _ => true,
+            };
+            if needs_change {
+                self.stream.set_read_timeout(timeout).map_err(|e| ReadFailure::Failed(e.to_string()))?;
+                self.read_timeout = timeout;
+            }
+            match self.stream.read(&mut self.rbuf) {
+                Ok(0) => return Err(ReadFailure::Failed("the store server closed the connection".into())),
+                Ok(n) => {
+                    self.rstart = 0;
+                    self.rend = n;
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(ReadFailure::TimedOut);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ReadFailure::Failed(format!("cannot read from the store server: {e}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a reply that must come within `timeout`; a late or missing reply breaks the connection.
+    fn read_reply(&mut self, out: &mut [u8], timeout: Duration, what: Command) -> Result<(), StoreError> {
+        match self.read_until(out, deadline_after(timeout)) {
+            Ok(()) => Ok(()),
+            Err(ReadFailure::TimedOut) => {
+                Err(self.fail(format!("no reply to {what} from the store server within {}ms", timeout.as_millis())))
+            }
+            Err(ReadFailure::Failed(message)) => Err(self.fail(message)),
+        }
+    }
+
+    fn read_u8(&mut self, timeout: Duration, what: Command) -> Result<u8, StoreError> {
+        let mut byte = [0];
+        self.read_reply(&mut byte, timeout, what)?;
+        Ok(byte[0])
+    }
+
+    fn read_i64(&mut self, timeout: Duration, what: Command) -> Result<i64, StoreError> {
+        let mut bytes = [0; 8];
+        self.read_reply(&mut bytes, timeout, what)?;
+        Ok(i64::from_le_bytes(bytes))
+    }
+
+    fn read_bytes(&mut self, timeout: Duration, what: Command) -> Result<Vec<u8>, StoreError> {
+        let len = self.read_i64(timeout, what)?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&len| len <= 1 << 40)
+            .ok_or_else(|| self.fail(format!("the store server sent an impossible length {len} in reply to {what}")))?;
+        let mut value = vec![0; len];
+        self.read_reply(&mut value, timeout, what)?;
+        Ok(value)
+    }
+
+    /// Waits for the reply byte of a `WAIT` or `BARRIER`, cancelling on timeout as PyTorch's client does.
+    ///
+    /// Returns `Ok(true)` when the wait completed and `Ok(false)` when it timed out and was cancelled; the
+    /// connection stays usable in both cases.
+    fn await_stop_waiting(&mut self, timeout: Duration, what: Command) -> Result<bool, StoreError> {
+        let mut byte = [0];
+        match self.read_until(&mut byte, deadline_after(timeout)) {
+            Ok(()) => return self.expect_stop_waiting(byte[0], what).map(|()| true),
+            Err(ReadFailure::Failed(message)) => return Err(self.fail(message)),
+            Err(ReadFailure::TimedOut) => {}
+        }
+        self.encoder.command(Command::CancelWait);
+        self.send()?;
+        // The server answers a cancel at once; a bounded read keeps a dead server from hanging us.
+        let cancel_timeout = timeout.max(Duration::from_secs(10));
+        let mut reply = self.read_u8(cancel_timeout, Command::CancelWait)?;
+        if reply == STOP_WAITING {
+            // The keys arrived while the cancel was on its way: the server sent STOP_WAITING first.
+            reply = self.read_u8(cancel_timeout, Command::CancelWait)?;
+        }
+        if reply != WAIT_CANCELED {
+            return Err(self.fail(format!("the store server answered CANCEL_WAIT with {reply}, not WAIT_CANCELED")));
+        }
+        Ok(false)
+    }
+
+    fn expect_stop_waiting(&mut self, byte: u8, what: Command) -> Result<(), StoreError> {
+        match byte {
+            STOP_WAITING => Ok(()),
+            other => Err(self.fail(format!("the store server answered {what} with {other}, not STOP_WAITING"))),
+        }
+    }
+}
+
+fn deadline_after(timeout: Duration) -> Option<Instant> {
+    match timeout.is_zero() {
+        true => None,
+        false => Instant::now().checked_add(timeout),
+    }
+}
+
+/// A client of a TCP store server, wire-compatible with PyTorch's `TCPStore`; rank 0 may host the server.
+///
+/// Operations on one handle are serialised (one connection, strictly ordered replies); use
+/// [`Store::clone_store`] for a second connection.
+#[derive(Debug)]
+pub struct TcpStore {
+    host: String,
+    port: u16,
+    conn: Mutex<Conn>,
+    timeout: Mutex<Duration>,
+    server: Option<Arc<TcpStoreServer>>,
+}
+
+impl TcpStore {
+    /// Connects to `host` (and first starts a server with `options.is_server`), validates, pings and, with
+    /// `options.wait_workers` and `options.num_workers`, joins the worker count.
+    pub fn new(host: &str, options: TcpStoreOptions) -> Result<Self, StoreError> {
+        if options.num_workers == Some(0) {
+            return Err(StoreError::InvalidArgument("world_size (num_workers) must be greater than 0".into()));
+        }
+        let server = match options.is_server {
+            true => Some(Arc::new(TcpStoreServer::start(ServerOptions {
+                host: None,
+                port: options.port,
+                limits: options.limits,
+            })?)),
+            false => None,
+        };
+        let port = server.as_ref().map_or(options.port, |s| s.port());
+        let store = Self::connect_with(host, port, options.timeout, options.initial_backoff, server)?;
+        if options.wait_workers {
+            if let Some(workers) = options.num_workers {
+                store.wait_for_workers(workers, options.is_server)?;
+            }
+        }
+        Ok(store)
+    }
+
+    /// A plain client of the server at `host:port`, with `timeout` and no worker counting.
+    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self, StoreError> {
+        Self::connect_with(host, port, timeout, TcpStoreOptions::default().initial_backoff, None)
+    }
+
+    /// Hosts a server and returns a client of it (PyTorch's `TCPStore(host, port, is_master=True)` without
+    /// worker counting).
+    pub fn serve(port: u16, timeout: Duration) -> Result<Self, StoreError> {
+        Self::new(
+            "127.0.0.1",
+            TcpStoreOptions { port, is_server: true, wait_workers: false, timeout, ..TcpStoreOptions::default() },
+        )
+    }
+
+    fn connect_with(
+        host: &str,
+        port: u16,
+        timeout: Duration,
+        initial_backoff: Duration,
+        server: Option<Arc<TcpStoreServer>>,
+    ) -> Result<Self, StoreError> {
+        let conn = connect(host, port, timeout, initial_backoff)?;
+        Ok(Self { host: host.to_owned(), port, conn: Mutex::new(conn), timeout: Mutex::new(timeout), server })
+    }
+
+    /// The server's host as given.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server this handle hosts, if it hosts one.
+    pub fn server(&self) -> Option<&Arc<TcpStoreServer>> {
+        self.server.as_ref()
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Conn>, StoreError> {
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        match &conn.broken {
+            Some(message) => {
+                Err(StoreError::Network(format!("the connection to the store server is broken: {message}")))
+            }
+            None => Ok(conn),
+        }
+    }
+
+    /// Sends `PING` with `nonce` and checks the echo.
+    pub fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.lock()?;
+        ping(&mut conn, self.timeout())
+    }
+
+    /// Adds `delta` to a key sent exactly as given, without the `/` prefix (the `init/` counter is one).
+    pub fn add_raw(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Add).bytes(key.as_bytes()).i64(delta);
+        conn.send()?;
+        conn.read_i64(timeout, Command::Add)
+    }
+
+    /// Every key of the server as raw bytes, the `init/` counter included.
+    pub fn list_raw_keys(&self) -> Result<Vec<Vec<u8>>, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::ListKeys);
+        conn.send()?;
+        let count = conn.read_i64(timeout, Command::ListKeys)?;
+        let count = usize::try_from(count)
+            .map_err(|_| conn.fail(format!("the store server sent a negative key count {count}")))?;
+        (0..count).map(|_| conn.read_bytes(timeout, Command::ListKeys)).collect()
+    }
+
+    /// PyTorch's `waitForWorkers`: every worker counts itself in `init/`; the server's worker then polls
+    /// the count every 10 ms until it reaches `workers` or the timeout passes.
+    fn wait_for_workers(&self, workers: usize, is_server: bool) -> Result<(), StoreError> {
+        self.add_raw(INIT_KEY, 1)?;
+        if !is_server {
+            return Ok(());
+        }
+        let timeout = self.timeout();
+        let start = Instant::now();
+        loop {
+            let joined = self.add_raw(INIT_KEY, 0)?;
+            if joined >= workers as i64 {
+                return Ok(());
+            }
+            if !timeout.is_zero() && start.elapsed() > timeout {
+                return Err(StoreError::WorkersTimeout { joined, expected: workers, waited: timeout });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn wait_prefixed(&self, keys: &[String], timeout: Duration) -> Result<(), StoreError> {
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Wait).keys(keys);
+        conn.send()?;
+        match conn.await_stop_waiting(timeout, Command::Wait)? {
+            true => Ok(()),
+            false => Err(StoreError::Timeout { keys: keys.to_vec(), timeout }),
+        }
+    }
+}
+
+fn prefixed(key: &str) -> String {
+    format!("{KEY_PREFIX}{key}")
+}
+
+fn prefixed_all(keys: &[&str]) -> Vec<String> {
+    keys.iter().map(|key| prefixed(key)).collect()
+}
+
+fn ping(conn: &mut Conn, timeout: Duration) -> Result<(), StoreError> {
+    let nonce = std::process::id();
+    conn.encoder.command(Command::Ping).u32(nonce);
+    conn.send()?;
+    let mut echo = [0; 4];
+    conn.read_reply(&mut echo, timeout, Command::Ping)?;
+    let echo = u32::from_le_bytes(echo);
+    if echo != nonce {
+        return Err(
+            conn.fail(format!("Ping failed, invalid value returned from server. Expected: {nonce}, Got: {echo}"))
+        );
+    }
+    Ok(())
+}
+
+/// A small pseudo-random number for backoff jitter; quality does not matter here.
+fn jitter_seed() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut x = nanos ^ (u64::from(std::process::id()) << 32) ^ 0x9E37_79B9_7F4A_7C15;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    x ^ (x >> 33)
+}
+
+/// Connects, validates and pings, retrying with exponential backoff and jitter until `timeout` passes.
+fn connect(host: &str, port: u16, timeout: Duration, initial_backoff: Duration) -> Result<Conn, StoreError> {
+    let deadline = deadline_after(timeout);
+    let mut backoff = initial_backoff;
+    let mut attempt: u32 = 0;
+    loop {
+        attempt += 1;
+        let error = match try_connect(host, port, timeout, deadline) {
+            Ok(conn) => return Ok(conn),
+            Err(error) => error,
+        };
+        let now = Instant::now();
+        let left = deadline.map(|d| d.saturating_duration_since(now));
+        if left.is_some_and(|left| left.is_zero()) {
+            return Err(StoreError::Network(format!(
+                "The client socket has timed out after {}ms while trying to connect to ({host}, {port}) after {attempt} attempts; last error: {error}",
+                timeout.as_millis()
+            )));
+        }
+        // Jitter of plus or minus half the backoff, as PyTorch's ExponentialBackoffWithJitter.
+        let factor = 0.5 + (jitter_seed() % 1000) as f64 / 1000.0;
+        let pause = backoff.mul_f64(factor);
+        std::thread::sleep(left.map_or(pause, |left| pause.min(left)));
+        backoff = backoff.mul_f64(1.5).min(Duration::from_secs(60));
+    }
+}
+
+fn try_connect(host: &str, port: u16, timeout: Duration, deadline: Option<Instant>) -> Result<Conn, String> {
+    let addrs = (host, port).to_socket_addrs().map_err(|e| format!("cannot resolve {host}: {e}"))?;
+    let mut last = format!("{host} resolves to no address");
+    for addr in addrs {
+        let left = deadline.map_or(Duration::from_secs(60), |d| d.saturating_duration_since(Instant::now()));
+        if left.is_zero() {
+            break;
+        }
+        let stream = match TcpStream::connect_timeout(&addr, left) {
+            Ok(stream) => stream,
+            Err(e) => {
+                last = format!("{addr}: {e}");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let mut conn = Conn::new(stream);
+        conn.encoder.command(Command::Validate).u32(VALIDATION_MAGIC);
+        let handshake = conn.send().and_then(|()| ping(&mut conn, if timeout.is_zero() { left } else { timeout }));
+        match handshake {
+            Ok(()) => return Ok(conn),
+            Err(e) => {
+                let _ = conn.stream.shutdown(Shutdown::Both);
+                last = format!("{addr}: {e}");
+            }
+        }
+    }
+    Err(last)
+}
+
+impl Store for TcpStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Set).bytes(prefixed(key).as_bytes()).bytes(value);
+        conn.send()
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        let key = prefixed(key);
+        let timeout = self.timeout();
+        self.wait_prefixed(std::slice::from_ref(&key), timeout)?;
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Get).bytes(key.as_bytes());
+        conn.send()?;
+        conn.read_bytes(timeout, Command::Get)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        self.add_raw(&prefixed(key), delta)
+    }
+
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::CompareSet).bytes(prefixed(key).as_bytes()).bytes(expected).bytes(desired);
+        conn.send()?;
+        conn.read_bytes(timeout, Command::CompareSet)
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Check).keys(&prefixed_all(keys));
+        conn.send()?;
+        Ok(conn.read_u8(timeout, Command::Check)? == CHECK_READY)
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<(), StoreError> {
+        self.wait_prefixed(&prefixed_all(keys), timeout.unwrap_or_else(|| self.timeout()))
+    }
+
+    fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::DeleteKey).bytes(prefixed(key).as_bytes());
+        conn.send()?;
+        Ok(conn.read_i64(timeout, Command::DeleteKey)? == 1)
+    }
+
+    fn num_keys(&self) -> Result<i64, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::GetNumKeys);
+        conn.send()?;
+        conn.read_i64(timeout, Command::GetNumKeys)
+    }
+
+    fn append(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Append).bytes(prefixed(key).as_bytes()).bytes(value);
+        conn.send()
+    }
+
+    fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let keys = prefixed_all(keys);
+        let timeout = self.timeout();
+        self.wait_prefixed(&keys, timeout)?;
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::MultiGet).keys(&keys);
+        conn.send()?;
+        keys.iter().map(|_| conn.read_bytes(timeout, Command::MultiGet)).collect()
+    }
+
+    fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<(), StoreError> {
+        if keys.len() != values.len() {
+            return Err(StoreError::InvalidArgument(format!(
+                "multi_set got {} keys and {} values",
+                keys.len(),
+                values.len()
+            )));
+        }
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::MultiSet).i64(keys.len() as i64);
+        for (key, value) in keys.iter().zip(values) {
+            conn.encoder.bytes(prefixed(key).as_bytes()).bytes(value);
+        }
+        conn.send()
+    }
+
+    fn queue_push(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::QueuePush).bytes(prefixed(key).as_bytes()).bytes(value);
+        conn.send()
+    }
+
+    fn queue_pop(&self, key: &str, block: bool) -> Result<Vec<u8>, StoreError> {
+        let key = prefixed(key);
+        let timeout = self.timeout();
+        let deadline = deadline_after(timeout);
+        loop {
+            if block {
+                let left = deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+                if deadline.is_some() && left.is_zero() {
+                    return Err(StoreError::Timeout { keys: vec![key], timeout });
+                }
+                self.wait_prefixed(std::slice::from_ref(&key), left).map_err(|error| match error {
+                    StoreError::Timeout { keys, .. } => StoreError::Timeout { keys, timeout },
+                    other => other,
+                })?;
+            }
+            let mut conn = self.lock()?;
+            conn.encoder.command(Command::QueuePop).bytes(key.as_bytes());
+            conn.send()?;
+            let len = conn.read_i64(timeout, Command::QueuePop)?;
+            if len > 0 {
+                return conn.read_bytes(timeout, Command::QueuePop);
+            }
+            if !block {
+                return Err(StoreError::QueueEmpty { key: key[KEY_PREFIX.len()..].to_owned() });
+            }
+            // Another client popped the element that ended our wait; wait again.
+        }
+    }
+
+    fn queue_len(&self, key: &str) -> Result<i64, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::QueueLen).bytes(prefixed(key).as_bytes());
+        conn.send()?;
+        conn.read_i64(timeout, Command::QueueLen)
+    }
+
+    fn list_keys(&self) -> Result<Vec<String>, StoreError> {
+        let mut keys: Vec<String> = self
+            .list_raw_keys()?
+            .into_iter()
+            .filter_map(|key| String::from_utf8(key).ok())
+            .filter_map(|key| key.strip_prefix(KEY_PREFIX).map(str::to_owned))
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
+    fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<(), StoreError> {
+        let key = prefixed(key);
+        let timeout = timeout.unwrap_or_else(|| self.timeout());
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Barrier).bytes(key.as_bytes()).i64(world_size);
+        conn.send()?;
+        match conn.await_stop_waiting(timeout, Command::Barrier)? {
+            true => Ok(()),
+            false => Err(StoreError::BarrierTimeout { key, timeout }),
+        }
+    }
+
+    fn clone_store(&self) -> Result<Arc<dyn Store>, StoreError> {
+        let timeout = self.timeout();
+        let conn = connect(&self.host, self.port, timeout, TcpStoreOptions::default().initial_backoff)?;
+        Ok(Arc::new(Self {
+            host: self.host.clone(),
+            port: self.port,
+            conn: Mutex::new(conn),
+            timeout: Mutex::new(timeout),
+            // A clone is a client only, as in PyTorch: the server lives as long as the handle that started it.
+            server: None,
+        }))
+    }
+
+    fn timeout(&self) -> Duration {
+        *self.timeout.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        *self.timeout.lock().unwrap_or_else(PoisonError::into_inner) = timeout;
+    }
+}

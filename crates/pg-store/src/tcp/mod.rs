@@ -1,0 +1,11 @@
+//! The TCP store: a server and a client that speak PyTorch's TCPStore protocol byte for byte.
+
+mod client;
+pub mod protocol;
+mod server;
+
+pub use client::{TcpStore, TcpStoreOptions, INIT_KEY};
+pub use server::{ServerOptions, ServerStats, TcpStoreServer};
+
+/// PyTorch's default TCPStore port.
+pub const DEFAULT_PORT: u16 = 29500;

@@ -1,0 +1,77 @@
+//! The `pgstore` command against a live server.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use pg_store::{Store, TcpStore};
+
+fn pgstore(addr: &str, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_pgstore"))
+        .args(["--addr", addr, "--timeout", "20"])
+        .args(args)
+        .output()
+        .expect("pgstore runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn client_commands_work_on_a_live_store() {
+    let store = TcpStore::serve(0, Duration::from_secs(20)).unwrap();
+    let addr = format!("127.0.0.1:{}", store.port());
+    let ok = |args: &[&str]| {
+        let (code, out, err) = pgstore(&addr, args);
+        assert_eq!(code, 0, "pgstore {args:?}: {err}");
+        out
+    };
+    assert!(ok(&["ping"]).starts_with("pong"));
+    ok(&["set", "greeting", "hello"]);
+    assert_eq!(store.get("greeting").unwrap(), b"hello");
+    assert_eq!(ok(&["get", "greeting"]), "hello\n");
+    assert_eq!(ok(&["add", "n", "41"]), "41\n");
+    assert_eq!(ok(&["add", "n", "1"]), "42\n");
+    store.set("bin", &[0, 0xff, b'a', b'\n']).unwrap();
+    assert_eq!(ok(&["get", "bin"]), "\\x00\\xffa\\n\n", "non-UTF-8 values are escaped");
+    assert_eq!(ok(&["check", "greeting", "n"]), "ready\n");
+    let (code, out, _) = pgstore(&addr, &["check", "greeting", "nope"]);
+    assert_eq!((code, out.as_str()), (1, "not ready\n"));
+    assert_eq!(ok(&["wait", "greeting"]), "ready\n");
+    let (code, _, err) = pgstore(&addr, &["--timeout", "0.05", "wait", "nope"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("wait timeout after 50ms, keys: /nope"), "{err}");
+    assert_eq!(ok(&["num-keys"]), "3\n");
+    assert_eq!(ok(&["list"]), "bin\ngreeting\nn\n");
+    assert_eq!(ok(&["del", "n"]), "deleted\n");
+    assert_eq!(ok(&["del", "n"]), "absent\n");
+    let (code, _, err) = pgstore(&addr, &["frobnicate"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown command"), "{err}");
+}
+
+#[test]
+fn a_dead_address_is_an_error_not_a_hang() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (code, _, err) = pgstore(&format!("127.0.0.1:{port}"), &["--timeout", "0.2", "ping"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("timed out"), "{err}");
+}
+
+#[test]
+fn serve_runs_a_server_that_clients_can_use() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgstore"))
+        .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("pgstore serve starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("pgstore: listening on ").expect("announces its address").to_owned();
+    let (code, out, err) = pgstore(&addr, &["add", "k", "3"]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!((code, out.as_str()), (0, "3\n"), "{err}");
+}

@@ -1,0 +1,327 @@
+//! The TCP store end to end: our client against our server, raw protocol checks, timeouts, the
+//! cancel race, limits and dead servers.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use pg_store::tcp::protocol::{encode_request, Limits, Request, VALIDATION_MAGIC};
+use pg_store::tcp::{ServerOptions, TcpStoreServer};
+use pg_store::{Store, StoreError, TcpStore, TcpStoreOptions};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn server() -> TcpStore {
+    TcpStore::serve(0, TIMEOUT).expect("server starts")
+}
+
+fn raw(port: u16) -> TcpStream {
+    let stream = TcpStream::connect(("127.0.0.1", port)).expect("connects");
+    stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+    stream
+}
+
+fn send(stream: &mut TcpStream, request: &Request) {
+    stream.write_all(&encode_request(request)).unwrap();
+}
+
+fn read_n(stream: &mut TcpStream, n: usize) -> Vec<u8> {
+    let mut buf = vec![0; n];
+    stream.read_exact(&mut buf).unwrap();
+    buf
+}
+
+/// Reads until the server closes the connection; panics if it sends anything or does not close in time.
+fn expect_closed(stream: &mut TcpStream) {
+    let mut buf = [0; 64];
+    match stream.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the server to close the connection, got {other:?}"),
+    }
+}
+
+fn validated(port: u16) -> TcpStream {
+    let mut stream = raw(port);
+    send(&mut stream, &Request::Validate { magic: VALIDATION_MAGIC });
+    stream
+}
+
+#[test]
+fn every_operation_round_trips() {
+    let store = server();
+    store.set("a", b"1").unwrap();
+    assert_eq!(store.get("a").unwrap(), b"1");
+    assert_eq!(store.add("n", 5).unwrap(), 5);
+    assert_eq!(store.add("n", -2).unwrap(), 3);
+    assert_eq!(store.get("n").unwrap(), b"3", "ADD stores decimal text");
+    assert_eq!(store.compare_set("cs", b"x", b"y").unwrap(), b"x", "missing key, non-empty expected");
+    assert!(!store.check(&["cs"]).unwrap());
+    assert_eq!(store.compare_set("cs", b"", b"y").unwrap(), b"y", "missing key, empty expected sets");
+    assert_eq!(store.compare_set("cs", b"z", b"w").unwrap(), b"y", "wrong expected returns current");
+    assert_eq!(store.compare_set("cs", b"y", b"w").unwrap(), b"w");
+    assert!(store.check(&["a", "n"]).unwrap());
+    assert!(!store.check(&["a", "nope"]).unwrap());
+    store.wait(&["a", "n"], None).unwrap();
+    store.append("ap", b"he").unwrap();
+    store.append("ap", b"llo").unwrap();
+    assert_eq!(store.get("ap").unwrap(), b"hello");
+    store.multi_set(&["m1", "m2"], &[b"v1", b"v2"]).unwrap();
+    assert_eq!(store.multi_get(&["m2", "m1"]).unwrap(), vec![b"v2".to_vec(), b"v1".to_vec()]);
+    assert!(matches!(store.multi_set(&["x"], &[]), Err(StoreError::InvalidArgument(_))));
+    assert_eq!(store.list_keys().unwrap(), ["a", "ap", "cs", "m1", "m2", "n"]);
+    // The server counts the raw `init/` key only when a worker counted itself; this store did not.
+    assert_eq!(store.num_keys().unwrap(), 6);
+    assert!(store.delete_key("a").unwrap());
+    assert!(!store.delete_key("a").unwrap());
+    assert_eq!(store.num_keys().unwrap(), 5);
+    store.ping().unwrap();
+    let raw_keys = store.list_raw_keys().unwrap();
+    assert!(raw_keys.contains(&b"/ap".to_vec()), "keys go over the wire with a leading slash: {raw_keys:?}");
+}
+
+#[test]
+fn queues_push_pop_and_len() {
+    let store = server();
+    assert_eq!(store.queue_len("q").unwrap(), 0);
+    assert!(matches!(store.queue_pop("q", false), Err(StoreError::QueueEmpty { key }) if key == "q"));
+    store.queue_push("q", b"1").unwrap();
+    store.queue_push("q", b"2").unwrap();
+    assert_eq!(store.queue_len("q").unwrap(), 2);
+    assert!(store.check(&["q"]).unwrap(), "a non-empty queue counts as an existing key");
+    assert_eq!(store.queue_pop("q", false).unwrap(), b"1");
+    assert_eq!(store.queue_pop("q", true).unwrap(), b"2");
+    assert_eq!(store.queue_len("q").unwrap(), 0);
+
+    // A blocking pop is woken by a push from another connection.
+    let other = store.clone_store().unwrap();
+    let popper = std::thread::spawn(move || other.queue_pop("q2", true));
+    // The pop registers its wait on the server before the push arrives, or finds the element: both work.
+    store.queue_push("q2", b"late").unwrap();
+    assert_eq!(popper.join().unwrap().unwrap(), b"late");
+
+    store.set_timeout(Duration::from_millis(100));
+    let error = store.queue_pop("empty", true).unwrap_err();
+    assert!(error.is_timeout(), "{error}");
+    store.queue_push("empty", b"after").unwrap();
+    assert_eq!(store.queue_pop("empty", true).unwrap(), b"after", "the client is usable after a timeout");
+}
+
+#[test]
+fn a_get_waits_for_a_set_from_another_client() {
+    let store = server();
+    let other = store.clone_store().unwrap();
+    let getter = std::thread::spawn(move || other.get("later"));
+    store.set("later", b"here").unwrap();
+    assert_eq!(getter.join().unwrap().unwrap(), b"here");
+}
+
+#[test]
+fn a_timed_out_wait_has_pytorchs_message_and_leaves_the_client_usable() {
+    let store = server();
+    store.set_timeout(Duration::from_millis(100));
+    let start = Instant::now();
+    let error = store.get("nonexistent key").unwrap_err();
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    assert_eq!(error.to_string(), "wait timeout after 100ms, keys: /nonexistent key");
+    let error = store.wait(&["a", "b"], Some(Duration::from_millis(30))).unwrap_err();
+    assert_eq!(error.to_string(), "wait timeout after 30ms, keys: /a, /b");
+    store.set("a", b"x").unwrap();
+    assert_eq!(store.get("a").unwrap(), b"x");
+    // The cancelled wait left no registration behind: a later set produces no stray byte.
+    store.set("b", b"y").unwrap();
+    assert_eq!(store.num_keys().unwrap(), 2);
+}
+
+#[test]
+fn cancel_wait_after_the_keys_arrived_gets_stop_waiting_then_wait_canceled() {
+    let store = server();
+    let port = store.port();
+    let mut waiter = validated(port);
+    send(&mut waiter, &Request::Wait { keys: vec![b"/k".to_vec()] });
+    // A ping round trip on the waiting connection proves the server registered the wait.
+    send(&mut waiter, &Request::Ping { nonce: 7 });
+    assert_eq!(read_n(&mut waiter, 4), 7u32.to_le_bytes());
+    store.set("k", b"v").unwrap();
+    store.ping().unwrap();
+    send(&mut waiter, &Request::CancelWait);
+    assert_eq!(read_n(&mut waiter, 2), [0, 1], "STOP_WAITING first, then WAIT_CANCELED");
+}
+
+#[test]
+fn the_client_handles_stop_waiting_racing_its_cancel() {
+    // A scripted server: it answers the handshake, holds the WAIT, and answers CANCEL_WAIT with both bytes.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut handshake = [0; 10];
+        socket.read_exact(&mut handshake).unwrap();
+        assert_eq!(handshake[..5], [0x00, 0xCE, 0xF7, 0x85, 0x3C]);
+        assert_eq!(handshake[5], 13, "PING follows VALIDATE");
+        socket.write_all(&handshake[6..10]).unwrap();
+        let mut wait = [0; 1 + 8 + 8 + 2];
+        socket.read_exact(&mut wait).unwrap();
+        assert_eq!(wait[0], 6, "WAIT");
+        let mut cancel = [0; 1];
+        socket.read_exact(&mut cancel).unwrap();
+        assert_eq!(cancel[0], 12, "CANCEL_WAIT");
+        socket.write_all(&[0, 1]).unwrap();
+        let mut ping = [0; 5];
+        socket.read_exact(&mut ping).unwrap();
+        assert_eq!(ping[0], 13);
+        socket.write_all(&ping[1..]).unwrap();
+    });
+    let store = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    let error = store.wait(&["k"], Some(Duration::from_millis(20))).unwrap_err();
+    assert!(matches!(error, StoreError::Timeout { .. }), "{error}");
+    store.ping().expect("the stray STOP_WAITING was consumed");
+    script.join().unwrap();
+}
+
+#[test]
+fn barrier_releases_everyone_at_world_size_and_times_out_otherwise() {
+    let store = server();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let client = store.clone_store().unwrap();
+            std::thread::spawn(move || client.barrier("b", 4, None))
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap().unwrap();
+    }
+    let error = store.barrier("lonely", 2, Some(Duration::from_millis(50))).unwrap_err();
+    assert_eq!(error.to_string(), "barrier timeout after 50ms, key: /lonely");
+    store.ping().unwrap();
+}
+
+#[test]
+fn worker_counting_matches_pytorch() {
+    let options = |is_server: bool, port: u16| TcpStoreOptions {
+        port,
+        is_server,
+        num_workers: Some(3),
+        timeout: TIMEOUT,
+        initial_backoff: Duration::from_millis(10),
+        ..TcpStoreOptions::default()
+    };
+    // The server's worker waits; a lonely server times out with PyTorch's message.
+    let lonely = TcpStore::new("127.0.0.1", TcpStoreOptions { timeout: Duration::from_millis(50), ..options(true, 0) })
+        .unwrap_err();
+    assert!(
+        lonely.to_string().starts_with("Timed out after 0 seconds waiting for clients. 1/3 clients joined."),
+        "{lonely}"
+    );
+
+    let host = TcpStoreServer::start(ServerOptions { port: 0, ..ServerOptions::default() }).unwrap();
+    let port = host.port();
+    drop(host);
+    // Workers connect first and retry with backoff until the server is up.
+    let workers: Vec<_> =
+        (0..2).map(|_| std::thread::spawn(move || TcpStore::new("127.0.0.1", options(false, port)))).collect();
+    let master = TcpStore::new("127.0.0.1", options(true, port)).unwrap();
+    for worker in workers {
+        worker.join().unwrap().unwrap();
+    }
+    assert_eq!(master.num_keys().unwrap(), 1, "num_keys counts the init/ counter");
+    assert_eq!(master.add_raw("init/", 0).unwrap(), 3);
+}
+
+#[test]
+fn a_dead_server_is_an_error_not_a_hang() {
+    let store = server();
+    let waiter = store.clone_store().unwrap();
+    let blocked = std::thread::spawn(move || {
+        waiter.set_timeout(Duration::ZERO);
+        waiter.get("never")
+    });
+    let host_port = store.port();
+    // Clones do not own the server, as in PyTorch: dropping the hosting handle stops it and closes every
+    // connection, whether the getter's WAIT is registered yet or not.
+    drop(store);
+    let error = blocked.join().unwrap().unwrap_err();
+    assert!(matches!(error, StoreError::Network(_)), "{error}");
+    let error = TcpStore::connect("127.0.0.1", host_port, Duration::from_millis(100)).unwrap_err();
+    assert!(matches!(error, StoreError::Network(_)), "{error}");
+}
+
+#[test]
+fn clients_that_break_the_protocol_are_disconnected_and_others_keep_working() {
+    let server = TcpStoreServer::start(ServerOptions {
+        port: 0,
+        limits: Limits { max_key_len: 16, max_value_len: 64, ..Limits::default() },
+        ..ServerOptions::default()
+    })
+    .unwrap();
+    let port = server.port();
+    let good = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    good.set("k", b"v").unwrap();
+    // SET has no reply: a round trip proves the server holds the value before the bad ADD below.
+    good.ping().unwrap();
+
+    // Garbage before VALIDATE, such as a port scanner's probe.
+    let mut scanner = raw(port);
+    scanner.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    expect_closed(&mut scanner);
+    // A wrong magic.
+    let mut wrong = raw(port);
+    send(&mut wrong, &Request::Validate { magic: 0xDEAD_BEEF });
+    expect_closed(&mut wrong);
+    // An unknown command after validating.
+    let mut unknown = validated(port);
+    unknown.write_all(&[19]).unwrap();
+    expect_closed(&mut unknown);
+    // An oversized key: the header alone is enough, the server does not wait for the bytes it announces.
+    let mut big_key = validated(port);
+    big_key.write_all(&[1]).unwrap();
+    big_key.write_all(&(1u64 << 40).to_le_bytes()).unwrap();
+    expect_closed(&mut big_key);
+    // An oversized value.
+    let mut big_value = validated(port);
+    send(&mut big_value, &Request::Set { key: b"/x".to_vec(), value: vec![0; 65] });
+    expect_closed(&mut big_value);
+    // ADD on a value that is not a number.
+    let mut bad_add = validated(port);
+    send(&mut bad_add, &Request::Add { key: b"/k".to_vec(), delta: 1 });
+    expect_closed(&mut bad_add);
+
+    assert_eq!(server.stats().protocol_errors, 6);
+    assert_eq!(good.get("k").unwrap(), b"v", "the well-behaved client is unaffected");
+    assert!(server.stats().peak_buffered < 1024, "nothing large was buffered: {:?}", server.stats());
+}
+
+#[test]
+fn a_value_split_across_many_writes_is_reassembled() {
+    let store = server();
+    let value: Vec<u8> = (0..3 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let mut stream = validated(store.port());
+    let bytes = encode_request(&Request::Set { key: b"/big".to_vec(), value: value.clone() });
+    for chunk in bytes.chunks(1440) {
+        stream.write_all(chunk).unwrap();
+    }
+    assert_eq!(store.get("big").unwrap(), value);
+}
+
+#[test]
+fn a_client_that_reads_its_replies_late_gets_them_all() {
+    let store = server();
+    let value: Vec<u8> = (0..1024 * 1024).map(|i| (i % 253) as u8).collect();
+    store.set("big", &value).unwrap();
+    // SET has no reply: a round trip on the same connection proves the server holds the value.
+    store.ping().unwrap();
+    let mut stream = validated(store.port());
+    // 24 MiB of replies pile up behind a peer that does not read: the server stops reading it, waits for
+    // writable events, and resumes.
+    let requests = 24;
+    for _ in 0..requests {
+        send(&mut stream, &Request::Get { key: b"/big".to_vec() });
+    }
+    for _ in 0..requests {
+        assert_eq!(read_n(&mut stream, 8), (value.len() as u64).to_le_bytes());
+        assert!(read_n(&mut stream, value.len()) == value, "reply bytes intact");
+    }
+    send(&mut stream, &Request::Ping { nonce: 9 });
+    assert_eq!(read_n(&mut stream, 4), 9u32.to_le_bytes());
+    assert_eq!(store.get("big").unwrap().len(), value.len(), "other clients were served meanwhile");
+}
