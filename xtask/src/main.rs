@@ -45,6 +45,7 @@ fn main() -> ExitCode {
         "experiments" => experiments::main(rest),
         "tidy" => tidy::main(),
         "faults" => faults::run(rest),
+        faults::nccl::RANK_TASK => faults::nccl::rank_main(rest),
         "fr-analyze" => fr_analyze::run(rest),
         "interop" => interop::main(rest),
         "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
