@@ -13,6 +13,7 @@
 //! It sleeps and reads time only through the [`Device`], so it runs in virtual time on the simulated backend.
 //! It holds the group weakly between passes, so dropping the last handle of the group stops it.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
@@ -374,14 +375,15 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
         check_dump_signal(group);
     }
     let works: Vec<Arc<WorkState<B>>> = rel.lock_works().clone();
-    let mut done: Vec<*const WorkState<B>> = Vec::new();
+    // The Works to drop from the list, by address (the list may have grown meanwhile).
+    let mut done: HashSet<*const WorkState<B>> = HashSet::new();
     for work in &works {
         if !rel.signals.terminate.load(Ordering::SeqCst) {
             work.check_and_set_exception();
         }
         let timed_out = work.exception().is_none() && work.check_timeout(work.timeout);
         if let Some(error) = work.exception() {
-            done.push(Arc::as_ptr(work));
+            done.insert(Arc::as_ptr(work));
             if let Some(&id) = work.fr_id.get() {
                 rel.recorder.retire(id, None);
             }
@@ -400,7 +402,7 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
         }
         note_started(group, work);
         if work.is_completed() {
-            done.push(Arc::as_ptr(work));
+            done.insert(Arc::as_ptr(work));
             note_completed(group, work);
         }
     }
