@@ -9,6 +9,7 @@ mod experiments;
 mod faults;
 mod fr_analyze;
 mod gpu;
+mod gpu_faults;
 mod gpu_test;
 mod interop;
 mod tidy;
@@ -44,14 +45,14 @@ fn main() -> ExitCode {
         }
         "experiments" => experiments::main(rest),
         "tidy" => tidy::main(),
-        "faults" => faults::run(rest),
-        faults::nccl::RANK_TASK => faults::nccl::rank_main(rest),
-        "fr-analyze" => fr_analyze::run(rest),
         "interop" => interop::main(rest),
         "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
         "gpu-test" => gpu_test::run(rest),
         gpu::RANK_TASK => gpu::rank_main(rest),
+        gpu_faults::RANK_TASK => gpu_faults::rank_main(rest),
         "bench" => bench_allreduce::run(rest),
+        "faults" => faults::run(rest),
+        "fr-analyze" => fr_analyze::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     match result {

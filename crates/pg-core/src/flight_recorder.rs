@@ -42,7 +42,7 @@ struct Entry {
     new: NewEntry,
     op_id: u64,
     thread_id: u64,
-    thread_name: String,
+    thread_name: std::sync::Arc<str>,
     time_discovered_started_ns: Option<u64>,
     time_discovered_completed_ns: Option<u64>,
     retired: bool,
@@ -85,7 +85,7 @@ impl Entry {
             "is_p2p": new.op.is_p2p(),
             "frames": [],
             "thread_id": self.thread_id,
-            "thread_name": self.thread_name,
+            "thread_name": &*self.thread_name,
         })
     }
 }
@@ -146,9 +146,7 @@ impl FlightRecorder {
         if self.capacity == 0 {
             return None;
         }
-        let thread = std::thread::current();
-        let thread_name = thread.name().unwrap_or("unnamed").to_owned();
-        let thread_id = thread_number(&thread.id());
+        let (thread_id, thread_name) = current_thread();
         let mut ring = self.lock();
         let record_id = ring.next_id;
         ring.next_id += 1;
@@ -244,6 +242,17 @@ pub(crate) fn write_dump(path: &Path, dump: &Value) -> Result<()> {
     let temporary = path.with_extension("partial");
     std::fs::write(&temporary, text).map_err(|e| failed("write", e))?;
     std::fs::rename(&temporary, path).map_err(|e| failed("rename into", e))
+}
+
+/// The calling thread's number and name, worked out once per thread (this runs on every op's enqueue path).
+fn current_thread() -> (u64, std::sync::Arc<str>) {
+    thread_local! {
+        static CURRENT: (u64, std::sync::Arc<str>) = {
+            let thread = std::thread::current();
+            (thread_number(&thread.id()), std::sync::Arc::from(thread.name().unwrap_or("unnamed")))
+        };
+    }
+    CURRENT.with(|(id, name)| (*id, std::sync::Arc::clone(name)))
 }
 
 /// A stable number for a thread id (the standard library gives no integer view of it).

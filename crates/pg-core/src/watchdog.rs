@@ -407,6 +407,7 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
         }
     }
     if !done.is_empty() {
+        // A set, so that the enqueue path never waits behind a quadratic scan of a long in-flight list.
         rel.lock_works().retain(|work| !done.contains(&Arc::as_ptr(work)));
     }
     drop(works);

@@ -25,7 +25,7 @@ pub(crate) struct Block {
 #[derive(Debug, Default)]
 pub(crate) struct Allocator {
     pub(crate) blocks: HashMap<u64, Block>,
-    /// Free blocks by (stream, size in bytes), most recently freed last.
+    /// Free blocks by (stream, size in bytes), oldest first (the likeliest to be reusable).
     free: HashMap<(usize, usize), Vec<u64>>,
     next_block: u64,
     /// The last buffer number handed out on each device (numbers are per device, so they are deterministic).
@@ -35,12 +35,14 @@ pub(crate) struct Allocator {
 impl State {
     /// Finds memory for buffer `buffer` of `bytes` bytes on `stream`, reusing a cached block when one is free.
     pub(crate) fn allocate(&mut self, tid: Option<usize>, stream: usize, bytes: usize, buffer: u64) -> u64 {
-        let candidates = self.alloc.free.get(&(stream, bytes)).cloned().unwrap_or_default();
-        let reusable = candidates
-            .iter()
-            .rev()
-            .copied()
-            .find(|id| self.alloc.blocks[id].pending.iter().all(|(op, _)| self.op_done_now(*op)));
+        let reusable = self.alloc.free.get(&(stream, bytes)).and_then(|list| {
+            // Blocks free up in the order they were freed: looking at the oldest few is enough (and keeps an
+            // allocation cheap when many blocks wait for their streams).
+            list.iter()
+                .take(4)
+                .copied()
+                .find(|id| self.alloc.blocks[id].pending.iter().all(|(op, _)| self.op_done_now(*op)))
+        });
         if let Some(id) = reusable {
             if let Some(list) = self.alloc.free.get_mut(&(stream, bytes)) {
                 list.retain(|b| *b != id);
@@ -50,10 +52,9 @@ impl State {
             block.recorded.clear();
             // The allocator observed the recorded streams pass their points: the new owner is ordered after them.
             let mut owner = self.streams[stream].clock.clone();
-            for (op, clock) in &pending {
+            for (_, clock) in &pending {
                 owner.join(clock);
                 self.join_thread_clock(tid, clock);
-                self.unpin(*op);
             }
             if let Some(thread) = tid.and_then(|t| self.threads.get(&t)) {
                 owner.join(&thread.clock);
@@ -85,8 +86,8 @@ impl State {
         let recorded: Vec<usize> = b.recorded.iter().copied().filter(|s| *s != home).collect();
         let mut pending = Vec::new();
         for stream in recorded {
+            // No pin: the in-flight window keeps the finish time of an operation until it is done.
             if let Some(op) = self.last_op(stream) {
-                self.pin(op);
                 pending.push((op, self.streams[stream].clock.clone()));
             }
         }

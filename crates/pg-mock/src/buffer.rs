@@ -24,8 +24,7 @@ impl Drop for BufferHandle {
     fn drop(&mut self) {
         let mut state = self.inner.lock();
         state.free_block(self.block);
-        drop(state);
-        self.inner.notify();
+        self.inner.release(state);
     }
 }
 

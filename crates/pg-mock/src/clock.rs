@@ -161,6 +161,9 @@ impl State {
     /// A report of what every registered thread waits for.
     pub(crate) fn report(&self, headline: &str) -> String {
         let mut out = format!("pg-mock {headline} (virtual time {})", show(self.now));
+        for (_, name) in &self.panicked {
+            let _ = write!(out, "\n  thread '{name}' panicked earlier (look at its message first)");
+        }
         for thread in self.threads.values() {
             let _ = write!(out, "\n  thread '{}' (local time {}): ", thread.name, show(thread.local));
             match &thread.park {

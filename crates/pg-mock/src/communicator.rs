@@ -94,7 +94,11 @@ pub(crate) struct RankComm {
     sent: HashMap<usize, u64>,
     received: HashMap<usize, u64>,
     completed: u64,
+    /// The last operation this rank enqueued on each stream (what `finalize` waits for).
+    last_ops: HashMap<usize, u64>,
     aborted: Option<String>,
+    /// An injected abort and the time it happens ([`Fault::AbortDuringOp`]).
+    scheduled_abort: Option<(Time, String)>,
     /// The asynchronous error and the time from which it is visible.
     error: Option<(Time, String)>,
 }
@@ -102,7 +106,9 @@ pub(crate) struct RankComm {
 /// The ranks that joined one unique id.
 #[derive(Debug)]
 pub(crate) struct CommGroup {
-    index: usize,
+    /// The communicator's number in messages: the counter of the mock unique id it was made from (so it does
+    /// not depend on which rank joined first), or its creation order for a foreign id.
+    number: u64,
     size: usize,
     description: String,
     pub(crate) ready_time: Option<Time>,
@@ -258,6 +264,7 @@ impl State {
         let Some(slot) = g.slots.get(&key) else { return };
         let parts: Vec<(usize, Part)> = slot.parts.iter().map(|(r, p)| (*r, p.clone())).collect();
         let Some((r0, p0)) = parts.first() else { return };
+        let number = g.number;
         let mismatch = match key {
             SlotKey::Coll(k) => parts
                 .iter()
@@ -266,7 +273,7 @@ impl State {
                 })
                 .map(|(r, p)| {
                     format!(
-                        "collective mismatch on communicator {group} at operation {k}: rank {r0} called {} but rank {r} \
+                        "collective mismatch on communicator {number} at operation {k}: rank {r0} called {} but rank {r} \
                          called {}",
                         p0.describe(),
                         p.describe()
@@ -277,7 +284,7 @@ impl State {
                 .find(|(_, p)| p.dtype != p0.dtype || p.numel_in != p0.numel_in)
                 .map(|(r, p)| {
                     format!(
-                        "point-to-point mismatch on communicator {group} (message {n} from rank {src} to rank {dst}): \
+                        "point-to-point mismatch on communicator {number} (message {n} from rank {src} to rank {dst}): \
                          rank {r0} called {} but rank {r} called {}",
                         p0.describe(),
                         p.describe()
@@ -294,6 +301,16 @@ impl State {
         for rc in &mut g.ranks {
             if rc.error.is_none() {
                 rc.error = Some((at, message.clone()));
+            }
+        }
+    }
+
+    /// Applies an injected abort of rank `rank` of `group` once the global time has reached it.
+    pub(crate) fn apply_scheduled_abort(&mut self, group: usize, rank: usize) {
+        let rc = &self.comms.groups[group].ranks[rank];
+        if let Some((time, reason)) = rc.scheduled_abort.clone().filter(|(t, _)| *t <= self.now) {
+            if rc.aborted.is_none() {
+                self.abort_rank(group, rank, &reason, time);
             }
         }
     }
@@ -326,11 +343,12 @@ impl State {
     /// What a slot waits for, for deadlock reports.
     pub(crate) fn slot_status(&self, group: usize, key: SlotKey) -> String {
         let g = &self.comms.groups[group];
-        let Some(slot) = g.slots.get(&key) else { return format!("communicator {group}: aborted") };
+        let number = g.number;
+        let Some(slot) = g.slots.get(&key) else { return format!("communicator {number}: aborted") };
         let what = match key {
-            SlotKey::Coll(k) => format!("operation {k} on communicator {group}"),
+            SlotKey::Coll(k) => format!("operation {k} on communicator {number}"),
             SlotKey::P2p { src, dst, n } => {
-                format!("message {n} from rank {src} to rank {dst} on communicator {group}")
+                format!("message {n} from rank {src} to rank {dst} on communicator {number}")
             }
         };
         if let Some(why) = &slot.stuck {
@@ -348,11 +366,16 @@ impl State {
         }
     }
 
+    /// The number messages give communicator group `group`.
+    pub(crate) fn comm_number(&self, group: usize) -> u64 {
+        self.comms.groups[group].number
+    }
+
     /// Which ranks a communicator still waits for, for reports.
     pub(crate) fn comm_status(&self, group: usize) -> String {
         let g = &self.comms.groups[group];
         let missing = join_ranks(g.ranks.iter().enumerate().filter(|(_, r)| r.joined.is_none()).map(|(i, _)| i));
-        format!("communicator {group} ('{}') waits for rank(s) {missing} to join", g.description)
+        format!("communicator {} ('{}') waits for rank(s) {missing} to join", g.number, g.description)
     }
 
     /// Joins `rank` (on `device`) to the communicator with `id`; returns the group index.
@@ -369,8 +392,15 @@ impl State {
             Some(g) => *g,
             None => {
                 let index = self.comms.groups.len();
+                let number = match id.get(..16) {
+                    Some(head) if head.starts_with(b"pg-mock\0") => {
+                        let counter = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+                        counter.saturating_sub(1)
+                    }
+                    _ => u64::try_from(index).unwrap_or(u64::MAX),
+                };
                 self.comms.groups.push(CommGroup {
-                    index,
+                    number,
                     size,
                     description: description.to_owned(),
                     ready_time: None,
@@ -402,7 +432,7 @@ impl State {
                 g.ready_time = Some(last + crate::clock::ns(self.config.comm_init));
             }
         }
-        tracing::debug!(target: "pg_mock", group = g.index, rank, size, device, "communicator created");
+        tracing::debug!(target: "pg_mock", communicator = g.number, rank, size, device, "communicator created");
         if self.faults.iter().any(|f| matches!(f, Fault::AsyncError { rank: r, after_ops: 0 } if *r == device)) {
             g.ranks[rank].error =
                 Some((time, format!("NCCL error: unhandled system error (injected fault: rank {rank})")));
@@ -432,9 +462,9 @@ impl fmt::Debug for MockCommunicator {
 }
 
 impl MockCommunicator {
-    /// The communicator's number in its world (creation order of unique ids).
-    pub fn index(&self) -> usize {
-        self.group
+    /// The communicator's number in its world, as messages name it (the counter of its mock unique id, from 0).
+    pub fn number(&self) -> u64 {
+        self.inner.lock().comms.groups[self.group].number
     }
 
     fn check_buffer(&self, buffer: &MockBuffer, what: &str) -> Result<()> {
@@ -478,6 +508,7 @@ impl MockCommunicator {
         stream.check(&self.inner, self.device, name)?;
         let cost = self.inner.config.host.collective_enqueue;
         self.inner.with(|st| {
+            st.apply_scheduled_abort(self.group, self.rank);
             let g = &st.comms.groups[self.group];
             if let Some(reason) = &g.ranks[self.rank].aborted {
                 return Err(Error::Aborted { reason: format!("{name} on an aborted communicator: {reason}") });
@@ -485,7 +516,7 @@ impl MockCommunicator {
             if g.ranks[self.rank].joined.is_none() {
                 return Err(Error::communicator(format!(
                     "{name}: this rank never joined communicator {} (injected fault)",
-                    self.group
+                    g.number
                 )));
             }
             let slow: std::time::Duration = st
@@ -515,10 +546,11 @@ impl MockCommunicator {
                 }
             };
             let op_index = rc.next_coll + rc.sent.values().sum::<u64>() + rc.received.values().sum::<u64>() - 1;
+            let number = st.comms.groups[self.group].number;
             let label = match key {
-                SlotKey::Coll(k) => format!("{name} (op {k} on communicator {})", self.group),
+                SlotKey::Coll(k) => format!("{name} (op {k} on communicator {number})"),
                 SlotKey::P2p { src, dst, n } => {
-                    format!("{name} (message {n} from rank {src} to rank {dst} on communicator {})", self.group)
+                    format!("{name} (message {n} from rank {src} to rank {dst} on communicator {number})")
                 }
             };
             let clock = st.launch_clock(Some(tid), stream.index);
@@ -546,6 +578,7 @@ impl MockCommunicator {
                 name,
                 None,
             );
+            st.comms.groups[self.group].ranks[self.rank].last_ops.insert(op.stream, op.seq);
             let part = Part {
                 op,
                 kind,
@@ -565,6 +598,24 @@ impl MockCommunicator {
                 }
                 _ => None,
             });
+            let abort_during = st.faults.iter().find_map(|f| match f {
+                Fault::AbortDuringOp { rank, op, after } if *rank == self.device && *op == op_index => Some(*after),
+                _ => None,
+            });
+            let hang = match abort_during {
+                Some(after) => {
+                    let at = part.enqueue + crate::clock::ns(after);
+                    let reason = format!("injected fault: rank {} aborted during operation {op_index}", self.device);
+                    st.comms.groups[self.group].ranks[self.rank].scheduled_abort.get_or_insert((at, reason.clone()));
+                    if let Some(o) = st.streams[op.stream].ops.get_mut(&op.seq) {
+                        if let OpKind::Comm { abort_at, .. } = &mut o.kind {
+                            *abort_at = Some(at);
+                        }
+                    }
+                    Some(reason)
+                }
+                None => hang,
+            };
             let expected = st.expected_parts(self.group, key);
             let slot = st.comms.groups[self.group].slots.entry(key).or_default();
             slot.parts.insert(self.rank, part);
@@ -576,7 +627,9 @@ impl MockCommunicator {
             }
             st.resolve();
             Ok(())
-        })
+        })?;
+        self.inner.throttle(tid, stream.index);
+        Ok(())
     }
 }
 
@@ -634,6 +687,7 @@ impl pg_core::Communicator for MockCommunicator {
         let cost = self.inner.config.host.query;
         self.inner.with(|st| {
             st.charge(tid, cost);
+            st.apply_scheduled_abort(self.group, self.rank);
             let g = &st.comms.groups[self.group];
             if let Some(reason) = &g.ranks[self.rank].aborted {
                 return Err(Error::Aborted { reason: reason.clone() });
@@ -647,6 +701,7 @@ impl pg_core::Communicator for MockCommunicator {
         let cost = self.inner.config.host.query;
         self.inner.with(|st| {
             st.charge(tid, cost);
+            st.apply_scheduled_abort(self.group, self.rank);
             let rc = &st.comms.groups[self.group].ranks[self.rank];
             match &rc.error {
                 Some((t, message)) if *t <= st.now && rc.aborted.is_none() => Err(Error::communicator(message.clone())),
@@ -666,22 +721,26 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn is_aborted(&self) -> bool {
-        self.inner.lock().comms.groups[self.group].ranks[self.rank].aborted.is_some()
+        let mut state = self.inner.lock();
+        state.apply_scheduled_abort(self.group, self.rank);
+        state.comms.groups[self.group].ranks[self.rank].aborted.is_some()
     }
 
     fn finalize(&self) -> Result<()> {
         let tid = self.inner.require("Communicator::finalize");
         let mut state = self.inner.lock();
-        let pending: Vec<OpRef> = state.comms.groups[self.group]
-            .slots
-            .values()
-            .filter_map(|slot| slot.parts.get(&self.rank).map(|p| p.op))
+        let mut pending: Vec<OpRef> = state.comms.groups[self.group].ranks[self.rank]
+            .last_ops
+            .iter()
+            .map(|(stream, seq)| OpRef { stream: *stream, seq: *seq })
             .collect();
+        pending.sort();
         if !pending.is_empty() {
             for op in &pending {
                 state.pin(*op);
             }
-            let what = format!("finalizing rank {} of communicator {}", self.rank, self.group);
+            let number = state.comms.groups[self.group].number;
+            let what = format!("finalizing rank {} of communicator {number}", self.rank);
             let (s, _) = self.inner.park(state, tid, Cond::OpsDone(pending.clone()), None, None, what);
             state = s;
             for op in &pending {

@@ -87,6 +87,7 @@ impl MockDevice {
         let mut state = self.inner.lock();
         let op = launch_locked(&mut state, tid, stream, access, kind, name, duration, effect, cost);
         self.inner.raise(state);
+        self.inner.throttle(tid, stream.index);
         op
     }
 }
@@ -187,7 +188,7 @@ impl pg_core::Device for MockDevice {
         let tid = self.inner.require("Device::synchronize");
         let state = self.inner.lock();
         let streams: Vec<usize> = (0..state.streams.len()).filter(|s| state.streams[*s].device == self.index).collect();
-        let (state, ()) = sync_streams(&self.inner, state, tid, &streams);
+        let state = sync_streams(&self.inner, state, tid, &streams);
         self.inner.raise(state);
         Ok(())
     }
@@ -300,12 +301,11 @@ impl pg_core::Device for MockDevice {
         let (group, never) = state.join_comm(&id.0, size, rank, self.index, time, &config.description)?;
         let comm = MockCommunicator { inner: Arc::clone(&self.inner), group, rank, size, device: self.index };
         if config.nonblocking {
-            drop(state);
-            self.inner.notify();
+            self.inner.release(state);
             return Ok(comm);
         }
         let cond = if never { Cond::Never } else { Cond::CommReady(group) };
-        let what = format!("creating rank {rank} of communicator {group} (blocking init)");
+        let what = format!("creating rank {rank} of communicator {} (blocking init)", state.comm_number(group));
         let (state, _) = self.inner.park(state, tid, cond, None, None, what);
         self.inner.raise(state);
         Ok(comm)

@@ -36,6 +36,17 @@ pub enum Fault {
         /// The operation number.
         op: u64,
     },
+    /// The rank's communicator is aborted `after` its operation `op` (0-based, per communicator) was enqueued,
+    /// while that operation runs (it never completes by itself): as if something outside the process group
+    /// aborted it. The operation ends at the abort, without effect; the other ranks' parts hang until they abort.
+    AbortDuringOp {
+        /// The rank (device index).
+        rank: usize,
+        /// The operation number.
+        op: u64,
+        /// How long after the enqueue the abort comes.
+        after: Duration,
+    },
     /// The store stops answering: every store operation fails with a network error, at once (`fail_fast`) or
     /// after the store's timeout of virtual time.
     StoreDown {

@@ -208,13 +208,17 @@ fn conflict_message(kind: HazardKind, who: &Accessor, prior: &Access) -> String 
          stream {}",
         who.device, who.buffer, who.op, who.stream_id, prior.op, prior.stream_id
     );
-    if prior.collective && !who.collective {
-        message.push_str(": missing Work::wait on this stream, or wait on the wrong stream ");
-        message.push_str(FUTURE_HINT);
-    } else if kind == HazardKind::WriteAfterRead {
-        message.push_str(": the reader may still be using the old contents (make this stream wait for it)");
-    } else {
-        message.push_str(": make this stream wait for the earlier operation (an event, or Work::wait on this stream)");
+    match kind {
+        HazardKind::WriteAfterRead => {
+            message.push_str(": the reader may still be using the old contents (make this stream wait for it");
+            message.push_str(if prior.collective { ", e.g. Work::wait on this stream)" } else { ")" });
+        }
+        _ if prior.collective && !who.collective => {
+            message.push_str(": missing Work::wait on this stream, or wait on the wrong stream ");
+            message.push_str(FUTURE_HINT);
+        }
+        _ => message
+            .push_str(": make this stream wait for the earlier operation (an event, or Work::wait on this stream)"),
     }
     message
 }

@@ -1,12 +1,52 @@
 //! The simulated backend of pg: streams, events, kernels and collectives on a virtual clock, with real data,
 //! fault injection and hazard detection.
 //!
-//! A [`World`] is a simulated machine. Rank code runs on registered host threads ([`World::run`]); they share
-//! one lock over all simulated state. Kernels and collectives take modelled durations and nothing sleeps for
-//! real: the clock moves only when every registered thread is blocked, to the earliest time one can proceed,
-//! so the same program gives the same numbers on every run.
+//! A [`World`] is a simulated machine. Rank code runs on registered host threads ([`World::run`],
+//! [`World::spawn`], [`pg_core::Device::spawn_host_thread`]); they share one lock over all simulated state.
+//! Kernels and collectives take modelled durations and nothing sleeps for real: the clock moves only when every
+//! registered thread is blocked in the simulation, to the earliest time at which one can proceed, so the same
+//! program gives the same numbers on every run.
 //! Buffers hold real bytes and collectives compute real results; a vector-clock race detector reports
 //! unordered accesses and memory reused while a stream may still use it.
+//!
+//! # The model in brief
+//!
+//! - **Host time.** Each registered thread has a local time: the global time plus the host costs of the calls
+//!   it made since it last blocked ([`HostCosts`]). [`pg_core::Device::now`] returns it. Host calls never wait
+//!   for other threads; blocking calls (synchronize, `copy_to_host`, a blocking store get, `Device::sleep`,
+//!   blocking communicator init) park the thread until the global time reaches both its local time and the
+//!   time its condition holds.
+//! - **Device time.** A stream is a FIFO: an operation starts at the latest of its launch time, the end of the
+//!   previous operation and the end of what it waits for (`wait_event`); a collective starts when every rank's
+//!   part can start. Durations come from [`WorldConfig`]'s cost model.
+//! - **Queries** (`Event::query`, `Stream::query`, `Communicator::is_ready`, `async_error`) answer at the global
+//!   time, so their answer is deterministic. A polling loop must therefore block between polls
+//!   (`Device::sleep`), as the process group's loops do; a loop that spins on a query alone never sees time move.
+//! - **The launch queue.** A stream holds at most [`WorldConfig::launch_queue_depth`] operations in flight; a
+//!   launch beyond that blocks the host until half have finished (CUDA's launch queue, which also keeps a long
+//!   run's memory flat).
+//! - **Assertive.** A call from an unregistered thread, a deadlock (every thread blocked, none can ever
+//!   proceed), the virtual time limit and (in [`HazardMode::Panic`]) a hazard panic with a report of what every
+//!   thread waits for. Bad arguments are `Err(InvalidArgument)`, never panics.
+//! - **Real-time blocking.** A registered thread blocked outside the simulation (a real lock, a channel, a
+//!   `join` on a thread that waits in the simulation) stops the clock; after [`WorldConfig::stall_limit`] of
+//!   real time without progress, the parked threads stop with a report. `Device::sleep` with an interrupt flag
+//!   wakes at once when the flag is set and [`pg_core::Device::notify_host_threads`] is called, so "set the
+//!   flag, notify, join" shuts a helper thread down without the clock.
+//!
+//! # Determinism, and its limits
+//!
+//! Everything decided by blocking waits and by program order is deterministic: virtual times, kernel timelines,
+//! collective results, hazard reports (buffer numbers are per device, communicator numbers come from their
+//! unique ids). What depends on the real-time interleaving of threads stays nondeterministic, as it would on a
+//! GPU: the result of a non-blocking store read of a key another thread sets "at the same time", or which of
+//! two threads of one device takes a pool stream first.
+//!
+//! # Hazards and `Future::is_done`
+//!
+//! The detector sees streams and host synchronisation, not the process group's objects: it cannot tell that a
+//! read followed a `Future::is_done()`. Every unordered read of a collective's output therefore carries the hint
+//! that `Future::is_done()` only means the outputs were marked, not that the GPU finished.
 #![forbid(unsafe_code)]
 
 mod allocator;

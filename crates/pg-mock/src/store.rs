@@ -89,31 +89,45 @@ impl SimStore {
         }
         let result = f(&mut state, tid);
         state.version += 1;
-        drop(state);
-        self.inner.notify();
+        self.inner.release(state);
         result
     }
 
-    /// Parks until `cond` holds or the store timeout passes.
-    fn wait_for(&self, api: &str, cond: Cond, keys: Vec<String>, timeout: Duration) -> Result<(), StoreError> {
+    /// Parks until `cond` holds or `timeout` passes (counted from the first call, across `retry` rounds); returns
+    /// the locked state, so that the caller reads what the condition promised in the same critical section.
+    fn wait_locked(
+        &self,
+        api: &str,
+        cond: Cond,
+        keys: &[String],
+        timeout: Duration,
+        mut ready: impl FnMut(&mut State, usize) -> Option<Result<Vec<u8>, StoreError>>,
+    ) -> Result<Vec<u8>, StoreError> {
         let tid = self.inner.require(api);
-        let state = self.inner.lock();
+        let mut state = self.inner.lock();
+        let deadline = state.local(Some(tid)).saturating_add(ns(timeout));
         if let Some(fail_fast) = store_down(&state) {
             if !fail_fast {
-                let deadline = state.local(Some(tid)) + ns(timeout);
                 let what = format!("waiting for the store to answer {api}");
                 let (s, _) = self.inner.park(state, tid, Cond::Never, Some(deadline), None, what);
                 drop(s);
             }
             return Err(StoreError::Network(format!("the store stopped answering ({api}: injected fault)")));
         }
-        let deadline = state.local(Some(tid)).saturating_add(ns(timeout));
-        let what = format!("{api} on the store, keys: {}", keys.join(", "));
-        let (state, why) = self.inner.park(state, tid, cond, Some(deadline), None, what);
-        drop(state);
-        match why {
-            Wake::Deadline => Err(StoreError::Timeout { keys, timeout }),
-            _ => Ok(()),
+        loop {
+            let what = format!("{api} on the store, keys: {}", keys.join(", "));
+            let (s, why) = self.inner.park(state, tid, cond.clone(), Some(deadline), None, what);
+            state = s;
+            if why == Wake::Deadline {
+                drop(state);
+                return Err(StoreError::Timeout { keys: keys.to_vec(), timeout });
+            }
+            state.charge(Some(tid), self.inner.config.host.store_op);
+            // Another waiter may have taken what woke this one (a queue element): then wait again.
+            if let Some(result) = ready(&mut state, tid) {
+                self.inner.release(state);
+                return result;
+            }
         }
     }
 }
@@ -128,14 +142,11 @@ impl Store for SimStore {
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        let timeout = self.timeout();
-        self.wait_for("Store::get", Cond::StoreKeys(vec![key.to_owned()]), vec![key.to_owned()], timeout)?;
-        self.op("get", |st, tid| match st.store.values.get(key).cloned() {
-            Some(entry) => {
-                st.observe(tid, entry.time);
-                Ok(entry.value)
-            }
-            None => Err(StoreError::Timeout { keys: vec![key.to_owned()], timeout }),
+        let keys = [key.to_owned()];
+        self.wait_locked("Store::get", Cond::StoreKeys(keys.to_vec()), &keys, self.timeout(), |st, tid| {
+            let entry = st.store.values.get(key).cloned()?;
+            st.observe(Some(tid), entry.time);
+            Some(Ok(entry.value))
         })
     }
 
@@ -195,7 +206,12 @@ impl Store for SimStore {
     fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<(), StoreError> {
         let timeout = timeout.unwrap_or_else(|| self.timeout());
         let owned: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
-        self.wait_for("Store::wait", Cond::StoreKeys(owned.clone()), owned, timeout)
+        self.wait_locked("Store::wait", Cond::StoreKeys(owned.clone()), &owned, timeout, |st, tid| {
+            let time = st.store.keys_time(&owned)?;
+            st.observe(Some(tid), time);
+            Some(Ok(Vec::new()))
+        })
+        .map(drop)
     }
 
     fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
@@ -226,8 +242,18 @@ impl Store for SimStore {
 
     fn queue_pop(&self, key: &str, block: bool) -> Result<Vec<u8>, StoreError> {
         if block {
-            let timeout = self.timeout();
-            self.wait_for("Store::queue_pop", Cond::QueueNonEmpty(key.to_owned()), vec![key.to_owned()], timeout)?;
+            let keys = [key.to_owned()];
+            return self.wait_locked(
+                "Store::queue_pop",
+                Cond::QueueNonEmpty(key.to_owned()),
+                &keys,
+                self.timeout(),
+                |st, tid| {
+                    let entry = st.store.queues.get_mut(key).and_then(VecDeque::pop_front)?;
+                    st.observe(Some(tid), entry.time);
+                    Some(Ok(entry.value))
+                },
+            );
         }
         self.op("queue_pop", |st, tid| match st.store.queues.get_mut(key).and_then(VecDeque::pop_front) {
             Some(entry) => {

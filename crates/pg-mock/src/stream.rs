@@ -108,6 +108,10 @@ pub(crate) struct StreamState {
     pub(crate) next_seq: u64,
     pub(crate) first_unresolved: u64,
     pub(crate) last_finish: Time,
+    /// The finish times (once known) of the operations from `inflight_base` on: those not yet known to be done
+    /// at the global time. Bounded by the launch-queue depth, it keeps finish times of pruned operations exact.
+    pub(crate) inflight: VecDeque<Option<Time>>,
+    pub(crate) inflight_base: u64,
 }
 
 impl State {
@@ -122,6 +126,8 @@ impl State {
             next_seq: 0,
             first_unresolved: 0,
             last_finish: 0,
+            inflight: VecDeque::new(),
+            inflight_base: 0,
         });
         self.streams.len() - 1
     }
@@ -135,11 +141,26 @@ impl State {
     /// When `op` finishes, once known (a pruned operation finished long ago).
     pub(crate) fn op_finish(&self, op: OpRef) -> Option<Time> {
         let s = &self.streams[op.stream];
-        match s.ops.get(&op.seq) {
-            Some(o) => o.finish,
-            None if op.seq < s.first_unresolved => Some(0),
-            None => None,
+        if let Some(o) = s.ops.get(&op.seq) {
+            return o.finish;
         }
+        if op.seq < s.inflight_base {
+            return Some(0); // Done before the global time when it left the in-flight window.
+        }
+        let index = usize::try_from(op.seq - s.inflight_base).ok()?;
+        s.inflight.get(index).copied().flatten()
+    }
+
+    /// Drops the operations known to be done at the global time from the front of `stream`'s in-flight window;
+    /// returns how many operations stay in flight.
+    pub(crate) fn trim_inflight(&mut self, stream: usize) -> usize {
+        let now = self.now;
+        let s = &mut self.streams[stream];
+        while s.inflight.front().is_some_and(|f| f.is_some_and(|t| t <= now)) {
+            s.inflight.pop_front();
+            s.inflight_base += 1;
+        }
+        s.inflight.len()
     }
 
     /// Whether `op` has finished at the global time (queries answer at global time, so they are deterministic).
@@ -181,9 +202,11 @@ impl State {
         dep: Option<OpRef>,
     ) -> OpRef {
         let enqueue = self.local(tid);
+        self.trim_inflight(stream);
         let s = &mut self.streams[stream];
         let seq = s.next_seq;
         s.next_seq += 1;
+        s.inflight.push_back(None);
         s.ops.insert(seq, Op { kind, name: name.into(), enqueue, dep, ready_at: None, finish: None, pins: 0 });
         if let Some(d) = dep {
             self.pin(d);
@@ -271,6 +294,11 @@ impl State {
         debug_assert_eq!(s.first_unresolved, op.seq, "operations resolve in stream order");
         s.first_unresolved = op.seq + 1;
         s.last_finish = finish;
+        if let Some(slot) = op.seq.checked_sub(s.inflight_base).and_then(|i| usize::try_from(i).ok()) {
+            if let Some(entry) = s.inflight.get_mut(slot) {
+                *entry = Some(finish);
+            }
+        }
         let (device, stream_id) = (s.device, s.id);
         let o = s.ops.get_mut(&op.seq).expect("present");
         o.ready_at.get_or_insert(start);
@@ -415,16 +443,15 @@ impl pg_core::Stream for MockStream {
         let cost = self.inner.config.host.stream_wait;
         self.inner.with(|st| {
             st.charge(Some(tid), cost);
-            let Some(recorded) = st.events.get(&event.id).and_then(|e| e.recorded.clone()) else {
-                return Ok(());
-            };
+            let Some(recorded) = st.events.get(&event.id).and_then(|e| e.recorded.clone()) else { return };
             st.streams[self.index].clock.join(&recorded.clock);
             if let Some(op) = recorded.op {
                 st.enqueue(Some(tid), self.index, OpKind::Wait, "wait_event", Some(op));
                 st.resolve();
             }
-            Ok(())
-        })
+        });
+        self.inner.throttle(tid, self.index);
+        Ok(())
     }
 
     fn query(&self) -> Result<bool> {
@@ -445,7 +472,7 @@ impl pg_core::Stream for MockStream {
     fn synchronize(&self) -> Result<()> {
         let tid = self.inner.require("Stream::synchronize");
         let state = self.inner.lock();
-        let (state, ()) = sync_streams(&self.inner, state, tid, &[self.index]);
+        let state = sync_streams(&self.inner, state, tid, &[self.index]);
         self.inner.raise(state);
         Ok(())
     }
@@ -457,7 +484,7 @@ pub(crate) fn sync_streams<'a>(
     mut state: std::sync::MutexGuard<'a, State>,
     tid: usize,
     streams: &[usize],
-) -> (std::sync::MutexGuard<'a, State>, ()) {
+) -> std::sync::MutexGuard<'a, State> {
     state.resolve();
     let ops: Vec<OpRef> = streams.iter().filter_map(|s| state.last_op(*s)).collect();
     let clocks: Vec<VClock> = streams.iter().map(|s| state.streams[*s].clock.clone()).collect();
@@ -475,5 +502,5 @@ pub(crate) fn sync_streams<'a>(
     for clock in &clocks {
         state.join_thread_clock(Some(tid), clock);
     }
-    (state, ())
+    state
 }

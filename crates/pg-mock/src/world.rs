@@ -69,6 +69,9 @@ pub struct WorldConfig {
     pub host: HostCosts,
     /// What a detected hazard does.
     pub hazard_mode: HazardMode,
+    /// How many operations a stream holds in flight before a launch blocks the host until the oldest finishes
+    /// (CUDA's launch queue; it also bounds the simulation's memory when the host runs far ahead).
+    pub launch_queue_depth: usize,
     /// Streams per priority in each device's pool (PyTorch has 32).
     pub streams_per_pool: usize,
     /// How many kernel records each device keeps (the oldest are dropped).
@@ -93,6 +96,7 @@ impl Default for WorldConfig {
             comm_init: Duration::from_millis(50),
             host: HostCosts::default(),
             hazard_mode: HazardMode::Panic,
+            launch_queue_depth: 1024,
             streams_per_pool: 32,
             kernel_log_capacity: 4096,
             time_limit: Duration::from_secs(24 * 3600),
@@ -132,6 +136,8 @@ pub(crate) struct State {
     pub(crate) interrupt_epoch: u64,
     /// A deadlock or limit report: every parked thread panics with it.
     pub(crate) failure: Option<String>,
+    /// Registered threads that ended by a panic, in order (the first is the likely root cause).
+    pub(crate) panicked: Vec<(usize, String)>,
     pub(crate) devices: Vec<DeviceState>,
     pub(crate) streams: Vec<StreamState>,
     /// Streams with operations not yet resolved.
@@ -162,6 +168,7 @@ impl State {
             next_thread: 0,
             interrupt_epoch: 0,
             failure: None,
+            panicked: Vec::new(),
             devices: Vec::new(),
             streams: Vec::new(),
             active: BTreeSet::new(),
@@ -223,6 +230,18 @@ impl State {
         tid
     }
 
+    /// Whether a parked thread can proceed now (or must look at its interrupt flag).
+    pub(crate) fn someone_ready(&mut self) -> bool {
+        self.resolve();
+        self.threads.values().any(|t| match &t.park {
+            None => false,
+            Some(park) => {
+                park.interrupt_epoch.is_some_and(|seen| seen < self.interrupt_epoch)
+                    || self.wake_time(park, t.local).is_some_and(|(at, _)| at <= self.now)
+            }
+        })
+    }
+
     /// Records a hazard: kept, and in panic mode raised once the lock is released.
     pub(crate) fn hazard(&mut self, hazard: Hazard) {
         tracing::warn!(target: "pg_mock::hazard", "{}", hazard.message);
@@ -267,7 +286,11 @@ impl Drop for Enter {
         let id = self.inner.id;
         let _ = REGISTERED.try_with(|r| r.borrow_mut().retain(|(w, _)| *w != id));
         let mut state = self.inner.lock();
-        state.threads.remove(&self.tid);
+        if let Some(thread) = state.threads.remove(&self.tid) {
+            if std::thread::panicking() {
+                state.panicked.push((self.tid, thread.name));
+            }
+        }
         state.version += 1;
         drop(state);
         self.inner.changed.notify_all();
@@ -306,21 +329,25 @@ impl Inner {
         let mut state = self.lock();
         let result = f(&mut state);
         state.version += 1;
-        let panic = state.pending_panic.take();
-        drop(state);
-        self.notify();
-        if let Some(message) = panic {
-            panic!("{message}");
-        }
+        self.raise(state);
         result
+    }
+
+    /// Releases the lock after a change, waking parked threads only if one of them can now proceed (any
+    /// running thread re-evaluates the clock when it parks or exits, so nothing else needs a wake-up).
+    pub(crate) fn release(&self, mut state: MutexGuard<'_, State>) {
+        let wake = state.someone_ready();
+        drop(state);
+        if wake {
+            self.notify();
+        }
     }
 
     /// Raises a pending hazard panic after the caller released the lock.
     pub(crate) fn raise(&self, state: MutexGuard<'_, State>) {
         let mut state = state;
         let panic = state.pending_panic.take();
-        drop(state);
-        self.notify();
+        self.release(state);
         if let Some(message) = panic {
             panic!("{message}");
         }
@@ -441,6 +468,24 @@ impl Inner {
         spawned
     }
 
+    /// Blocks the launching thread while `stream` has more operations in flight than the launch queue holds,
+    /// until half of them have finished.
+    pub(crate) fn throttle(&self, tid: usize, stream: usize) {
+        let depth = self.config.launch_queue_depth.max(1);
+        let mut state = self.lock();
+        if state.trim_inflight(stream) <= depth {
+            return;
+        }
+        // Wait until half the queue has drained (a low watermark: the host then runs ahead again for a while
+        // instead of parking at every launch).
+        let s = &state.streams[stream];
+        let oldest = s.next_seq - 1 - u64::try_from(depth / 2).unwrap_or(u64::MAX);
+        let op = crate::clock::OpRef { stream, seq: oldest };
+        let what = format!("launching on stream {} of device {}: its launch queue is full", s.id, s.device);
+        let (state, _) = self.park(state, tid, Cond::OpsDone(vec![op]), None, None, what);
+        drop(state);
+    }
+
     /// Spawns a registered host thread (registered here, in the parent, before it runs).
     pub(crate) fn spawn<T: Send + 'static>(
         self: &Arc<Self>,
@@ -530,16 +575,17 @@ impl World {
                 }
             }
             let mut results = Vec::with_capacity(n);
-            let mut first_panic = None;
-            for handle in handles {
+            let mut panics = Vec::new();
+            for (rank, handle) in handles.into_iter().enumerate() {
                 match handle.join() {
                     Ok(value) => results.push(value),
-                    Err(payload) => {
-                        first_panic.get_or_insert(payload);
-                    }
+                    Err(payload) => panics.push((tids[rank], payload)),
                 }
             }
-            if let Some(payload) = first_panic {
+            // Re-raise the panic that happened first (a hazard, say), not a deadlock report it caused later.
+            let order = self.inner.lock().panicked.iter().map(|(tid, _)| *tid).collect::<Vec<_>>();
+            panics.sort_by_key(|(tid, _)| order.iter().position(|t| t == tid).unwrap_or(usize::MAX));
+            if let Some((_, payload)) = panics.into_iter().next() {
                 std::panic::resume_unwind(payload);
             }
             results

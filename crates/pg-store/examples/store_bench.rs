@@ -100,6 +100,13 @@ print("PORT 127.0.0.1:%d" % s.port, flush=True)
 sys.stdin.read()
 "#;
 
+/// A server under test.
+struct Server {
+    name: &'static str,
+    port: u16,
+    pid: u32,
+}
+
 struct Measurement {
     server: &'static str,
     op: &'static str,
@@ -108,6 +115,8 @@ struct Measurement {
     seconds: f64,
     /// The throughput of each run, sorted.
     rates: Vec<f64>,
+    /// The server process's CPU time (user and system) per operation, over all runs.
+    server_cpu_us_per_op: f64,
     p50_us: f64,
     p99_us: f64,
 }
@@ -223,11 +232,31 @@ fn run_op(
 
 /// Measures every operation with `clients` clients on every server, alternating servers run by run so that
 /// both see the same background load; the throughput reported is the median of `reps` runs.
-fn measure(servers: &[(&'static str, u16)], clients: usize, total_ops: usize, reps: usize) -> Vec<Measurement> {
+/// The CPU time a process has used so far (user plus system), in clock ticks, from `/proc/PID/stat`.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces) start at field 3; utime and stime are 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    field(11) + field(12)
+}
+
+/// Clock ticks per second for `/proc` CPU times.
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn measure(servers: &[Server], clients: usize, total_ops: usize, reps: usize) -> Vec<Measurement> {
     let per_client = (total_ops / clients).max(20);
+    let ticks_per_second = clock_ticks();
     let pools: Vec<Vec<Arc<TcpStore>>> = servers
         .iter()
-        .map(|&(_, port)| {
+        .map(|&Server { port, .. }| {
             (0..clients)
                 .map(|_| Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server")))
                 .collect()
@@ -237,11 +266,14 @@ fn measure(servers: &[(&'static str, u16)], clients: usize, total_ops: usize, re
     for op in OPS {
         let mut runs: Vec<(Vec<Duration>, Vec<f64>, f64, usize)> =
             vec![(Vec::new(), Vec::new(), 0.0, 0); servers.len()];
+        let mut cpu = vec![0u64; servers.len()];
         for _ in 0..reps {
-            for (index, &(server, port)) in servers.iter().enumerate() {
+            for (index, &Server { name: server, port, pid }) in servers.iter().enumerate() {
+                let before = cpu_ticks(pid);
                 // A SET has no reply and costs little: ten times as many make a run long enough to time.
                 let count = if op == "set" { per_client * 10 } else { per_client };
                 let (latencies, seconds, ops) = run_op(server, op, &pools[index], port, count);
+                cpu[index] += cpu_ticks(pid).saturating_sub(before);
                 let run = &mut runs[index];
                 run.0.extend(latencies);
                 run.1.push(ops as f64 / seconds);
@@ -249,7 +281,8 @@ fn measure(servers: &[(&'static str, u16)], clients: usize, total_ops: usize, re
                 run.3 += ops;
             }
         }
-        for (&(server, _), (mut latencies, mut rates, seconds, ops)) in servers.iter().zip(runs) {
+        for ((server, (mut latencies, mut rates, seconds, ops)), cpu) in servers.iter().zip(runs).zip(cpu) {
+            let server = server.name;
             latencies.sort_unstable();
             rates.sort_by(f64::total_cmp);
             let m = Measurement {
@@ -259,14 +292,16 @@ fn measure(servers: &[(&'static str, u16)], clients: usize, total_ops: usize, re
                 ops,
                 seconds,
                 rates,
+                server_cpu_us_per_op: cpu as f64 / ticks_per_second * 1e6 / ops as f64,
                 p50_us: percentile(&latencies, 50),
                 p99_us: percentile(&latencies, 99),
             };
             eprintln!(
-                "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us",
+                "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us  server CPU {:>6.2} us/op",
                 m.throughput(),
                 m.p50_us,
-                m.p99_us
+                m.p99_us,
+                m.server_cpu_us_per_op
             );
             results.push(m);
         }
@@ -369,9 +404,9 @@ fn main() {
         }
         None => (None, None),
     };
-    let mut servers = vec![("pg-store", ours.port)];
+    let mut servers = vec![Server { name: "pg-store", port: ours.port, pid: ours.child.id() }];
     if let Some(theirs) = &theirs {
-        servers.push(("pytorch", theirs.port));
+        servers.push(Server { name: "pytorch", port: theirs.port, pid: theirs.child.id() });
     }
     let mut results = Vec::new();
     for &clients in &options.clients {
@@ -402,7 +437,7 @@ fn main() {
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
             json,
-            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"p50_us\": {:.2}, \"p99_us\": {:.2}}}{}",
+            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"server_cpu_us_per_op\": {:.3}, \"p50_us\": {:.2}, \"p99_us\": {:.2}}}{}",
             json_string(m.server),
             json_string(m.op),
             m.clients,
@@ -410,6 +445,7 @@ fn main() {
             m.seconds,
             m.throughput(),
             m.rates.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
+            m.server_cpu_us_per_op,
             m.p50_us,
             m.p99_us,
             if i + 1 < results.len() { "," } else { "" }
@@ -428,31 +464,34 @@ fn main() {
         writeln!(md, "- Servers: `pgstore serve` and a Python `TCPStore` master, each its own process on 127.0.0.1.");
     let _ = writeln!(
         md,
-        "- Runs: {} per configuration, alternating the servers run by run; ops/s is the median run, latencies are over all runs; {} operations per run (at least 20 per client; ten times as many for `set`).",
+        "- Runs: {} per configuration, alternating the servers run by run; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time; {} operations per run (at least 20 per client; ten times as many for `set`).",
         options.reps, options.total_ops
     );
     let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
     let _ = writeln!(md, "- `set`: SET has no reply, so its latency is the client's send time; its throughput includes one closing round trip per client. `get` is WAIT then GET (two round trips), as PyTorch's client does. `add`: every client adds to one counter (checked exact). `wait-wakeup`: every client waits on one key that another client sets; latency runs from the moment the set is sent to each `wait` returning (a waiter whose WAIT reaches the server after the set is answered at once).\n");
     let _ = writeln!(
         md,
-        "| op | clients | pg-store ops/s | PyTorch ops/s | pg-store p50 / p99 (µs) | PyTorch p50 / p99 (µs) |"
+        "| op | clients | pg-store ops/s | PyTorch ops/s | pg-store p50 / p99 (µs) | PyTorch p50 / p99 (µs) | server CPU µs/op, pg-store / PyTorch |"
     );
-    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for op in OPS {
         for &clients in &options.clients {
             let find = |server: &str| results.iter().find(|m| m.server == server && m.op == op && m.clients == clients);
             let ours = find("pg-store");
             let theirs = find("pytorch");
             let rate = |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.0}", m.throughput()));
+            let cpu = |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.2}", m.server_cpu_us_per_op));
             let lat =
                 |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.1} / {:.1}", m.p50_us, m.p99_us));
             let _ = writeln!(
                 md,
-                "| {op} | {clients} | {} | {} | {} | {} |",
+                "| {op} | {clients} | {} | {} | {} | {} | {} / {} |",
                 rate(ours),
                 rate(theirs),
                 lat(ours),
-                lat(theirs)
+                lat(theirs),
+                cpu(ours),
+                cpu(theirs)
             );
         }
     }

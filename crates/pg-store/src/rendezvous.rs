@@ -142,5 +142,6 @@ fn tcp_store(
         let store: Arc<dyn Store> = Arc::new(TcpStore::new(host, TcpStoreOptions { is_server: false, ..options })?);
         return Ok(Arc::new(PrefixStore::new(format!("/worker/attempt_{attempt}"), store)));
     }
-    Ok(Arc::new(TcpStore::new(host, TcpStoreOptions { is_server: rank == 0, ..options })?))
+    // Like PyTorch, rank 0 shares a server this process already runs on the port (`multi_tenant=True`).
+    Ok(Arc::new(TcpStore::new(host, TcpStoreOptions { is_server: rank == 0, multi_tenant: true, ..options })?))
 }

@@ -144,3 +144,23 @@ fn the_last_file_store_handle_of_the_last_worker_deletes_the_file() {
     drop(second);
     assert!(!path.exists(), "the last worker removed the file");
 }
+
+#[test]
+fn file_store_adds_from_many_handles_are_exact() {
+    let path = temp_file("adds");
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let store = FileStore::new(&path, 4).unwrap();
+            std::thread::spawn(move || {
+                for _ in 0..50 {
+                    store.add("n", 1).unwrap();
+                }
+                store
+            })
+        })
+        .collect();
+    let stores: Vec<FileStore> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(stores[0].add("n", 0).unwrap(), 200, "flock serialises every read-modify-write");
+    drop(stores);
+    assert!(!path.exists(), "the last of the four workers removed the file");
+}

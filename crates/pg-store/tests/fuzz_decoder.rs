@@ -2,6 +2,8 @@
 //! no panic, bounded buffering, the offending connection closed, other clients unaffected.
 //!
 //! The inputs come from a fixed-seed generator, so every run checks the same cases.
+//! For a longer search, set `PG_FUZZ_SEED` (a number mixed into every seed) and `PG_FUZZ_SCALE` (a
+//! multiplier of the round counts); a failure message names the seed to replay.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -60,15 +62,27 @@ impl Rng {
     }
 }
 
+/// The seed for one test: fixed unless `PG_FUZZ_SEED` asks for another search.
+fn seed(base: u64) -> u64 {
+    let extra = std::env::var("PG_FUZZ_SEED").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    (base ^ extra.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1
+}
+
+/// How many rounds to run: `base` times `PG_FUZZ_SCALE` (1 by default).
+fn rounds(base: usize) -> usize {
+    base * std::env::var("PG_FUZZ_SCALE").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1).max(1)
+}
+
 fn small_limits() -> Limits {
-    Limits { max_key_len: 64, max_value_len: 1024, max_key_count: 16, max_message_len: 4096 }
+    Limits { max_key_len: 64, max_value_len: 1024, max_key_count: 16, max_message_len: 4096, max_reply_len: 8192 }
 }
 
 #[test]
 fn valid_requests_round_trip_and_every_prefix_is_incomplete() {
-    let mut rng = Rng(0x5EED_0001);
+    let mut rng = Rng(seed(0x5EED_0001));
+    eprintln!("seed {}", rng.0);
     let limits = small_limits();
-    for _ in 0..2000 {
+    for _ in 0..rounds(2000) {
         let request = rng.request();
         let bytes = encode_request(&request);
         assert_eq!(decode_request(&bytes, true, &limits), Ok(Some((request.clone(), bytes.len()))));
@@ -83,9 +97,10 @@ fn valid_requests_round_trip_and_every_prefix_is_incomplete() {
 
 #[test]
 fn random_and_mutated_bytes_never_panic_nor_overrun() {
-    let mut rng = Rng(0x5EED_0002);
+    let mut rng = Rng(seed(0x5EED_0002));
+    eprintln!("seed {}", rng.0);
     let limits = small_limits();
-    for round in 0..20_000 {
+    for round in 0..rounds(20_000) {
         let mut bytes = match round % 2 {
             0 => rng.bytes(96),
             _ => encode_request(&rng.request()),
@@ -140,9 +155,10 @@ fn the_server_survives_hostile_connections() {
     let port = server.port();
     let good = TcpStore::connect("127.0.0.1", port, Duration::from_secs(20)).unwrap();
     good.set("sentinel", b"intact").unwrap();
-    let mut rng = Rng(0x5EED_0003);
+    let mut rng = Rng(seed(0x5EED_0003));
+    eprintln!("seed {}", rng.0);
     let validate = encode_request(&Request::Validate { magic: VALIDATION_MAGIC });
-    for round in 0..300 {
+    for round in 0..rounds(300) {
         let mut bytes = match round % 3 {
             0 => Vec::new(),
             _ => validate.clone(),

@@ -14,6 +14,13 @@ use pg_store::{FileStore, Store, TcpStore};
 
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
+/// Writes a line to the real standard error: the test harness captures `println!` and `eprintln!` of
+/// passing tests, and a skip must be seen.
+fn loud(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// The interpreter to use, or `None` (after saying so) when torch cannot be imported.
 ///
 /// With `PG_INTEROP_REQUIRE=1` (set by `cargo xtask interop`) a missing torch is a failure, not a skip.
@@ -29,15 +36,13 @@ fn python(test: &str) -> Option<String> {
         Ok(output) => {
             let why = String::from_utf8_lossy(&output.stderr);
             let why = why.lines().last().unwrap_or("import failed");
-            println!(
+            loud(&format!(
                 "skipped: {test}: `{python} -c 'import torch.distributed'` failed ({why}); run `cargo xtask interop`"
-            );
-            eprintln!("skipped: {test}: no importable torch in {python}");
+            ));
             None
         }
         Err(error) => {
-            println!("skipped: {test}: cannot run {python} ({error}); run `cargo xtask interop`");
-            eprintln!("skipped: {test}: cannot run {python}");
+            loud(&format!("skipped: {test}: cannot run {python} ({error}); run `cargo xtask interop`"));
             None
         }
     }
@@ -227,6 +232,19 @@ fn our_client_against_pytorch_server() {
     assert_eq!(s.num_keys().unwrap(), 9);
     let clone = s.clone_store().unwrap();
     assert_eq!(clone.get("from_rust").unwrap(), b"hello");
+    // The CLI inspects PyTorch's live store too, printing binary values escaped.
+    let cli = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_pgstore"))
+            .args(["--addr", &format!("127.0.0.1:{port}"), "--timeout", "20"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "pgstore {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    assert_eq!(cli(&["get", "from_py"]), "\\x00py\\xff\n");
+    assert!(cli(&["list"]).lines().any(|line| line == "from_rust"));
+    assert_eq!(cli(&["add", "cnt", "0"]), "7\n");
     s.set("rust_done", b"1").unwrap();
     let (success, out, err) = finish(child, stdout);
     assert!(success && out.contains("PY_OK"), "the PyTorch server's checks failed:\n{out}\n{err}");
@@ -268,4 +286,91 @@ fn our_file_store_and_pytorchs_share_a_file() {
     assert_eq!(store.num_keys().unwrap(), 5);
     drop(store);
     let _ = std::fs::remove_file(&path);
+}
+
+/// A port nobody listens on now: bind, read it, release it.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+const PYTORCH_RANK0: &str = r#"
+import sys, datetime
+import torch.distributed as dist
+# Rank 0 of a world of 2: hosts the server and waits for the other worker (ours) to count itself in init/.
+s = dist.TCPStore("127.0.0.1", int(sys.argv[1]), world_size=2, is_master=True, timeout=datetime.timedelta(seconds=60))
+s.set("from_rank0", "hello")
+assert s.get("from_rank1") == b"hi"
+assert s.get("agent/k") == b"v"
+print("PY_RANK0_OK", flush=True)
+"#;
+
+#[test]
+fn a_pytorch_rank0_hosts_and_a_rust_rank1_joins() {
+    let Some(python) = python("a_pytorch_rank0_hosts_and_a_rust_rank1_joins") else { return };
+    let port = free_port();
+    let mut child = spawn(&python, PYTORCH_RANK0, &[port.to_string()]);
+    let stdout = child.stdout.take().unwrap();
+    // Our worker connects with backoff until PyTorch's server listens, counts itself, and the master's
+    // waitForWorkers returns.
+    let vars: std::collections::HashMap<&str, String> = [
+        ("RANK", "1".to_owned()),
+        ("WORLD_SIZE", "2".to_owned()),
+        ("MASTER_ADDR", "127.0.0.1".to_owned()),
+        ("MASTER_PORT", port.to_string()),
+    ]
+    .into();
+    let rdzv =
+        pg_store::rendezvous::rendezvous_with("env://", Duration::from_secs(60), &|name| vars.get(name).cloned())
+            .expect("env:// rendezvous against PyTorch's rank 0");
+    assert_eq!(rdzv.store.get("from_rank0").unwrap(), b"hello");
+    rdzv.store.set("from_rank1", b"hi").unwrap();
+    // torchrun's agent store: the same server, used under the attempt prefix.
+    let agent_vars: std::collections::HashMap<&str, String> = vars
+        .iter()
+        .map(|(k, v)| (*k, v.clone()))
+        .chain([("TORCHELASTIC_USE_AGENT_STORE", "True".to_owned()), ("TORCHELASTIC_RESTART_COUNT", "0".to_owned())])
+        .collect();
+    let agent =
+        pg_store::rendezvous::rendezvous_with("env://", Duration::from_secs(60), &|name| agent_vars.get(name).cloned())
+            .unwrap();
+    agent.store.set("k", b"v").unwrap();
+    // The wire key is "/" + "/worker/attempt_0/k"; PyTorch's client reaches it as "/worker/attempt_0/k".
+    assert_eq!(rdzv.store.get("/worker/attempt_0/k").unwrap(), b"v");
+    rdzv.store.set("agent/k", b"v").unwrap();
+    let (success, out, err) = finish(child, stdout);
+    assert!(success && out.contains("PY_RANK0_OK"), "PyTorch's rank 0 failed:\n{out}\n{err}");
+}
+
+const PYTORCH_RANK1: &str = r#"
+import sys, datetime
+import torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", int(sys.argv[1]), world_size=2, is_master=False, timeout=datetime.timedelta(seconds=60))
+assert s.get("from_rank0") == b"hello"
+s.set("from_rank1", "hi")
+print("PY_RANK1_OK", flush=True)
+"#;
+
+#[test]
+fn a_rust_rank0_hosts_and_a_pytorch_rank1_joins() {
+    let Some(python) = python("a_rust_rank0_hosts_and_a_pytorch_rank1_joins") else { return };
+    let port = free_port();
+    let mut child = spawn(&python, PYTORCH_RANK1, &[port.to_string()]);
+    let stdout = child.stdout.take().unwrap();
+    // Our rank 0 hosts the server and waits until PyTorch's worker has counted itself in init/.
+    let store = TcpStore::new(
+        "127.0.0.1",
+        pg_store::TcpStoreOptions {
+            port,
+            is_server: true,
+            num_workers: Some(2),
+            timeout: Duration::from_secs(60),
+            ..pg_store::TcpStoreOptions::default()
+        },
+    )
+    .expect("the PyTorch worker joined");
+    store.set("from_rank0", b"hello").unwrap();
+    assert_eq!(store.get("from_rank1").unwrap(), b"hi");
+    assert_eq!(store.add_raw("init/", 0).unwrap(), 2);
+    let (success, out, err) = finish(child, stdout);
+    assert!(success && out.contains("PY_RANK1_OK"), "PyTorch's rank 1 failed:\n{out}\n{err}");
 }

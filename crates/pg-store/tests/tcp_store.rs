@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pg_store::tcp::protocol::{encode_request, Limits, Request, VALIDATION_MAGIC};
@@ -250,7 +251,7 @@ fn a_dead_server_is_an_error_not_a_hang() {
 fn clients_that_break_the_protocol_are_disconnected_and_others_keep_working() {
     let server = TcpStoreServer::start(ServerOptions {
         port: 0,
-        limits: Limits { max_key_len: 16, max_value_len: 64, ..Limits::default() },
+        limits: Limits { max_key_len: 16, max_value_len: 64, max_reply_len: 1 << 20, ..Limits::default() },
         ..ServerOptions::default()
     })
     .unwrap();
@@ -285,10 +286,17 @@ fn clients_that_break_the_protocol_are_disconnected_and_others_keep_working() {
     let mut bad_add = validated(port);
     send(&mut bad_add, &Request::Add { key: b"/k".to_vec(), delta: 1 });
     expect_closed(&mut bad_add);
+    // A MULTI_GET naming one value so many times that the reply would pass the limit.
+    good.set("v", &[7; 64]).unwrap();
+    good.ping().unwrap();
+    let mut amplifier = validated(port);
+    send(&mut amplifier, &Request::MultiGet { keys: vec![b"/v".to_vec(); 20_000] });
+    expect_closed(&mut amplifier);
 
-    assert_eq!(server.stats().protocol_errors, 6);
+    assert_eq!(server.stats().protocol_errors, 7);
     assert_eq!(good.get("k").unwrap(), b"v", "the well-behaved client is unaffected");
-    assert!(server.stats().peak_buffered < 1024, "nothing large was buffered: {:?}", server.stats());
+    // The largest request was the 200 KB MULTI_GET; the oversized ones were refused from their headers.
+    assert!(server.stats().peak_buffered < 256 * 1024, "nothing large was buffered: {:?}", server.stats());
 }
 
 #[test]
@@ -324,4 +332,57 @@ fn a_client_that_reads_its_replies_late_gets_them_all() {
     send(&mut stream, &Request::Ping { nonce: 9 });
     assert_eq!(read_n(&mut stream, 4), 9u32.to_le_bytes());
     assert_eq!(store.get("big").unwrap().len(), value.len(), "other clients were served meanwhile");
+}
+
+#[test]
+fn a_server_that_announces_a_huge_value_and_dies_is_a_network_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut handshake = [0; 10];
+        socket.read_exact(&mut handshake).unwrap();
+        socket.write_all(&handshake[6..10]).unwrap();
+        // WAIT {"/k"}: 1 + 8 + 8 + 2 bytes; answer STOP_WAITING.
+        let mut wait = [0; 19];
+        socket.read_exact(&mut wait).unwrap();
+        socket.write_all(&[0]).unwrap();
+        // GET "/k": announce 512 GiB, send a few bytes, and hang up.
+        let mut get = [0; 11];
+        socket.read_exact(&mut get).unwrap();
+        socket.write_all(&(1u64 << 39).to_le_bytes()).unwrap();
+        socket.write_all(b"abc").unwrap();
+    });
+    let store = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    let error = store.get("k").unwrap_err();
+    assert!(matches!(error, StoreError::Network(_)), "{error}");
+    let again = store.ping().unwrap_err();
+    assert!(again.to_string().contains("broken"), "a broken connection says so: {again}");
+    script.join().unwrap();
+}
+
+#[test]
+fn multi_tenant_handles_share_one_server_until_the_last_drops() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let options = TcpStoreOptions {
+        port,
+        is_server: true,
+        multi_tenant: true,
+        wait_workers: false,
+        timeout: TIMEOUT,
+        ..TcpStoreOptions::default()
+    };
+    let first = TcpStore::new("127.0.0.1", options.clone()).unwrap();
+    let second = TcpStore::new("127.0.0.1", options.clone()).expect("the second handle reuses the server");
+    assert!(Arc::ptr_eq(first.server().unwrap(), second.server().unwrap()));
+    first.set("k", b"v").unwrap();
+    assert_eq!(second.get("k").unwrap(), b"v");
+    // Without multi_tenant a second server on the port fails with PyTorch's message.
+    let error = TcpStore::new("127.0.0.1", TcpStoreOptions { multi_tenant: false, ..options.clone() }).unwrap_err();
+    assert!(error.to_string().contains("failed to listen on any local network address"), "{error}");
+    drop(first);
+    assert_eq!(second.get("k").unwrap(), b"v", "the server lives while a handle holds it");
+    drop(second);
+    let fresh = TcpStore::new("127.0.0.1", options).expect("the port is free again");
+    assert!(!fresh.check(&["k"]).unwrap(), "a new server starts empty");
 }

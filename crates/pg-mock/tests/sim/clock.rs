@@ -112,7 +112,10 @@ fn an_interrupt_ends_a_sleep_early() {
 }
 
 /// A busy multi-rank scenario: store exchange, collectives, sleeps of different lengths, a polling helper.
-fn scenario(w: &World) -> (Vec<Vec<Duration>>, Vec<Vec<(u64, String, Duration, Duration)>>) {
+/// Per rank: the times it saw, and its device's kernels as (stream id, name, start, end).
+type Timeline = (Vec<Vec<Duration>>, Vec<Vec<(u64, String, Duration, Duration)>>);
+
+fn scenario(w: &World) -> Timeline {
     let store = w.store();
     let times = w.run(4, move |rank, device| {
         let mut times = Vec::new();
@@ -210,4 +213,46 @@ fn unregistered_threads_are_refused() {
     })));
     assert!(message.contains("not registered"), "{message}");
     assert_eq!(w.now(), Duration::ZERO);
+}
+
+#[test]
+fn a_livelock_stops_at_the_time_limit() {
+    let w = World::new(pg_mock::WorldConfig {
+        time_limit: Duration::from_secs(1),
+        ..pg_mock::WorldConfig::with_devices(1)
+    });
+    let message = panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        w.run(1, |_, device| loop {
+            device.sleep(100 * MS, &AtomicBool::new(false));
+        });
+    })));
+    assert!(message.contains("virtual time limit of 1.000 s reached"), "{message}");
+    assert!(message.contains("thread 'rank0' (local time 1.000 s): sleeping for 100.000 ms"), "{message}");
+}
+
+#[test]
+fn an_unregistered_caller_reads_global_time() {
+    let w = world(1);
+    let device = w.device(0);
+    w.run(1, |_, d| d.sleep(3 * MS, &AtomicBool::new(false)));
+    assert_eq!(device.now(), 3 * MS);
+    assert_eq!(w.now(), 3 * MS);
+}
+
+#[test]
+fn the_first_panic_is_reraised_not_the_deadlock_it_causes() {
+    let w = world(2);
+    let store = w.store();
+    let message = panic_message(std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        w.run(2, move |rank, device| {
+            let c = comm(&store, "id", &device, rank, 2);
+            if rank == 1 {
+                panic!("rank 1 failed on its own");
+            }
+            let b = device.alloc(DType::F32, 4).unwrap();
+            c.all_reduce(&b, &b, ReduceOp::Sum, &device.current_stream()).unwrap();
+            device.synchronize().unwrap();
+        });
+    })));
+    assert_eq!(message, "rank 1 failed on its own");
 }

@@ -125,9 +125,12 @@ fn invalid_arguments_are_errors_not_panics() {
     assert!(messages[8].contains("belongs to device"), "{}", messages[8]);
 }
 
+/// What one rank does in a mismatch case.
+type Body = fn(&MockCommunicator, usize, &pg_mock::MockDevice);
+
 #[test]
 fn a_mismatch_becomes_the_communicators_async_error() {
-    let cases: &[(&str, fn(&MockCommunicator, usize, &pg_mock::MockDevice), &str)] = &[
+    let cases: &[(&str, Body, &str)] = &[
         (
             "different ops",
             |c, rank, d| {

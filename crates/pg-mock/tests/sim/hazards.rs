@@ -16,7 +16,6 @@ type Tail = fn(&mut Setup);
 struct Setup {
     device: MockDevice,
     current: MockStream,
-    comm_stream: MockStream,
     other: MockStream,
     buffer: Option<pg_mock::MockBuffer>,
     end: pg_mock::MockEvent,
@@ -43,7 +42,7 @@ fn run(record_stream: bool, tail: Tail) -> Vec<(HazardKind, String)> {
         }
         let end = device.create_event();
         end.record(&comm_stream).unwrap();
-        let mut setup = Setup { device, current, comm_stream, other, buffer: Some(buffer), end };
+        let mut setup = Setup { device, current, other, buffer: Some(buffer), end };
         tail(&mut setup);
         setup.device.synchronize().unwrap();
     });
@@ -156,7 +155,7 @@ fn unordered_accesses_are_reported() {
         &[(HazardKind::WriteAfterWrite, &["write of buffer #1 by fill on stream 2", WAIT_HINT])],
     );
     check(
-        "a stream queries true only for itself",
+        "a stream synchronize orders only that stream's work",
         true,
         |s| {
             s.current.synchronize().unwrap();
@@ -164,6 +163,33 @@ fn unordered_accesses_are_reported() {
         },
         &[(HazardKind::ReadAfterWrite, &["copy_to_host on stream 2"])],
     );
+}
+
+#[test]
+fn overwriting_an_input_still_being_read_is_reported() {
+    let w = World::new(WorldConfig { hazard_mode: HazardMode::Record, ..WorldConfig::with_devices(2) });
+    let store = w.store();
+    w.run(2, move |rank, device| {
+        let c = comm(&store, "id", &device, rank, 2);
+        let current = device.current_stream();
+        let comm_stream = device.stream_from_pool(false).unwrap();
+        let input = device.alloc(DType::F32, 16).unwrap();
+        let output = device.alloc(DType::F32, 16).unwrap();
+        device.fill(&input, 1.0, &current).unwrap();
+        let ready = device.create_event();
+        ready.record(&current).unwrap();
+        comm_stream.wait_event(&ready).unwrap();
+        c.all_reduce(&input, &output, ReduceOp::Sum, &comm_stream).unwrap();
+        // The next step's producer writes the input on the current stream without waiting for the collective.
+        device.fill(&input, 2.0, &current).unwrap();
+        device.synchronize().unwrap();
+    });
+    let hazards: Vec<_> = w.hazards().into_iter().filter(|h| h.device == 0).collect();
+    assert_eq!(hazards.len(), 1, "{hazards:#?}");
+    assert_eq!(hazards[0].kind, HazardKind::WriteAfterRead);
+    let expected = "write of buffer #1 by fill on stream 0 is not ordered after its read by all_reduce (op 0 on \
+                    communicator 0) on stream 1: the reader may still be using the old contents";
+    assert!(hazards[0].message.contains(expected), "{}", hazards[0].message);
 }
 
 #[test]

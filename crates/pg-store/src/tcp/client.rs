@@ -1,8 +1,9 @@
 //! The TCP store client: PyTorch's `TCPStore` as a Rust [`Store`], optionally hosting the server.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use super::protocol::{Command, Encoder, Limits, CHECK_READY, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED};
@@ -22,6 +23,9 @@ pub struct TcpStoreOptions {
     pub port: u16,
     /// Whether this handle starts the server in-process (rank 0 does).
     pub is_server: bool,
+    /// With `is_server` and a fixed port, reuse a server this process already runs on that port instead of
+    /// binding again (PyTorch's `multi_tenant`); the server stops when its last handle drops.
+    pub multi_tenant: bool,
     /// The number of workers that will connect, the server's process included.
     pub num_workers: Option<usize>,
     /// Whether to count this worker in `init/` and, on the server, wait for `num_workers`.
@@ -39,6 +43,7 @@ impl Default for TcpStoreOptions {
         Self {
             port: DEFAULT_PORT,
             is_server: false,
+            multi_tenant: false,
             num_workers: None,
             wait_workers: true,
             timeout: DEFAULT_STORE_TIMEOUT,
@@ -169,8 +174,13 @@ impl Conn {
             .ok()
             .filter(|&len| len <= 1 << 40)
             .ok_or_else(|| self.fail(format!("the store server sent an impossible length {len} in reply to {what}")))?;
-        let mut value = vec![0; len];
-        self.read_reply(&mut value, timeout, what)?;
+        // The buffer grows with the bytes that actually arrive, so a bogus length cannot make us allocate it.
+        let mut value = Vec::with_capacity(len.min(1 << 20));
+        while value.len() < len {
+            let start = value.len();
+            value.resize(start + (len - start).min(1 << 20), 0);
+            self.read_reply(&mut value[start..], timeout, what)?;
+        }
         Ok(value)
     }
 
@@ -235,13 +245,21 @@ impl TcpStore {
         if options.num_workers == Some(0) {
             return Err(StoreError::InvalidArgument("world_size (num_workers) must be greater than 0".into()));
         }
-        let server = match options.is_server {
-            true => Some(Arc::new(TcpStoreServer::start(ServerOptions {
-                host: None,
-                port: options.port,
-                limits: options.limits,
-            })?)),
-            false => None,
+        let start = || TcpStoreServer::start(ServerOptions { host: None, port: options.port, limits: options.limits });
+        let server = match (options.is_server, options.multi_tenant && options.port != 0) {
+            (false, _) => None,
+            (true, false) => Some(Arc::new(start()?)),
+            (true, true) => {
+                let mut servers = tenant_servers().lock().unwrap_or_else(PoisonError::into_inner);
+                match servers.get(&options.port).and_then(Weak::upgrade) {
+                    Some(server) => Some(server),
+                    None => {
+                        let server = Arc::new(start()?);
+                        servers.insert(options.port, Arc::downgrade(&server));
+                        Some(server)
+                    }
+                }
+            }
         };
         let port = server.as_ref().map_or(options.port, |s| s.port());
         let store = Self::connect_with(host, port, options.timeout, options.initial_backoff, server)?;
@@ -360,6 +378,12 @@ impl TcpStore {
             false => Err(StoreError::Timeout { keys: keys.to_vec(), timeout }),
         }
     }
+}
+
+/// The servers started with `multi_tenant`, by port: PyTorch's per-process cache of shared servers.
+fn tenant_servers() -> &'static Mutex<HashMap<u16, Weak<TcpStoreServer>>> {
+    static SERVERS: OnceLock<Mutex<HashMap<u16, Weak<TcpStoreServer>>>> = OnceLock::new();
+    SERVERS.get_or_init(Mutex::default)
 }
 
 fn prefixed(key: &str) -> String {

@@ -121,6 +121,9 @@ pub struct Limits {
     pub max_key_count: usize,
     /// The longest request, in bytes, counting every field.
     pub max_message_len: usize,
+    /// The longest reply to one `MULTI_GET`: naming one large value many times must not make the server
+    /// build an arbitrarily large reply.
+    pub max_reply_len: usize,
 }
 
 impl Default for Limits {
@@ -130,6 +133,7 @@ impl Default for Limits {
             max_value_len: 8 * 1024 * 1024,
             max_key_count: 128 * 1024,
             max_message_len: 32 << 20,
+            max_reply_len: 256 << 20,
         }
     }
 }

@@ -407,8 +407,10 @@ impl EventLoop {
             Request::Validate { .. } => self.conn(id).expect("live").validated = true,
             Request::Ping { nonce } => self.reply(id, &nonce.to_le_bytes()),
             Request::Set { key, value } => {
-                self.values.insert(key.clone(), value);
+                // Waking first saves a copy of the key: a woken client's next request is handled only after
+                // this one, when the value is in place.
                 self.wake_all(&key);
+                self.values.insert(key, value);
             }
             Request::CompareSet { key, expected, desired } => {
                 let reply = match self.values.get(&key) {
@@ -466,6 +468,13 @@ impl EventLoop {
                 self.wake_all(&key);
             }
             Request::MultiGet { keys } => {
+                let reply_len: usize = keys.iter().map(|key| 8 + self.values.get(key).map_or(0, Vec::len)).sum();
+                if reply_len > self.limits.max_reply_len {
+                    return Err(Close::Protocol(format!(
+                        "MULTI_GET reply of {reply_len} bytes exceeds the limit of {}",
+                        self.limits.max_reply_len
+                    )));
+                }
                 for key in keys {
                     let value = self.values.get(&key).cloned().unwrap_or_default();
                     self.reply_bytes(id, &value);
@@ -473,8 +482,8 @@ impl EventLoop {
             }
             Request::MultiSet { pairs } => {
                 for (key, value) in pairs {
-                    self.values.insert(key.clone(), value);
                     self.wake_all(&key);
+                    self.values.insert(key, value);
                 }
             }
             Request::CancelWait => {
@@ -546,6 +555,9 @@ impl EventLoop {
 
     /// Counts one arrival for every connection waiting on `key` and answers those whose waits are complete.
     fn wake_all(&mut self, key: &[u8]) {
+        if self.waiters.is_empty() {
+            return;
+        }
         if let Some(ids) = self.waiters.remove(key) {
             for id in ids {
                 self.arrived(id, key);
