@@ -401,9 +401,11 @@ fn async_communicator_error(env: &Env) -> Outcome {
             seen.work_error == Some(ErrorKind::Communicator),
             format!("{mode:?}: work error {:?}", seen.work_error),
         );
+        // One period, plus the host time of the pass that finds it (a few microseconds of virtual time).
+        let bound = PERIOD + Duration::from_millis(1);
         out.check(
-            seen.latency.is_some_and(|l| l <= PERIOD),
-            format!("{mode:?}: latency {:?} > {PERIOD:?}", seen.latency),
+            seen.latency.is_some_and(|l| l <= bound),
+            format!("{mode:?}: latency {:?} > {bound:?}", seen.latency),
         );
         out.check(seen.aborted_comms == aborted, format!("{mode:?}: {} communicators aborted", seen.aborted_comms));
         out.check(seen.torn_down == torn_down, format!("{mode:?}: torn down = {}", seen.torn_down));
