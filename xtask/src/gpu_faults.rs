@@ -170,12 +170,12 @@ impl Rank {
         group.abort("the scenario is over");
     }
 
-    /// Polls (every 2 ms) until `error` returns something or `limit` passes.
-    fn poll_error(limit: Duration, error: impl Fn() -> Option<Error>) -> (Option<Error>, Duration) {
+    /// Polls (every 2 ms) until `found` returns something or `limit` passes.
+    fn poll<T>(limit: Duration, found: impl Fn() -> Option<T>) -> (Option<T>, Duration) {
         let start = Instant::now();
         loop {
-            if let Some(e) = error() {
-                return (Some(e), start.elapsed());
+            if let Some(value) = found() {
+                return (Some(value), start.elapsed());
             }
             if start.elapsed() > limit {
                 return (None, start.elapsed());
@@ -195,9 +195,10 @@ impl Rank {
         let buffer = self.filled(1.0, 1 << 20)?;
         let work = group.all_reduce(&buffer, ReduceOp::Sum).map_err(|e| e.to_string())?;
         work.wait().map_err(|e| e.to_string())?;
-        let (error, latency) = Self::poll_error(self.timeout() * 5, || work.exception());
+        let (error, latency) = Self::poll(self.timeout() * 5, || work.exception());
         let dump = Path::new(&self.plan.dump_dir).join("scenario-1/nccl_trace_rank_0");
-        let dumped = dump.exists();
+        // The watchdog sets the error, then writes the dump: give the write a moment.
+        let dumped = Self::poll(Duration::from_secs(2), || dump.exists().then_some(())).0.is_some();
         let report = group.desync_report();
         self.detected("1", &group);
         let bound = self.timeout() + self.period() * 2;
@@ -327,7 +328,8 @@ impl Rank {
         let start = Instant::now();
         let work = group.all_reduce(&buffer, ReduceOp::Sum).map_err(|e| e.to_string())?;
         work.wait().map_err(|e| e.to_string())?;
-        let (error, latency) = Self::poll_error(self.timeout() * 5, || work.exception().or_else(|| group.error()));
+        let (error, latency) = Self::poll(self.timeout() * 5, || work.exception().or_else(|| group.error()));
+        let detected_after = start.elapsed();
         group.abort("the scenario is over");
         let bound = self.timeout() + self.period() * 2 + Duration::from_millis(20);
         Ok(Row {
@@ -336,7 +338,7 @@ impl Rank {
             expected: expected.to_owned(),
             observed: error.as_ref().map_or("no error".to_owned(), describe),
             detection_ms: Some(ms(latency)),
-            pass: error.is_some() && start.elapsed() <= bound + Duration::from_millis(100) && latency <= bound,
+            pass: error.is_some() && detected_after <= bound && latency <= bound,
         })
     }
 }

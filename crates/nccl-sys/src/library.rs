@@ -510,6 +510,26 @@ mod tests {
     }
 
     #[test]
+    fn without_the_variable_the_soname_comes_first_then_the_dev_symlink() {
+        assert_eq!(LIBRARY_CANDIDATES, ["libnccl.so.2", "libnccl.so"]);
+        match Library::load_with_env(None) {
+            Ok(lib) => println!(
+                "skipped: NCCL is installed here ({}), the fallback order is not exercised",
+                lib.path().display()
+            ),
+            Err(Error::LibraryNotFound { tried }) => {
+                let names: Vec<PathBuf> = tried.into_iter().map(|t| t.0).collect();
+                assert_eq!(names, [PathBuf::from("libnccl.so.2"), PathBuf::from("libnccl.so")]);
+            }
+            Err(other) => println!("skipped: an NCCL here that cannot be used: {other}"),
+        }
+        // An empty variable counts as unset.
+        assert!(
+            !matches!(Library::load_with_env(Some("".into())), Err(Error::LibraryNotFound { ref tried }) if tried.len() == 1)
+        );
+    }
+
+    #[test]
     fn a_library_without_nccl_symbols_is_a_typed_error() {
         // The C library loads everywhere this test runs and has no NCCL entry points.
         let err = Library::load_from(&[PathBuf::from("libc.so.6")]).expect_err("libc is not NCCL");

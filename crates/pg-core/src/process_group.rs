@@ -432,6 +432,7 @@ impl<B: Backend> ProcessGroup<B> {
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
         let inputs = spec.inputs.iter().map(|b| (b.numel(), b.dtype())).collect();
+        let outputs = spec.outputs.iter().map(|b| (b.numel(), b.dtype())).collect();
         let work = WorkHandle {
             state: Arc::new(WorkState {
                 device: device.clone(),
@@ -451,10 +452,10 @@ impl<B: Backend> ProcessGroup<B> {
                 is_barrier: spec.is_barrier,
                 exception: Mutex::new(None),
                 stash: Mutex::new(stash),
-                outputs: spec.outputs,
             }),
+            outputs: Arc::from(spec.outputs),
         };
-        self.inner.rel.track(&work.state, inputs, options.enable_watchdog);
+        self.inner.rel.track(&work.state, inputs, outputs, options.enable_watchdog);
         // An abort that ran while this op was being enqueued did not see it on the in-flight list.
         if let Some(error) = self.error() {
             work.state.set_exception(error);

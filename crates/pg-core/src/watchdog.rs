@@ -24,7 +24,7 @@ use pg_store::Store;
 use crate::desync::{encode_trace, trace_end_key, trace_start_key, DesyncReport};
 use crate::flight_recorder::{dump_path, write_dump, DumpHeader, FlightRecorder, NewEntry};
 use crate::work::WorkState;
-use crate::{Backend, Buffer, Communicator, DType, Device, Error, ErrorKind, Event, OpType, Options, Result};
+use crate::{Backend, Communicator, DType, Device, Error, ErrorKind, Event, OpType, Options, Result};
 
 /// How often the watchdog looks for an `exception_dump` signal from a peer (`TORCH_NCCL_COORD_CHECK_MILSEC`).
 const COORD_CHECK_PERIOD: Duration = Duration::from_secs(1);
@@ -158,7 +158,13 @@ impl<B: Backend> Reliability<B> {
     }
 
     /// Records a new Work in the flight recorder and the status, and puts it on the in-flight list.
-    pub(crate) fn track(&self, work: &Arc<WorkState<B>>, inputs: Vec<(usize, DType)>, watched: bool) {
+    pub(crate) fn track(
+        &self,
+        work: &Arc<WorkState<B>>,
+        inputs: Vec<(usize, DType)>,
+        outputs: Vec<(usize, DType)>,
+        watched: bool,
+    ) {
         let device = &work.device;
         let probe = |event: &Arc<B::Event>| {
             let event = Arc::clone(event);
@@ -171,7 +177,7 @@ impl<B: Backend> Reliability<B> {
             op: work.op,
             time_created_ns: nanos(work.start_time),
             inputs,
-            outputs: work.outputs.iter().map(|b| (b.numel(), b.dtype())).collect(),
+            outputs,
             timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
             started: work.start_event.as_ref().map(probe),
             completed: Some(probe(&work.end_event)),

@@ -45,7 +45,6 @@ pub(crate) struct WorkState<B: Backend> {
     pub(crate) exception: Mutex<Option<Error>>,
     /// Buffers kept alive until the Work is waited on (avoid-record-streams mode, S12).
     pub(crate) stash: Mutex<Vec<B::Buffer>>,
-    pub(crate) outputs: Vec<B::Buffer>,
 }
 
 impl<B: Backend> WorkState<B> {
@@ -161,11 +160,14 @@ impl<B: Backend> WorkState<B> {
 #[must_use = "a Work that is never waited on leaves the current stream unordered after the op"]
 pub struct WorkHandle<B: Backend> {
     pub(crate) state: Arc<WorkState<B>>,
+    /// The outputs live on the caller's handles only: as in PyTorch, the watchdog's reference to the Work does
+    /// not keep them alive (the allocator's `record_stream` guard protects their memory instead).
+    pub(crate) outputs: Arc<[B::Buffer]>,
 }
 
 impl<B: Backend> Clone for WorkHandle<B> {
     fn clone(&self) -> Self {
-        Self { state: Arc::clone(&self.state) }
+        Self { state: Arc::clone(&self.state), outputs: Arc::clone(&self.outputs) }
     }
 }
 
@@ -239,12 +241,12 @@ impl<B: Backend> WorkHandle<B> {
 
     /// The output buffers.
     pub fn outputs(&self) -> &[B::Buffer] {
-        &self.state.outputs
+        &self.outputs
     }
 
     /// The CUDA-aware Future of the op: done at once, with the outputs (S17).
     pub fn future(&self) -> Future<B> {
-        Future::new(self.state.device.clone(), Arc::clone(&self.state.end_event), self.state.outputs.clone())
+        Future::new(self.state.device.clone(), Arc::clone(&self.state.end_event), self.outputs.to_vec())
     }
 
     /// Blocks the host until the op has finished on the device (the end event's synchronize), whatever the

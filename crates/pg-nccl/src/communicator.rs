@@ -158,7 +158,12 @@ impl Communicator {
             self.ready.store(true, Ordering::Release);
         }
         self.device.bind_to_thread().map_err(cuda_error)?;
-        let status = call(self.library, comm.0).map_err(nccl_error)?;
+        let timed = call_timing::enabled().then(std::time::Instant::now);
+        let status = call(self.library, comm.0).map_err(nccl_error);
+        if let Some(started) = timed {
+            call_timing::add(started.elapsed());
+        }
+        let status = status?;
         if status.is_in_progress() {
             self.wait_while_in_progress()?;
         }
@@ -430,5 +435,32 @@ impl fmt::Debug for Communicator {
             .field("description", &self.description)
             .field("aborted", &self.aborted.load(Ordering::Acquire))
             .finish()
+    }
+}
+
+/// Host time spent inside NCCL's enqueue calls, for telling the process group's own overhead from NCCL's
+/// (the benchmark reads it). Off unless `PG_NCCL_TIME_CALLS=1`, so the enqueue path pays one branch.
+pub mod call_timing {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static NANOS: AtomicU64 = AtomicU64::new(0);
+
+    /// Whether `PG_NCCL_TIME_CALLS=1` (read once).
+    pub fn enabled() -> bool {
+        static ENABLED: OnceLock<bool> = OnceLock::new();
+        *ENABLED.get_or_init(|| std::env::var("PG_NCCL_TIME_CALLS").as_deref() == Ok("1"))
+    }
+
+    pub(crate) fn add(elapsed: Duration) {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        NANOS.fetch_add(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Calls timed so far and their total host time (process-wide).
+    pub fn totals() -> (u64, Duration) {
+        (CALLS.load(Ordering::Relaxed), Duration::from_nanos(NANOS.load(Ordering::Relaxed)))
     }
 }

@@ -22,7 +22,7 @@ pub mod raw;
 mod stream;
 
 pub use buffer::Buffer;
-pub use communicator::Communicator;
+pub use communicator::{call_timing, Communicator};
 pub use device::Device;
 pub use event::Event;
 pub use stream::Stream;

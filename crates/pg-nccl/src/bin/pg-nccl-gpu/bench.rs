@@ -57,6 +57,8 @@ struct Sample {
     device_us: f64,
     enqueue_us: Vec<f64>,
     wait_us: Vec<f64>,
+    /// Per op, the host time inside `ncclAllReduce` (pg contestants, with `PG_NCCL_TIME_CALLS=1`).
+    nccl_us: Vec<f64>,
 }
 
 enum Contestant<'a> {
@@ -109,6 +111,7 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
     start.record(stream.cuda()).map_err(e)?;
     let mut enqueue_us = Vec::with_capacity(ops);
     let mut wait_us = Vec::with_capacity(ops);
+    let mut nccl_us = Vec::new();
     for _ in 0..ops {
         match (who, who.group()) {
             (Contestant::Raw { comm, stream }, _) => {
@@ -117,9 +120,14 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
             }
             (_, Some(pg)) => {
+                let (_, before) = pg_nccl::call_timing::totals();
                 let t = Instant::now();
                 let work = pg.all_reduce(buffer, ReduceOp::Sum).map_err(e)?;
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+                if pg_nccl::call_timing::enabled() {
+                    let (_, after) = pg_nccl::call_timing::totals();
+                    nccl_us.push((after - before).as_secs_f64() * 1e6);
+                }
                 let t = Instant::now();
                 work.wait().map_err(e)?;
                 wait_us.push(t.elapsed().as_secs_f64() * 1e6);
@@ -129,7 +137,7 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
     }
     end.record(stream.cuda()).map_err(e)?;
     let elapsed = end.elapsed_since(&start).map_err(e)?;
-    Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us })
+    Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us, nccl_us })
 }
 
 pub fn run(ctx: &Rank) -> Result<Value, String> {
@@ -184,6 +192,12 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
             let mut device_us: Vec<f64> = samples.iter().map(|s| s.device_us).collect();
             let mut enqueue: Vec<f64> = samples.iter().flat_map(|s| s.enqueue_us.iter().copied()).collect();
             let mut wait: Vec<f64> = samples.iter().flat_map(|s| s.wait_us.iter().copied()).collect();
+            let mut nccl: Vec<f64> = samples.iter().flat_map(|s| s.nccl_us.iter().copied()).collect();
+            // The process group's own host time per op: enqueue minus the time inside ncclAllReduce.
+            let mut own: Vec<f64> = samples
+                .iter()
+                .flat_map(|s| s.enqueue_us.iter().zip(&s.nccl_us).map(|(total, inside)| total - inside))
+                .collect();
             let time_us = median(&mut device_us);
             let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
             let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
@@ -197,6 +211,8 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
                 "busbw_gbps": busbw,
                 "host_enqueue_us": median(&mut enqueue),
                 "wait_us": if wait.is_empty() { Value::Null } else { json!(median(&mut wait)) },
+                "nccl_call_us": if nccl.is_empty() { Value::Null } else { json!(median(&mut nccl)) },
+                "own_host_us": if own.is_empty() { Value::Null } else { json!(median(&mut own)) },
                 "device_us_trials": device_us,
             }));
         }

@@ -8,12 +8,10 @@
 //!
 //! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`).
 //!
-//! TEMPORARY: the ranks rendezvous through a directory store ([`dirstore`]) until pg-store's TCP store
-//! (env://) is on main; `MASTER_ADDR`/`MASTER_PORT` are set for that switch.
+//! The ranks rendezvous over env:// (pg-store's TCP store, hosted by rank 0) on 127.0.0.1 and a free port.
 #![forbid(unsafe_code)]
 
 mod bench;
-mod dirstore;
 mod experiments;
 mod report;
 mod smoke;
@@ -119,9 +117,9 @@ fn launch(settings: &Settings) -> Result<(), String> {
     std::fs::create_dir_all(&settings.out).map_err(|e| format!("{}: {e}", settings.out.display()))?;
     println!("Found {gpus} GPU(s); running {nproc} rank(s) per task: {}", settings.tasks.join(", "));
     let mut failed = Vec::new();
-    for (index, task) in settings.tasks.iter().enumerate() {
+    for task in &settings.tasks {
         let started = Instant::now();
-        match launch_task(settings, task, nproc, index) {
+        match launch_task(settings, task, nproc) {
             Ok(ranks) => {
                 let ok = report::task(settings, task, &ranks)?;
                 println!(
@@ -147,12 +145,9 @@ fn launch(settings: &Settings) -> Result<(), String> {
 }
 
 /// Runs one task on `nproc` rank processes; returns each rank's result.
-fn launch_task(settings: &Settings, task: &str, nproc: usize, index: usize) -> Result<Vec<Value>, String> {
+fn launch_task(settings: &Settings, task: &str, nproc: usize) -> Result<Vec<Value>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let rendezvous = std::env::temp_dir().join(format!("pg-nccl-gpu-{}-{task}-{index}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&rendezvous);
-    std::fs::create_dir_all(&rendezvous).map_err(|e| e.to_string())?;
-    let port = 29500 + (std::process::id() % 1000) as usize * 10 + index;
+    let port = free_port()?;
     let mut children: Vec<Child> = Vec::new();
     for rank in 0..nproc {
         let child = Command::new(&exe)
@@ -166,7 +161,6 @@ fn launch_task(settings: &Settings, task: &str, nproc: usize, index: usize) -> R
             .env("LOCAL_WORLD_SIZE", nproc.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
-            .env("PG_RDZV_DIR", &rendezvous)
             .env("NCCL_NVLS_ENABLE", "0")
             .spawn()
             .map_err(|e| format!("starting rank {rank}: {e}"))?;
@@ -186,12 +180,10 @@ fn launch_task(settings: &Settings, task: &str, nproc: usize, index: usize) -> R
             for child in &mut children {
                 let _ = child.kill();
             }
-            let _ = std::fs::remove_dir_all(&rendezvous);
             return Err(format!("timed out after {} s", settings.timeout.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = std::fs::remove_dir_all(&rendezvous);
     let mut results = Vec::new();
     for (rank, status) in statuses.into_iter().enumerate() {
         let status = status.expect("all done");
@@ -205,6 +197,12 @@ fn launch_task(settings: &Settings, task: &str, nproc: usize, index: usize) -> R
         results.push(value);
     }
     Ok(results)
+}
+
+/// A TCP port free on the loopback right now (the OS picks it; rank 0's store server binds it next).
+pub fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding a free port: {e}"))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
 }
 
 fn rank_file(out: &Path, task: &str, rank: usize) -> PathBuf {
@@ -242,14 +240,17 @@ fn run_rank(task: &str, settings: &Settings) -> Result<(), String> {
 }
 
 fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, String> {
-    let world = env_usize("WORLD_SIZE")?;
-    let local_rank = env_usize("LOCAL_RANK")?;
     if std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
         return Err("NCCL_NVLS_ENABLE=0 must be set (NVLink multicast stays off)".into());
     }
-    let dir = std::env::var("PG_RDZV_DIR").map_err(|_| "PG_RDZV_DIR is not set".to_owned())?;
-    let store: Arc<dyn Store> =
-        Arc::new(dirstore::DirStore::new(Path::new(&dir), Duration::from_secs(120)).map_err(|e| e.to_string())?);
+    let rendezvous = pg_core::store::rendezvous::env_rendezvous(Duration::from_secs(120))
+        .map_err(|e| format!("env:// rendezvous: {e}"))?;
+    if rendezvous.rank != rank {
+        return Err(format!("RANK {rank} but the rendezvous says {}", rendezvous.rank));
+    }
+    let world = rendezvous.world_size;
+    let local_rank = rendezvous.local_rank.unwrap_or(rank);
+    let store: Arc<dyn Store> = rendezvous.store;
     let device = pg_nccl::Device::new(local_rank).map_err(|e| e.to_string())?;
     let ctx = Rank { rank, world, device, store, settings: settings.clone() };
     let mut value = match task {

@@ -268,7 +268,15 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
             let work = pg.all_reduce(&buffer, ReduceOp::Sum).map_err(e)?;
             work.wait().map_err(e)?;
         }
-        let after = device.cuda().memory_stats();
+        // The watchdog holds in-flight Works (and their outputs) until it sees them complete: the block is freed
+        // (with an event recorded on the comm stream) once it lets go, within a few watchdog periods.
+        device.current_stream().synchronize().map_err(e)?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut after = device.cuda().memory_stats();
+        while after.free_events_recorded <= before.free_events_recorded && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            after = device.cuda().memory_stats();
+        }
         ensure(after.record_stream_calls > before.record_stream_calls, || format!("{before:?} -> {after:?}"))?;
         ensure(after.free_events_recorded > before.free_events_recorded, || format!("{before:?} -> {after:?}"))?;
         Ok(json!({ "record_stream_calls": after.record_stream_calls, "free_events": after.free_events_recorded }))
