@@ -3,8 +3,8 @@
 //!
 //! Used twice: by `tests/faults.rs` (one test per scenario, in `cargo test`) and by `cargo xtask faults`
 //! (which prints the table `scenario | expected | observed | detection latency | pass`).
-//! Everything runs in virtual time: a 1 s timeout costs no real second, and the numbers are the same on
-//! every run.
+//! Everything runs in virtual time: a 1 s timeout costs no real second, the verdicts are the same on every run,
+//! and the latencies too, to within microseconds (the watchdog's host costs depend on how its passes interleave).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
