@@ -121,8 +121,8 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
     /// Starts a host thread that belongs to this device's world (the watchdog, the heartbeat monitor).
     fn spawn_host_thread(&self, name: &str, body: Box<dyn FnOnce() + Send + 'static>) -> Result<JoinHandle<()>>;
 
-    /// The kernels launched on this device so far, in launch order, where the backend can tell
-    /// (the simulated backend logs every kernel; a real backend logs the launches it made itself).
+    /// The kernels launched on this device so far, where the backend can tell: a real backend lists the launches it
+    /// made itself, in launch order; the simulated backend lists the kernels it ran, by start time.
     fn kernel_launches(&self) -> Vec<KernelLaunch> {
         Vec::new()
     }

@@ -19,6 +19,8 @@ pub(crate) struct Block {
     pub(crate) recorded: BTreeSet<usize>,
     /// For a freed block: the last operation of each recorded stream at the free, and that stream's clock.
     pub(crate) pending: Vec<(OpRef, VClock)>,
+    /// What the thread that freed it knew (the allocator's lock orders a free before the next allocation).
+    pub(crate) freed_by: VClock,
 }
 
 /// Every block, in use or cached.
@@ -49,9 +51,14 @@ impl State {
             }
             let block = self.alloc.blocks.get_mut(&id).expect("free blocks exist");
             let pending = std::mem::take(&mut block.pending);
+            let freed_by = std::mem::take(&mut block.freed_by);
             block.recorded.clear();
             // The allocator observed the recorded streams pass their points: the new owner is ordered after them.
+            // What the freeing thread knew is known to the allocating one: a Work that kept its buffers alive
+            // until a watchdog saw it complete frees them safely, whoever allocates next.
             let mut owner = self.streams[stream].clock.clone();
+            owner.join(&freed_by);
+            self.join_thread_clock(tid, &freed_by);
             for (_, clock) in &pending {
                 owner.join(clock);
                 self.join_thread_clock(tid, clock);
@@ -74,13 +81,14 @@ impl State {
                 history: History::default(),
                 recorded: BTreeSet::new(),
                 pending: Vec::new(),
+                freed_by: VClock::default(),
             },
         );
         id
     }
 
     /// Returns `block` to its stream's free list (the last handle of its buffer was dropped).
-    pub(crate) fn free_block(&mut self, block: u64) {
+    pub(crate) fn free_block(&mut self, block: u64, tid: Option<usize>) {
         let Some(b) = self.alloc.blocks.get(&block) else { return };
         let (home, bytes) = (b.stream, b.data.len());
         let recorded: Vec<usize> = b.recorded.iter().copied().filter(|s| *s != home).collect();
@@ -91,8 +99,10 @@ impl State {
                 pending.push((op, self.streams[stream].clock.clone()));
             }
         }
+        let freed_by = tid.and_then(|t| self.threads.get(&t)).map(|t| t.clock.clone()).unwrap_or_default();
         if let Some(b) = self.alloc.blocks.get_mut(&block) {
             b.pending = pending;
+            b.freed_by = freed_by;
         }
         self.alloc.free.entry((home, bytes)).or_default().push(block);
     }

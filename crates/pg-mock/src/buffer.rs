@@ -22,8 +22,9 @@ pub(crate) struct BufferHandle {
 
 impl Drop for BufferHandle {
     fn drop(&mut self) {
+        let tid = self.inner.current();
         let mut state = self.inner.lock();
-        state.free_block(self.block);
+        state.free_block(self.block, tid);
         self.inner.release(state);
     }
 }

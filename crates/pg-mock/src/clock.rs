@@ -103,6 +103,8 @@ pub(crate) enum Advance {
     Deadlock(String),
     /// The next time at which a thread could proceed lies beyond the world's time limit.
     TimeLimit(String),
+    /// Only process-group helpers are left, all parked: time stands still until something wakes them.
+    Quiescent,
 }
 
 impl State {
@@ -130,7 +132,9 @@ impl State {
     /// Moves the clock when every registered thread is parked (see the module docs).
     pub(crate) fn try_advance(&mut self, time_limit: Time) -> Advance {
         let mut best: Option<Time> = None;
+        let mut helpers_only = true;
         for thread in self.threads.values() {
+            helpers_only &= thread.helper;
             let Some(park) = &thread.park else { return Advance::Busy };
             if park.interrupt_epoch.is_some_and(|seen| seen < self.interrupt_epoch) {
                 // It has not looked at its interrupt flag since the last notify: it counts as running.
@@ -139,6 +143,9 @@ impl State {
             if let Some((t, _)) = self.wake_time(park, thread.local) {
                 best = Some(best.map_or(t, |b| b.min(t)));
             }
+        }
+        if helpers_only && best.is_none_or(|t| t > self.now) {
+            return Advance::Quiescent;
         }
         match best {
             None => {

@@ -337,7 +337,9 @@ impl pg_core::Device for MockDevice {
     }
 
     fn spawn_host_thread(&self, name: &str, body: Box<dyn FnOnce() + Send + 'static>) -> Result<JoinHandle<()>> {
-        self.inner.spawn(name, body).map_err(|e| Error::Backend(format!("cannot spawn host thread '{name}': {e}")))
+        self.inner
+            .spawn(name, true, body)
+            .map_err(|e| Error::Backend(format!("cannot spawn host thread '{name}': {e}")))
     }
 
     fn kernel_launches(&self) -> Vec<pg_core::KernelLaunch> {

@@ -33,6 +33,9 @@
 //!   real time without progress, the parked threads stop with a report. `Device::sleep` with an interrupt flag
 //!   wakes at once when the flag is set and [`pg_core::Device::notify_host_threads`] is called, so "set the
 //!   flag, notify, join" shuts a helper thread down without the clock.
+//! - **Helpers.** Threads from `Device::spawn_host_thread` (watchdogs, monitors) move the clock like any other
+//!   while a rank or [`World::spawn`] thread is alive; left alone, they wait instead of spinning through virtual
+//!   time, until an interrupt wakes them.
 //!
 //! # Determinism, and its limits
 //!

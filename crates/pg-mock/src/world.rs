@@ -100,7 +100,7 @@ impl Default for WorldConfig {
             streams_per_pool: 32,
             kernel_log_capacity: 4096,
             time_limit: Duration::from_secs(24 * 3600),
-            stall_limit: Duration::from_secs(120),
+            stall_limit: Duration::from_secs(30),
             faults: Vec::new(),
         }
     }
@@ -123,6 +123,9 @@ pub(crate) struct ThreadState {
     pub(crate) clock: VClock,
     /// Its registered wait, while parked.
     pub(crate) park: Option<Park>,
+    /// A helper of the process group (`Device::spawn_host_thread`: a watchdog, a heartbeat monitor): helpers
+    /// alone do not move the clock, so a helper left behind by its ranks waits instead of spinning through time.
+    pub(crate) helper: bool,
 }
 
 /// All simulated state, under the world's one lock.
@@ -218,14 +221,14 @@ impl State {
         }
     }
 
-    fn add_thread(&mut self, name: String, parent: Option<usize>) -> usize {
+    fn add_thread(&mut self, name: String, parent: Option<usize>, helper: bool) -> usize {
         let tid = self.next_thread;
         self.next_thread += 1;
         let (local, clock) = match parent.and_then(|p| self.threads.get(&p)) {
             Some(p) => (p.local.max(self.now), p.clock.clone()),
             None => (self.now, VClock::default()),
         };
-        self.threads.insert(tid, ThreadState { name, local, clock, park: None });
+        self.threads.insert(tid, ThreadState { name, local, clock, park: None, helper });
         self.version += 1;
         tid
     }
@@ -413,6 +416,10 @@ impl Inner {
                     continue;
                 }
                 Advance::Busy => {}
+                Advance::Quiescent => {
+                    // Only helpers are left: wait for an interrupt (a shutdown) without the stall detector.
+                    last_change = Instant::now();
+                }
             }
             if state.version != last_version {
                 last_version = state.version;
@@ -436,9 +443,9 @@ impl Inner {
     }
 
     /// Registers a host thread that is about to be spawned (by the parent, so the count is right at once).
-    fn register(&self, name: &str) -> usize {
+    fn register(&self, name: &str, helper: bool) -> usize {
         let parent = self.current();
-        self.lock().add_thread(name.to_owned(), parent)
+        self.lock().add_thread(name.to_owned(), parent, helper)
     }
 
     /// Forgets a registered thread that could not be spawned.
@@ -490,9 +497,10 @@ impl Inner {
     pub(crate) fn spawn<T: Send + 'static>(
         self: &Arc<Self>,
         name: &str,
+        helper: bool,
         body: impl FnOnce() -> T + Send + 'static,
     ) -> std::io::Result<JoinHandle<T>> {
-        let tid = self.register(name);
+        let tid = self.register(name, helper);
         self.spawn_registered(tid, name, body)
     }
 }
@@ -553,7 +561,7 @@ impl World {
             self.inner.config.devices
         );
         // Register every rank before any runs, so that no rank sees a world without the others.
-        let tids: Vec<usize> = (0..n).map(|rank| self.inner.register(&format!("rank{rank}"))).collect();
+        let tids: Vec<usize> = (0..n).map(|rank| self.inner.register(&format!("rank{rank}"), false)).collect();
         let body = &body;
         std::thread::scope(|scope| {
             let mut handles = Vec::with_capacity(n);
@@ -597,7 +605,7 @@ impl World {
     /// # Panics
     /// If the operating system cannot spawn a thread.
     pub fn spawn<T: Send + 'static>(&self, name: &str, body: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
-        self.inner.spawn(name, body).unwrap_or_else(|e| panic!("pg-mock: cannot spawn thread '{name}': {e}"))
+        self.inner.spawn(name, false, body).unwrap_or_else(|e| panic!("pg-mock: cannot spawn thread '{name}': {e}"))
     }
 
     /// The global virtual time.

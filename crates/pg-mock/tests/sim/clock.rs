@@ -256,3 +256,36 @@ fn the_first_panic_is_reraised_not_the_deadlock_it_causes() {
     })));
     assert_eq!(message, "rank 1 failed on its own");
 }
+
+#[test]
+fn helpers_left_alone_do_not_spin_through_time() {
+    // A helper (a watchdog) outlives its rank. Alone it must not move the clock: with a 1 s time limit and
+    // 100 ms sleeps it would otherwise hit the limit within a few iterations.
+    let w = World::new(pg_mock::WorldConfig {
+        time_limit: Duration::from_secs(1),
+        ..pg_mock::WorldConfig::with_devices(1)
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let helper = w
+        .run(1, move |_, device| {
+            let d = device.clone();
+            let flag = Arc::clone(&flag);
+            device
+                .spawn_host_thread(
+                    "watchdog",
+                    Box::new(move || {
+                        while !flag.load(Ordering::SeqCst) {
+                            d.sleep(100 * MS, &flag);
+                        }
+                    }),
+                )
+                .unwrap()
+        })
+        .remove(0);
+    let at_exit = w.now();
+    stop.store(true, Ordering::SeqCst);
+    w.device(0).notify_host_threads();
+    helper.join().expect("the helper stops when told, without reaching the time limit");
+    assert!(w.now() <= at_exit + 100 * MS, "{:?} -> {:?}", at_exit, w.now());
+}

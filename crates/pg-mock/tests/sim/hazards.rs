@@ -2,6 +2,7 @@
 //! programs are not.
 
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pg_core::{Communicator as _, DType, Device as _, Event as _, ReduceOp, Stream as _};
@@ -255,4 +256,52 @@ fn panic_mode_panics_with_the_message() {
         message.contains("write of buffer #1 by fill on stream 1 is not ordered after its write by fill on stream 0"),
         "{message}"
     );
+}
+
+/// Runs an all-reduce on a buffer without `record_stream`; a helper thread keeps the buffer alive until it
+/// `observes` the end event complete (or not), then drops it; the rank then allocates the same size.
+/// Returns rank 0's hazard kinds and whether the memory was reused.
+fn keep_alive_until_observed(observes: bool) -> (Vec<HazardKind>, bool) {
+    let w = World::new(WorldConfig { hazard_mode: HazardMode::Record, ..WorldConfig::with_devices(2) });
+    let store = w.store();
+    let reused = w.run(2, move |rank, device| {
+        let c = comm(&store, "id", &device, rank, 2);
+        let current = device.current_stream();
+        let comm_stream = device.stream_from_pool(false).unwrap();
+        let buffer = device.alloc(DType::F32, 64).unwrap();
+        let address = buffer.address();
+        c.all_reduce(&buffer, &buffer, ReduceOp::Sum, &comm_stream).unwrap();
+        let end = device.create_event();
+        end.record(&comm_stream).unwrap();
+        let helper = {
+            let device = device.clone();
+            let store = Arc::clone(&store);
+            device.clone().spawn_host_thread(
+                "keeper",
+                Box::new(move || {
+                    while observes && !end.query().unwrap() {
+                        device.sleep(Duration::from_micros(100), &AtomicBool::new(false));
+                    }
+                    drop(buffer);
+                    store.set(&format!("freed{rank}"), b"1").unwrap();
+                }),
+            )
+        }
+        .unwrap();
+        // Wait inside the simulation (a real join would stop the clock while the keeper polls); the store
+        // carries no ordering of device work.
+        store.get(&format!("freed{rank}")).unwrap();
+        helper.join().unwrap();
+        let fresh = device.alloc(DType::F32, 64).unwrap();
+        device.fill(&fresh, 1.0, &current).unwrap();
+        device.synchronize().unwrap();
+        fresh.address() == address
+    });
+    (w.hazards().into_iter().filter(|h| h.device == 0).map(|h| h.kind).collect(), reused[0])
+}
+
+#[test]
+fn a_free_after_observed_completion_is_safe_for_any_allocating_thread() {
+    assert_eq!(keep_alive_until_observed(true), (vec![], true));
+    assert_eq!(keep_alive_until_observed(false), (vec![HazardKind::ReuseWhileInUse], true));
 }
