@@ -7,20 +7,21 @@
 //! aborts the communicators so that a call wedged in the communication library can return.
 //! PyTorch ends the process at this point; this library tears the group down instead.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 
-use crate::watchdog::{dump_once, heartbeat, mark_stuck, GroupView};
+use crate::watchdog::{dump_once, heartbeat, mark_stuck, GroupView, Signals};
 use crate::{Backend, Device, Error};
 
 /// The monitor's thread body: it holds the group only weakly while it sleeps.
 pub(crate) fn monitor_loop<B: Backend, G: GroupView<B>>(
     group: &Weak<G>,
     device: &B::Device,
-    terminate: &AtomicBool,
+    signals: &Signals,
     timeout: Duration,
 ) {
+    let terminate = &signals.terminate;
     let Some(mut last_beat) = group.upgrade().map(|g| heartbeat(g.as_ref())) else { return };
     let mut last_change = device.now();
     loop {
@@ -31,7 +32,8 @@ pub(crate) fn monitor_loop<B: Backend, G: GroupView<B>>(
         let Some(group) = group.upgrade() else { return };
         let beat = heartbeat(group.as_ref());
         let now = device.now();
-        if beat != last_beat {
+        // An idle watchdog sleeps longer than its period, by design: that is not a stuck one.
+        if beat != last_beat || signals.idle.load(Ordering::SeqCst) {
             (last_beat, last_change) = (beat, now);
             continue;
         }

@@ -13,6 +13,7 @@
 //! It sleeps and reads time only through the [`Device`], so it runs in virtual time on the simulated backend.
 //! It holds the group weakly between passes, so dropping the last handle of the group stops it.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
@@ -27,6 +28,9 @@ use crate::{Backend, Communicator, DType, Device, Error, ErrorKind, Event, OpTyp
 
 /// How often the watchdog looks for an `exception_dump` signal from a peer (`TORCH_NCCL_COORD_CHECK_MILSEC`).
 const COORD_CHECK_PERIOD: Duration = Duration::from_secs(1);
+
+/// How long an idle watchdog with nothing to poll sleeps, unless a new Work wakes it first.
+const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 
 /// The store key through which a failing rank asks every rank to dump its flight recorder.
 pub(crate) const EXCEPTION_DUMP_KEY: &str = "exception_dump";
@@ -92,6 +96,17 @@ pub struct GroupStatus {
     pub dumps_written: u64,
 }
 
+/// The flags the group and its two threads share without holding the group.
+#[derive(Debug, Default)]
+pub(crate) struct Signals {
+    /// The group is stopping: both threads exit.
+    pub(crate) terminate: AtomicBool,
+    /// Ends the watchdog's sleep early (a new Work while it idles, or `terminate`).
+    pub(crate) wake: AtomicBool,
+    /// The watchdog sleeps with nothing in flight: its heartbeat may pause without it being stuck.
+    pub(crate) idle: AtomicBool,
+}
+
 /// The mutable part of the status.
 #[derive(Default)]
 struct StatusCell {
@@ -106,7 +121,7 @@ pub(crate) struct Reliability<B: Backend> {
     works: Mutex<Vec<Arc<WorkState<B>>>>,
     status: Mutex<StatusCell>,
     pub(crate) recorder: FlightRecorder,
-    terminate: Arc<AtomicBool>,
+    signals: Arc<Signals>,
     heartbeat: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
     watchdog_stuck: AtomicBool,
@@ -123,7 +138,7 @@ impl<B: Backend> Reliability<B> {
             works: Mutex::new(Vec::new()),
             status: Mutex::new(StatusCell::default()),
             recorder: FlightRecorder::new(options.trace_buffer_size),
-            terminate: Arc::new(AtomicBool::new(false)),
+            signals: Arc::new(Signals::default()),
             heartbeat: AtomicU64::new(0),
             threads: Mutex::new(Vec::new()),
             watchdog_stuck: AtomicBool::new(false),
@@ -150,6 +165,7 @@ impl<B: Backend> Reliability<B> {
         outputs: Vec<(usize, DType)>,
         watched: bool,
     ) {
+        let device = &work.device;
         let probe = |event: &Arc<B::Event>| Arc::clone(event) as crate::flight_recorder::EventProbe;
         let is_p2p = work.op.is_p2p();
         let id = self.recorder.record(NewEntry {
@@ -179,6 +195,11 @@ impl<B: Backend> Reliability<B> {
             works.retain(|work| Arc::strong_count(work) > 1 || !work.end_event.query().unwrap_or(true));
         }
         works.push(Arc::clone(work));
+        drop(works);
+        if watched && self.signals.idle.load(Ordering::SeqCst) {
+            self.signals.wake.store(true, Ordering::SeqCst);
+            device.notify_host_threads();
+        }
     }
 
     /// Sets `error` on every in-flight Work and stops tracking them (abort and tear down).
@@ -222,7 +243,8 @@ impl<B: Backend> Reliability<B> {
 
     /// Asks the watchdog and the heartbeat monitor to stop, without waiting for them.
     pub(crate) fn signal_stop(&self, device: &B::Device) {
-        self.terminate.store(true, Ordering::SeqCst);
+        self.signals.terminate.store(true, Ordering::SeqCst);
+        self.signals.wake.store(true, Ordering::SeqCst);
         device.notify_host_threads();
     }
 
@@ -276,13 +298,13 @@ pub(crate) fn start<B: Backend, G: GroupView<B>>(group: &Arc<G>) -> Result<()> {
         return Ok(());
     }
     let device = group.device().clone();
-    let terminate = Arc::clone(&group.rel().terminate);
+    let signals = Arc::clone(&group.rel().signals);
     let tag = format!("pg{} rank {}", group.local_id(), group.rank());
     let (weak, period) = (Arc::downgrade(group), options.watchdog_period);
-    let (d, t) = (device.clone(), Arc::clone(&terminate));
+    let (d, s) = (device.clone(), Arc::clone(&signals));
     let watchdog = device.spawn_host_thread(
         &format!("pt_nccl_watchdg ({tag})"),
-        Box::new(move || watchdog_loop(&weak, &d, &t, period)),
+        Box::new(move || watchdog_loop(&weak, &d, &s, period)),
     )?;
     group.rel().threads.lock().unwrap_or_else(PoisonError::into_inner).push(watchdog);
     if options.enable_monitoring {
@@ -290,7 +312,7 @@ pub(crate) fn start<B: Backend, G: GroupView<B>>(group: &Arc<G>) -> Result<()> {
         let d = device.clone();
         let monitor = device.spawn_host_thread(
             &format!("pt_nccl_heartbt ({tag})"),
-            Box::new(move || crate::heartbeat::monitor_loop(&weak, &d, &terminate, timeout)),
+            Box::new(move || crate::heartbeat::monitor_loop(&weak, &d, &signals, timeout)),
         )?;
         group.rel().threads.lock().unwrap_or_else(PoisonError::into_inner).push(monitor);
     }
@@ -300,16 +322,43 @@ pub(crate) fn start<B: Backend, G: GroupView<B>>(group: &Arc<G>) -> Result<()> {
 fn watchdog_loop<B: Backend, G: GroupView<B>>(
     group: &Weak<G>,
     device: &B::Device,
-    terminate: &AtomicBool,
+    signals: &Signals,
     period: Duration,
 ) {
-    while !terminate.load(Ordering::SeqCst) {
-        match group.upgrade() {
-            Some(group) => pass(group.as_ref()),
+    while !signals.terminate.load(Ordering::SeqCst) {
+        let sleep = match group.upgrade() {
+            Some(group) => {
+                pass(group.as_ref());
+                idle_sleep(group.as_ref(), signals).unwrap_or(period)
+            }
             None => break,
+        };
+        device.sleep(sleep, &signals.wake);
+        signals.idle.store(false, Ordering::SeqCst);
+        if !signals.terminate.load(Ordering::SeqCst) {
+            signals.wake.store(false, Ordering::SeqCst);
         }
-        device.sleep(period, terminate);
     }
+}
+
+/// How long the watchdog may sleep when it is idle (nothing in flight, no peer to listen to every period), or
+/// `None` when it is not: the coordination period while a peer's dump request may come, else [`IDLE_SLEEP`].
+/// A new Work wakes it ([`Reliability::track`]); on the simulated backend, an idle watchdog lets the clock jump.
+fn idle_sleep<B: Backend, G: GroupView<B>>(group: &G, signals: &Signals) -> Option<Duration> {
+    let options = group.options();
+    if options.propagate_error {
+        return None;
+    }
+    // Announce idleness before looking at the list, so that a Work pushed meanwhile sees it and wakes us.
+    signals.idle.store(true, Ordering::SeqCst);
+    let rel = group.rel();
+    if !rel.lock_works().is_empty() {
+        signals.idle.store(false, Ordering::SeqCst);
+        return None;
+    }
+    let cell = rel.lock_status();
+    let dump_request_possible = options.dump_on_timeout && !cell.dumped && cell.status.last_enqueued_seq.is_some();
+    Some(if dump_request_possible { options.watchdog_period.max(COORD_CHECK_PERIOD) } else { IDLE_SLEEP })
 }
 
 /// One watchdog pass over the in-flight Works.
@@ -319,7 +368,7 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
     let stall = rel.stall.lock().unwrap_or_else(PoisonError::into_inner).take();
     if let Some(stall) = stall {
         // The injected wedge: as a watchdog stuck in a driver call, it holds the group and makes no progress.
-        group.device().sleep(stall, &rel.terminate);
+        group.device().sleep(stall, &rel.signals.terminate);
     }
     let options = group.options();
     if options.propagate_error {
@@ -329,14 +378,15 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
         check_dump_signal(group);
     }
     let works: Vec<Arc<WorkState<B>>> = rel.lock_works().clone();
-    let mut done: Vec<*const WorkState<B>> = Vec::new();
+    // The Works to drop from the list, by address (the list may have grown meanwhile).
+    let mut done: HashSet<*const WorkState<B>> = HashSet::new();
     for work in &works {
-        if !rel.terminate.load(Ordering::SeqCst) {
+        if !rel.signals.terminate.load(Ordering::SeqCst) {
             work.check_and_set_exception();
         }
         let timed_out = work.exception().is_none() && work.check_timeout(work.timeout);
         if let Some(error) = work.exception() {
-            done.push(Arc::as_ptr(work));
+            done.insert(Arc::as_ptr(work));
             if let Some(&id) = work.fr_id.get() {
                 rel.recorder.retire(id, None);
             }
@@ -355,13 +405,12 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
         }
         note_started(group, work);
         if work.is_completed() {
-            done.push(Arc::as_ptr(work));
+            done.insert(Arc::as_ptr(work));
             note_completed(group, work);
         }
     }
     if !done.is_empty() {
         // A set, so that the enqueue path never waits behind a quadratic scan of a long in-flight list.
-        let done: std::collections::HashSet<*const WorkState<B>> = done.into_iter().collect();
         rel.lock_works().retain(|work| !done.contains(&Arc::as_ptr(work)));
     }
     drop(works);
@@ -438,7 +487,7 @@ fn note_completed<B: Backend, G: GroupView<B>>(group: &G, work: &WorkState<B>) {
 /// Runs a store operation for the watchdog unless the group is stopping; marked as under way meanwhile.
 fn store_op<B: Backend, G: GroupView<B>, R>(group: &G, op: impl FnOnce(&dyn Store) -> R) -> Option<R> {
     let rel = group.rel();
-    if rel.terminate.load(Ordering::SeqCst) {
+    if rel.signals.terminate.load(Ordering::SeqCst) {
         return None;
     }
     rel.in_store_op.fetch_add(1, Ordering::SeqCst);

@@ -256,4 +256,37 @@ mod healthy {
         assert_eq!((before, after), (pg_core::DEFAULT_TIMEOUT, Duration::from_millis(300)));
         assert!(detected > after && detected <= after + Duration::from_millis(200), "detected after {detected:?}");
     }
+
+    #[test]
+    fn an_idle_watchdog_sleeps_until_a_new_op_wakes_it() {
+        // After an hour with nothing in flight the watchdog has made a handful of passes, not 36,000 (so the
+        // mock's clock can jump and a stuck test still ends quickly); the next op wakes it, and its timeout is
+        // caught on time.
+        let world = World::new(WorldConfig::with_devices(2));
+        let store = world.store();
+        let options = Options::builder().timeout(Duration::from_secs(1)).dump_on_timeout(false).build();
+        let seen = world.run(2, move |rank, device| {
+            let pg = group(&store, "idle", rank, 2, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            device.sleep(Duration::from_secs(3600), &AtomicBool::new(false));
+            let passes = pg.status().watchdog_passes;
+            if rank == 1 {
+                store.wait(&["idle-failed"], Some(Duration::from_secs(60))).unwrap();
+                return (passes, None);
+            }
+            let work = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            while pg.status().error.is_none() {
+                device.sleep(Duration::from_millis(1), &AtomicBool::new(false));
+            }
+            store.set("idle-failed", b"1").unwrap();
+            (passes, Some(pg.status().error_detected_at.unwrap() - work.start_time()))
+        });
+        for (rank, (passes, _)) in seen.iter().enumerate() {
+            assert!(*passes < 20, "rank {rank}: {passes} watchdog passes in an idle hour");
+        }
+        let detected = seen[0].1.unwrap();
+        assert!(detected <= Duration::from_millis(1200), "the timeout was caught after {detected:?}");
+    }
 }

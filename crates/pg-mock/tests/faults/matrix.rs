@@ -3,8 +3,8 @@
 //!
 //! Used twice: by `tests/faults.rs` (one test per scenario, in `cargo test`) and by `cargo xtask faults`
 //! (which prints the table `scenario | expected | observed | detection latency | pass`).
-//! Everything runs in virtual time: a 1 s timeout costs no real second, and the numbers are the same on
-//! every run.
+//! Everything runs in virtual time: a 1 s timeout costs no real second, the verdicts are the same on every run,
+//! and the latencies too, to within microseconds (the watchdog's host costs depend on how its passes interleave).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -401,9 +401,11 @@ fn async_communicator_error(env: &Env) -> Outcome {
             seen.work_error == Some(ErrorKind::Communicator),
             format!("{mode:?}: work error {:?}", seen.work_error),
         );
+        // One period, plus the host time of the pass that finds it (a few microseconds of virtual time).
+        let bound = PERIOD + Duration::from_millis(1);
         out.check(
-            seen.latency.is_some_and(|l| l <= PERIOD),
-            format!("{mode:?}: latency {:?} > {PERIOD:?}", seen.latency),
+            seen.latency.is_some_and(|l| l <= bound),
+            format!("{mode:?}: latency {:?} > {bound:?}", seen.latency),
         );
         out.check(seen.aborted_comms == aborted, format!("{mode:?}: {} communicators aborted", seen.aborted_comms));
         out.check(seen.torn_down == torn_down, format!("{mode:?}: torn down = {}", seen.torn_down));
