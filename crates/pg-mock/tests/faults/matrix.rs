@@ -582,8 +582,8 @@ type UnwaitedRank = (Vec<Books>, Option<u64>);
 
 /// One run of scenario 7; also returns how many hazards the world recorded.
 fn unwaited_run(dir: &Path, ops: usize, avoid_record_streams: bool) -> (Vec<UnwaitedRank>, usize) {
-    let hazard_mode = if avoid_record_streams { HazardMode::Record } else { HazardMode::Panic };
-    let world = World::new(WorldConfig { hazard_mode, ..WorldConfig::with_devices(2) });
+    // Record, so that the check below names the count rather than stopping at the first hazard.
+    let world = World::new(WorldConfig { hazard_mode: HazardMode::Record, ..WorldConfig::with_devices(2) });
     let store = world.store();
     let opts = options(dir).avoid_record_streams(avoid_record_streams).build();
     let ranks = world.run(2, move |rank, device| {
@@ -653,11 +653,14 @@ fn unwaited_ops_stay_flat(env: &Env) -> Outcome {
             first.in_flight,
             end.in_flight
         );
-        if avoid {
-            // The mock's race detector flags a block freed after another thread saw the op complete (the
-            // watchdog); recorded here, not asserted (see the report of issue 5).
-            text.push_str(&format!(" (mock reuse hazards recorded: {hazards})"));
+        // With record_stream no reuse hazard may appear over any number of ops. With the stash, the buffers are
+        // freed by whichever thread drops the Work last; the mock still reports a few of those frees (16 in 5,000
+        // ops in one run) as unordered, which is an open question about the mock's ordering of frees, so the
+        // count is reported here, not asserted.
+        if !avoid {
+            out.check(hazards == 0, format!("{label}: {hazards} hazards recorded"));
         }
+        text.push_str(&format!(", hazards {hazards}"));
         observed.push(text);
     }
     out.observed = observed.join("; ");
