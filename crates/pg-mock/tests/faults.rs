@@ -79,24 +79,12 @@ fn s9_a_new_group_on_a_fresh_prefix_works_after_an_error() {
 /// The reliability layer's behaviour on healthy runs and around shutdown, next to the fault matrix.
 mod healthy {
     use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use pg_core::{DType, Device as _, ErrorType, Options, ProcessGroup, ReduceOp, Stream as _};
-    use pg_mock::{Mock, MockDevice, World, WorldConfig};
-    use pg_store::{PrefixStore, Store};
+    use pg_core::{DType, Device as _, ErrorType, Options, ReduceOp, Stream as _};
+    use pg_mock::{World, WorldConfig};
 
-    fn group(
-        store: &Arc<dyn Store>,
-        name: &str,
-        rank: usize,
-        size: usize,
-        device: &MockDevice,
-        options: Options,
-    ) -> ProcessGroup<Mock> {
-        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(name, Arc::clone(store)));
-        ProcessGroup::new(store, rank, size, device.clone(), options).expect("a process group")
-    }
+    use super::matrix::group;
 
     fn dir(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("pg-faults-healthy-{}-{name}", std::process::id()))

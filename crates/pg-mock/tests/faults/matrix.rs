@@ -161,7 +161,8 @@ fn prefix(dir: &Path) -> String {
     format!("{}/nccl_trace_rank_", dir.display())
 }
 
-fn group(
+/// This rank's handle of a group under `name` in `store`.
+pub(crate) fn group(
     store: &Arc<dyn Store>,
     name: &str,
     rank: usize,
