@@ -731,3 +731,44 @@ fn mistake_treating_future_done_as_gpu_completion_is_caught() {
     assert_eq!(*kind, pg_mock::HazardKind::ReadAfterWrite);
     assert!(message.contains("Future"), "the message names the likely mistake: {message}");
 }
+
+/// Runs `call` on rank 0 of a 2-rank group (rank 1 idles) and returns the error it gave.
+fn invalid(call: impl Fn(&Rank, &ProcessGroup<Mock>) -> pg_core::Result<()> + Sync) -> pg_core::Error {
+    let (_, errors) = run(2, |r| {
+        let group = r.group("0", Options::builder());
+        match r.rank {
+            0 => Some(call(r, &group).expect_err("bad input must be an error")),
+            _ => None,
+        }
+    });
+    errors.into_iter().flatten().next().expect("rank 0's error")
+}
+
+#[test]
+fn bad_arguments_are_typed_errors_naming_what_was_wrong() {
+    fn check(call: impl Fn(&Rank, &ProcessGroup<Mock>) -> pg_core::Result<()> + Sync, words: &[&str]) {
+        let error = invalid(call);
+        assert_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
+        let message = error.to_string();
+        assert!(words.iter().all(|w| message.contains(w)), "{message:?} lacks one of {words:?}");
+    }
+    let f32s = |r: &Rank, n| r.device.alloc(DType::F32, n).unwrap();
+    check(|r, g| g.all_gather(&f32s(r, 4), &f32s(r, 4)).map(drop), &["all_gather", "4 elements"]);
+    check(|r, g| g.reduce_scatter(&f32s(r, 4), &f32s(r, 4), ReduceOp::Sum).map(drop), &["reduce_scatter"]);
+    check(
+        |r, g| g.all_gather(&f32s(r, 4), &r.device.alloc(DType::I32, 8).unwrap()).map(drop),
+        &["dtype", "Float", "Int"],
+    );
+    check(|r, g| g.broadcast(&f32s(r, 4), 2).map(drop), &["root 2", "size 2"]);
+    check(|r, g| g.send(&f32s(r, 4), 0).map(drop), &["itself"]);
+    check(|r, g| g.recv(&f32s(r, 4), 5).map(drop), &["peer 5"]);
+    check(|r, g| g.all_reduce(&f32s(r, 4), ReduceOp::BitAnd).map(drop), &["BAND"]);
+    check(|r, g| g.all_reduce(&r.device.alloc(DType::Bool, 4).unwrap(), ReduceOp::Avg).map(drop), &["AVG", "bool"]);
+    check(
+        |r, _| {
+            let store = Arc::clone(&r.store);
+            ProcessGroup::<Mock>::new(store, 3, 2, r.device.clone(), Options::default()).map(drop)
+        },
+        &["rank 3", "size 2"],
+    );
+}
