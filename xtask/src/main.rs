@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 mod bench_allreduce;
+mod bench_host;
 mod bench_store;
 mod experiments;
 mod faults;
@@ -47,6 +48,7 @@ fn main() -> ExitCode {
         "tidy" => tidy::main(),
         "interop" => interop::main(rest),
         "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
+        "bench" if rest.first().is_some_and(|sub| sub == "host") => bench_host::main(&rest[1..]),
         "gpu-test" => gpu_test::run(rest),
         gpu::RANK_TASK => gpu::rank_main(rest),
         gpu_faults::RANK_TASK => gpu_faults::rank_main(rest),
