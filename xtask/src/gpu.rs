@@ -87,6 +87,14 @@ pub fn launch(task: &str, payload: &str, world_size: usize, may_die: &[usize]) -
     }
 }
 
+/// A rank process's start: env:// rendezvous (rank 0 hosts the store), then the GPU `LOCAL_RANK` names.
+pub fn join_job(timeout: Duration) -> Result<(pg_core::store::rendezvous::Rendezvous, pg_nccl::Device), String> {
+    let rendezvous = pg_core::store::rendezvous::env_rendezvous(timeout).map_err(|e| e.to_string())?;
+    let local_rank = rendezvous.local_rank.unwrap_or(rendezvous.rank);
+    let device = pg_nccl::Device::new(local_rank).map_err(|e| format!("device {local_rank}: {e}"))?;
+    Ok((rendezvous, device))
+}
+
 fn out_path(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank{rank}.json"))
 }
@@ -97,9 +105,7 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
         return Err(format!("usage: {RANK_TASK} OUT_JSON CONFIG_JSON"));
     };
     let config: ExperimentConfig = serde_json::from_str(config).map_err(|e| format!("config: {e}"))?;
-    let rendezvous = pg_core::store::rendezvous::env_rendezvous(Duration::from_secs(300)).map_err(|e| e.to_string())?;
-    let local_rank = rendezvous.local_rank.unwrap_or(rendezvous.rank);
-    let device = pg_nccl::Device::new(local_rank).map_err(|e| format!("device {local_rank}: {e}"))?;
+    let (rendezvous, device) = join_job(Duration::from_secs(300))?;
     let ctx = RankContext::<pg_nccl::Nccl> { rank: rendezvous.rank, device, store: rendezvous.store, config };
     let results = run_rank(&ctx).map_err(|e| format!("rank {}: {e}", ctx.rank))?;
     let json = serde_json::to_string(&results).map_err(|e| e.to_string())?;

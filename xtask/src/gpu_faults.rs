@@ -67,9 +67,7 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
         return Err(format!("usage: {RANK_TASK} OUT_JSON PLAN_JSON"));
     };
     let plan: Plan = serde_json::from_str(plan).map_err(|e| format!("plan: {e}"))?;
-    let rendezvous = pg_core::store::rendezvous::env_rendezvous(Duration::from_secs(120)).map_err(|e| e.to_string())?;
-    let local_rank = rendezvous.local_rank.unwrap_or(rendezvous.rank);
-    let device = pg_nccl::Device::new(local_rank).map_err(|e| format!("device {local_rank}: {e}"))?;
+    let (rendezvous, device) = super::gpu::join_job(Duration::from_secs(120))?;
     let rank = Rank { rank: rendezvous.rank, device, store: rendezvous.store, plan };
     let mut rows = Vec::new();
     for scenario in rank.plan.scenarios.clone() {
