@@ -23,6 +23,8 @@ struct Options {
     clients: Vec<usize>,
     total_ops: usize,
     reps: usize,
+    /// The operations to measure (default: all of [`OPS`]).
+    only: Vec<&'static str>,
 }
 
 fn parse() -> Result<Options, String> {
@@ -33,6 +35,7 @@ fn parse() -> Result<Options, String> {
         clients: vec![1, 8, 64, 1024],
         total_ops: 10_000,
         reps: 3,
+        only: OPS.to_vec(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -50,6 +53,17 @@ fn parse() -> Result<Options, String> {
             }
             "--ops" => options.total_ops = value()?.parse().map_err(|_| "--ops: bad number".to_owned())?,
             "--reps" => options.reps = value()?.parse().map_err(|_| "--reps: bad number".to_owned())?,
+            "--only" => {
+                options.only = value()?
+                    .split(',')
+                    .map(|name| {
+                        OPS.iter()
+                            .copied()
+                            .find(|op| *op == name.trim())
+                            .ok_or_else(|| format!("--only: unknown operation {name:?} (one of {})", OPS.join(", ")))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -230,7 +244,7 @@ fn run_op(
     }
 }
 
-/// Measures every operation with `clients` clients on every server, alternating servers run by run so that
+/// Measures every operation with `clients` clients on every server, the servers taking turns to go first, so that
 /// both see the same background load; the throughput reported is the median of `reps` runs.
 /// The CPU time a process has used so far (user plus system), in clock ticks, from `/proc/PID/stat`.
 fn cpu_ticks(pid: u32) -> u64 {
@@ -251,7 +265,13 @@ fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
-fn measure(servers: &[Server], clients: usize, total_ops: usize, reps: usize) -> Vec<Measurement> {
+fn measure(
+    servers: &[Server],
+    ops: &[&'static str],
+    clients: usize,
+    total_ops: usize,
+    reps: usize,
+) -> Vec<Measurement> {
     let per_client = (total_ops / clients).max(20);
     let ticks_per_second = clock_ticks();
     let pools: Vec<Vec<Arc<TcpStore>>> = servers
@@ -263,12 +283,18 @@ fn measure(servers: &[Server], clients: usize, total_ops: usize, reps: usize) ->
         })
         .collect();
     let mut results = Vec::new();
-    for op in OPS {
+    for &op in ops {
         let mut runs: Vec<(Vec<Duration>, Vec<f64>, f64, usize)> =
             vec![(Vec::new(), Vec::new(), 0.0, 0); servers.len()];
         let mut cpu = vec![0u64; servers.len()];
-        for _ in 0..reps {
-            for (index, &Server { name: server, port, pid }) in servers.iter().enumerate() {
+        for rep in 0..reps {
+            // The servers take turns going first, so that neither always runs on the heels of the other.
+            let order: Vec<usize> = match rep % 2 {
+                0 => (0..servers.len()).collect(),
+                _ => (0..servers.len()).rev().collect(),
+            };
+            for index in order {
+                let Server { name: server, port, pid } = servers[index];
                 let before = cpu_ticks(pid);
                 // A SET has no reply and costs little: ten times as many make a run long enough to time.
                 let count = if op == "set" { per_client * 10 } else { per_client };
@@ -410,7 +436,7 @@ fn main() {
     }
     let mut results = Vec::new();
     for &clients in &options.clients {
-        results.extend(measure(&servers, clients, options.total_ops, options.reps));
+        results.extend(measure(&servers, &options.only, clients, options.total_ops, options.reps));
     }
     drop(ours);
     drop(theirs);
@@ -424,11 +450,20 @@ fn main() {
     let pytorch = torch_version
         .clone()
         .map_or("not measured (no Python with torch)".to_owned(), |v| format!("torch {v}, libuv TCPStore server"));
-    let command = "cargo xtask bench store";
+    // The arguments `cargo xtask bench store` forwards, so that the command shown reproduces this run.
+    let mut command = "cargo xtask bench store".to_owned();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    for pair in args.chunks(2) {
+        if let [flag, value] = pair {
+            if ["--clients", "--ops", "--reps", "--only"].contains(&flag.as_str()) {
+                let _ = write!(command, " {flag} {value}");
+            }
+        }
+    }
 
     let mut json = String::new();
     let _ = writeln!(json, "{{");
-    let _ = writeln!(json, "  \"command\": {},", json_string(command));
+    let _ = writeln!(json, "  \"command\": {},", json_string(&command));
     let _ = writeln!(json, "  \"date\": {},", json_string(&date));
     let _ = writeln!(json, "  \"machine\": {},", json_string(&machine));
     let _ = writeln!(json, "  \"pytorch\": {},", json_string(&pytorch));
@@ -464,7 +499,7 @@ fn main() {
         writeln!(md, "- Servers: `pgstore serve` and a Python `TCPStore` master, each its own process on 127.0.0.1.");
     let _ = writeln!(
         md,
-        "- Runs: {} per configuration, alternating the servers run by run; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time; {} operations per run (at least 20 per client; ten times as many for `set`).",
+        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time; {} operations per run (at least 20 per client; ten times as many for `set`).",
         options.reps, options.total_ops
     );
     let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
@@ -474,7 +509,7 @@ fn main() {
         "| op | clients | pg-store ops/s | PyTorch ops/s | pg-store p50 / p99 (µs) | PyTorch p50 / p99 (µs) | server CPU µs/op, pg-store / PyTorch |"
     );
     let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for op in OPS {
+    for &op in &options.only {
         for &clients in &options.clients {
             let find = |server: &str| results.iter().find(|m| m.server == server && m.op == op && m.clients == clients);
             let ours = find("pg-store");
