@@ -42,8 +42,10 @@ pub(crate) struct NewEntry {
     pub(crate) p2p_seq_id: u64,
     pub(crate) op: OpType,
     pub(crate) time_created_ns: u64,
-    pub(crate) inputs: Vec<(usize, DType)>,
-    pub(crate) outputs: Vec<(usize, DType)>,
+    /// The input's element count and dtype (every op has one input and one output).
+    pub(crate) input: (usize, DType),
+    /// The output's element count and dtype.
+    pub(crate) output: (usize, DType),
     pub(crate) timeout_ms: u64,
     /// Whether the start event was done, queried at dump time until the watchdog saw it.
     pub(crate) started: Option<EventProbe>,
@@ -76,8 +78,9 @@ impl Entry {
     }
 
     fn to_json(&self, pg_id: u64, name: &str, desc: &str) -> Value {
-        let sizes = |list: &[(usize, DType)]| list.iter().map(|(numel, _)| json!([numel])).collect::<Vec<_>>();
-        let dtypes = |list: &[(usize, DType)]| list.iter().map(|(_, dtype)| dtype.torch_name()).collect::<Vec<_>>();
+        // PyTorch writes one list entry per tensor; every op here has one of each.
+        let sizes = |&(numel, _): &(usize, DType)| json!([[numel]]);
+        let dtypes = |&(_, dtype): &(usize, DType)| json!([dtype.torch_name()]);
         let new = &self.new;
         json!({
             "record_id": self.record_id,
@@ -88,10 +91,10 @@ impl Entry {
             "op_id": self.op_id,
             "profiling_name": new.op.profiling_name(),
             "time_created_ns": new.time_created_ns,
-            "input_sizes": sizes(&new.inputs),
-            "input_dtypes": dtypes(&new.inputs),
-            "output_sizes": sizes(&new.outputs),
-            "output_dtypes": dtypes(&new.outputs),
+            "input_sizes": sizes(&new.input),
+            "input_dtypes": dtypes(&new.input),
+            "output_sizes": sizes(&new.output),
+            "output_dtypes": dtypes(&new.output),
             "state": self.state(),
             "time_discovered_started_ns": self.time_discovered_started_ns,
             "time_discovered_completed_ns": self.time_discovered_completed_ns,
@@ -289,8 +292,8 @@ mod tests {
             p2p_seq_id: if op.is_p2p() { seq } else { 0 },
             op,
             time_created_ns: seq * 1000,
-            inputs: vec![(16, DType::F32)],
-            outputs: vec![(16, DType::F32)],
+            input: (16, DType::F32),
+            output: (16, DType::F32),
             timeout_ms: 600_000,
             started: None,
             completed: None,

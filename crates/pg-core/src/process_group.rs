@@ -45,6 +45,8 @@ struct Inner<B: Backend> {
     /// This rank's collective communicator, also in the cache, for a lock-free hot path.
     collective: OnceLock<CommEntry<B>>,
     state: Mutex<GroupState>,
+    /// Whether `state.error` is set: the enqueue path reads this flag instead of taking the state's lock.
+    errored: AtomicBool,
     seq_collective: AtomicU64,
     seq_p2p: AtomicU64,
     comms_created: AtomicU64,
@@ -82,14 +84,16 @@ impl<B: Backend> fmt::Debug for ProcessGroup<B> {
     }
 }
 
-/// What the template needs to know about one op.
-struct OpSpec<B: Backend> {
+/// What the template needs to know about one op: every op has one input and one output buffer, so nothing
+/// here allocates.
+struct OpSpec<'a, B: Backend> {
     op: OpType,
-    key: CommKey,
-    inputs: Vec<B::Buffer>,
-    outputs: Vec<B::Buffer>,
+    /// The peer of a single point-to-point op (its pair's communicator); `None` for the group's collective one.
+    peer: Option<usize>,
+    input: &'a B::Buffer,
+    output: &'a B::Buffer,
     is_barrier: bool,
-    /// The inputs are the outputs (all_reduce, broadcast, send, recv).
+    /// The input is the output (all_reduce, broadcast, send, recv).
     in_place: bool,
 }
 
@@ -117,6 +121,7 @@ impl<B: Backend> ProcessGroup<B> {
                 cache: Mutex::new(CommCache::default()),
                 collective: OnceLock::new(),
                 state: Mutex::new(GroupState { error: None, shut_down: false }),
+                errored: AtomicBool::new(false),
                 seq_collective: AtomicU64::new(0),
                 seq_p2p: AtomicU64::new(0),
                 comms_created: AtomicU64::new(0),
@@ -205,7 +210,10 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// The first fatal error of the group, if any.
     pub fn error(&self) -> Option<Error> {
-        self.lock_state().error.clone()
+        match self.inner.errored.load(Ordering::Acquire) {
+            true => self.lock_state().error.clone(),
+            false => None,
+        }
     }
 
     // ===== ops =====
@@ -295,9 +303,8 @@ impl<B: Backend> ProcessGroup<B> {
     pub fn shutdown(&self) -> Result<()> {
         let comms = self.inner.all_comms();
         {
-            let mut state = self.lock_state();
-            state.shut_down = true;
-            state.error.get_or_insert(Error::Aborted { reason: "the process group was shut down".to_owned() });
+            self.lock_state().shut_down = true;
+            self.set_error(Error::Aborted { reason: "the process group was shut down".to_owned() });
         }
         let finalized = comms.iter().try_for_each(|comm| comm.finalize());
         // Then destroy: the watchdog is stopped, the in-flight list released, and the communicators dropped.
@@ -356,36 +363,33 @@ impl<B: Backend> ProcessGroup<B> {
         CommKey::Collective(vec![self.inner.device.index()])
     }
 
-    fn spec(&self, op: OpType, input: &B::Buffer, output: &B::Buffer) -> OpSpec<B> {
-        let (inputs, outputs) = (vec![input.clone()], vec![output.clone()]);
-        OpSpec { op, key: self.collective_key(), inputs, outputs, is_barrier: false, in_place: false }
+    fn spec<'a>(&self, op: OpType, input: &'a B::Buffer, output: &'a B::Buffer) -> OpSpec<'a, B> {
+        OpSpec { op, peer: None, input, output, is_barrier: false, in_place: false }
     }
 
-    fn in_place_spec(&self, op: OpType, buffer: &B::Buffer) -> OpSpec<B> {
+    fn in_place_spec<'a>(&self, op: OpType, buffer: &'a B::Buffer) -> OpSpec<'a, B> {
         OpSpec { in_place: true, ..self.spec(op, buffer, buffer) }
     }
 
-    fn p2p_spec(&self, op: OpType, buffer: &B::Buffer, peer: usize) -> OpSpec<B> {
-        let key = CommKey::SingleP2p { rank: self.inner.rank, peer };
-        OpSpec {
-            op,
-            key,
-            inputs: vec![buffer.clone()],
-            outputs: vec![buffer.clone()],
-            is_barrier: false,
-            in_place: true,
-        }
+    fn p2p_spec<'a>(&self, op: OpType, buffer: &'a B::Buffer, peer: usize) -> OpSpec<'a, B> {
+        OpSpec { peer: Some(peer), ..self.in_place_spec(op, buffer) }
     }
 
     /// The collective template (S2): communicator from the cache, input-ready event from the current stream to
     /// the communication stream, lifetime guard, the op, the end event, and the Work.
     fn run(
         &self,
-        spec: OpSpec<B>,
+        spec: OpSpec<'_, B>,
         enqueue: impl FnOnce(&B::Communicator, &B::Stream) -> Result<()>,
     ) -> Result<WorkHandle<B>> {
         self.check_usable()?;
-        let entry = self.get_comm(&spec.key)?;
+        let entry = match spec.peer {
+            None => match self.inner.collective.get() {
+                Some(entry) => entry.clone(),
+                None => self.get_comm(&self.collective_key())?,
+            },
+            Some(peer) => self.get_comm(&CommKey::SingleP2p { rank: self.inner.rank, peer })?,
+        };
         let device = &self.inner.device;
         let seq = match spec.op.is_p2p() {
             true => self.inner.seq_p2p.fetch_add(1, Ordering::Relaxed) + 1,
@@ -404,8 +408,8 @@ impl<B: Backend> ProcessGroup<B> {
         // S12: the allocator must not reuse the buffers before the communication stream is done with them.
         let mut stash = Vec::new();
         // An in-place op passes one buffer as input and output: guard it once.
-        let inputs = if spec.in_place { &[][..] } else { &spec.inputs[..] };
-        for buffer in inputs.iter().chain(&spec.outputs) {
+        let input = if spec.in_place { None } else { Some(spec.input) };
+        for buffer in input.into_iter().chain([spec.output]) {
             match self.inner.options.avoid_record_streams && !spec.op.is_p2p() {
                 true => stash.push(buffer.clone()),
                 false => device.record_stream(buffer, &entry.stream)?,
@@ -431,8 +435,6 @@ impl<B: Backend> ProcessGroup<B> {
         self.inner.ops_issued.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
-        let inputs = spec.inputs.iter().map(|b| (b.numel(), b.dtype())).collect();
-        let outputs = spec.outputs.iter().map(|b| (b.numel(), b.dtype())).collect();
         let work = WorkHandle {
             state: Arc::new(WorkState {
                 device: device.clone(),
@@ -440,11 +442,12 @@ impl<B: Backend> ProcessGroup<B> {
                 comm_stream: entry.stream,
                 end_event,
                 start_event,
-                fr_id: std::sync::OnceLock::new(),
+                fr_id: AtomicU64::new(u64::MAX),
+                retired: AtomicBool::new(false),
                 seq,
                 op: spec.op,
-                numel_in: spec.inputs.iter().map(|b| b.numel()).sum(),
-                numel_out: spec.outputs.iter().map(|b| b.numel()).sum(),
+                input: (spec.input.numel(), spec.input.dtype()),
+                output: (spec.output.numel(), spec.output.dtype()),
                 start_time,
                 timeout: self.inner.rel.timeout(options.timeout),
                 blocking_wait: options.blocking_wait,
@@ -453,9 +456,9 @@ impl<B: Backend> ProcessGroup<B> {
                 exception: Mutex::new(None),
                 stash: Mutex::new(stash),
             }),
-            outputs: Arc::from(spec.outputs),
+            output: spec.output.clone(),
         };
-        self.inner.rel.track(&work.state, inputs, outputs, options.enable_watchdog);
+        self.inner.rel.track(&work.state, options.enable_watchdog);
         // An abort that ran while this op was being enqueued did not see it on the in-flight list.
         if let Some(error) = self.error() {
             work.state.set_exception(error);
@@ -574,8 +577,8 @@ impl<B: Backend> ProcessGroup<B> {
     // ===== checks and helpers =====
 
     fn check_usable(&self) -> Result<()> {
-        match &self.lock_state().error {
-            Some(error) => Err(error.clone()),
+        match self.error() {
+            Some(error) => Err(error),
             None => Ok(()),
         }
     }
@@ -630,7 +633,7 @@ impl<B: Backend> ProcessGroup<B> {
     }
 
     fn set_error(&self, error: Error) {
-        self.lock_state().error.get_or_insert(error);
+        self.inner.set_error(error);
     }
 
     fn lock_cache(&self) -> MutexGuard<'_, CommCache<B>> {
@@ -643,6 +646,12 @@ impl<B: Backend> ProcessGroup<B> {
 }
 
 impl<B: Backend> Inner<B> {
+    /// Makes every later call of the group return `error` (the first such error stays).
+    fn set_error(&self, error: Error) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).error.get_or_insert(error);
+        self.errored.store(true, Ordering::Release);
+    }
+
     /// Every communicator of the group, ready or being created.
     fn all_comms(&self) -> Vec<Arc<B::Communicator>> {
         let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
@@ -717,6 +726,6 @@ impl<B: Backend> GroupView<B> for Inner<B> {
     }
 
     fn tear_down(&self, error: Error) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).error.get_or_insert(error);
+        self.set_error(error);
     }
 }

@@ -134,6 +134,20 @@ pub enum OpType {
 }
 
 impl OpType {
+    /// Every op type, in declaration order (`ALL[op as usize] == op`).
+    pub const ALL: [OpType; 10] = [
+        OpType::Broadcast,
+        OpType::AllReduce,
+        OpType::Reduce,
+        OpType::AllGatherBase,
+        OpType::ReduceScatterBase,
+        OpType::AllToAllBase,
+        OpType::Send,
+        OpType::Recv,
+        OpType::Barrier,
+        OpType::Coalesced,
+    ];
+
     /// PyTorch's `OpType` name (`ALLREDUCE`, ...).
     pub const fn torch_name(self) -> &'static str {
         match self {

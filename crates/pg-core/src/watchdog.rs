@@ -13,7 +13,6 @@
 //! It sleeps and reads time only through the [`Device`], so it runs in virtual time on the simulated backend.
 //! It holds the group weakly between passes, so dropping the last handle of the group stops it.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
@@ -24,7 +23,7 @@ use pg_store::Store;
 use crate::desync::{encode_trace, trace_end_key, trace_start_key, DesyncReport};
 use crate::flight_recorder::{dump_path, write_dump, DumpHeader, FlightRecorder, NewEntry};
 use crate::work::WorkState;
-use crate::{Backend, Communicator, DType, Device, Error, ErrorKind, Event, OpType, Options, Result};
+use crate::{Backend, Communicator, Device, Error, ErrorKind, Event, OpType, Options, Result};
 
 /// How often the watchdog looks for an `exception_dump` signal from a peer (`TORCH_NCCL_COORD_CHECK_MILSEC`).
 const COORD_CHECK_PERIOD: Duration = Duration::from_secs(1);
@@ -126,8 +125,12 @@ pub(crate) struct Reliability<B: Backend> {
     threads: Mutex<Vec<JoinHandle<()>>>,
     watchdog_stuck: AtomicBool,
     stall: Mutex<Option<Duration>>,
-    timeout: Mutex<Option<Duration>>,
+    /// The timeout set with [`Reliability::set_timeout`], in nanoseconds (`u64::MAX`: none set).
+    timeout: AtomicU64,
     store_broken: AtomicBool,
+    /// The last collective enqueued, packed as `seq << 8 | op as u8` (0: none yet), so that the enqueue path
+    /// takes no lock for it.
+    last_enqueued: AtomicU64,
     /// Store operations of the watchdog under way: a stopping group does not wait for one to time out.
     in_store_op: AtomicU64,
 }
@@ -143,8 +146,9 @@ impl<B: Backend> Reliability<B> {
             threads: Mutex::new(Vec::new()),
             watchdog_stuck: AtomicBool::new(false),
             stall: Mutex::new(None),
-            timeout: Mutex::new(None),
+            timeout: AtomicU64::new(u64::MAX),
             store_broken: AtomicBool::new(false),
+            last_enqueued: AtomicU64::new(0),
             in_store_op: AtomicU64::new(0),
         }
     }
@@ -158,13 +162,7 @@ impl<B: Backend> Reliability<B> {
     }
 
     /// Records a new Work in the flight recorder and the status, and puts it on the in-flight list.
-    pub(crate) fn track(
-        &self,
-        work: &Arc<WorkState<B>>,
-        inputs: Vec<(usize, DType)>,
-        outputs: Vec<(usize, DType)>,
-        watched: bool,
-    ) {
+    pub(crate) fn track(&self, work: &Arc<WorkState<B>>, watched: bool) {
         let device = &work.device;
         let probe = |event: &Arc<B::Event>| Arc::clone(event) as crate::flight_recorder::EventProbe;
         let is_p2p = work.op.is_p2p();
@@ -173,19 +171,18 @@ impl<B: Backend> Reliability<B> {
             p2p_seq_id: if is_p2p { work.seq } else { 0 },
             op: work.op,
             time_created_ns: nanos(work.start_time),
-            inputs,
-            outputs,
+            input: work.input,
+            output: work.output,
             timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
             started: work.start_event.as_ref().map(probe),
             completed: Some(probe(&work.end_event)),
         });
         if let Some(id) = id {
-            let _ = work.fr_id.set(id);
+            work.fr_id.store(id, Ordering::Relaxed);
         }
         if !is_p2p {
-            let mut cell = self.lock_status();
-            cell.status.last_enqueued_seq = Some(work.seq);
-            cell.status.last_enqueued_op = Some(work.op);
+            // Collectives are enqueued in sequence order; a racing thread never moves the mark backwards.
+            self.last_enqueued.fetch_max(work.seq << 8 | work.op as u64, Ordering::AcqRel);
         }
         let mut works = self.lock_works();
         if !watched {
@@ -207,7 +204,7 @@ impl<B: Backend> Reliability<B> {
         let works = std::mem::take(&mut *self.lock_works());
         for work in works {
             work.set_exception(error.clone());
-            if let Some(&id) = work.fr_id.get() {
+            if let Some(id) = work.fr_id() {
                 self.recorder.retire(id, None);
             }
         }
@@ -216,6 +213,7 @@ impl<B: Backend> Reliability<B> {
     /// The status as it is now.
     pub(crate) fn status(&self) -> GroupStatus {
         let mut status = self.lock_status().status.clone();
+        (status.last_enqueued_seq, status.last_enqueued_op) = self.last_enqueued().unzip();
         status.in_flight = self.lock_works().len();
         status.watchdog_passes = self.heartbeat.load(Ordering::Relaxed);
         status
@@ -228,12 +226,25 @@ impl<B: Backend> Reliability<B> {
 
     /// The timeout of a new op: the one set with [`Reliability::set_timeout`], else the group's.
     pub(crate) fn timeout(&self, group_timeout: Duration) -> Duration {
-        self.timeout.lock().unwrap_or_else(PoisonError::into_inner).unwrap_or(group_timeout)
+        match self.timeout.load(Ordering::Relaxed) {
+            u64::MAX => group_timeout,
+            nanos => Duration::from_nanos(nanos),
+        }
     }
 
     /// Overrides the group's timeout for the ops enqueued from now on.
     pub(crate) fn set_timeout(&self, timeout: Duration) {
-        *self.timeout.lock().unwrap_or_else(PoisonError::into_inner) = Some(timeout);
+        // A timeout of 584 years or more is kept as the largest one that fits.
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX - 1).min(u64::MAX - 1);
+        self.timeout.store(nanos, Ordering::Relaxed);
+    }
+
+    /// The sequence number and type of the last collective enqueued.
+    pub(crate) fn last_enqueued(&self) -> Option<(u64, OpType)> {
+        match self.last_enqueued.load(Ordering::Acquire) {
+            0 => None,
+            packed => Some((packed >> 8, OpType::ALL[(packed & 0xff) as usize])),
+        }
     }
 
     /// Makes the watchdog's next pass block for `duration` (a fault-injection hook for the heartbeat monitor).
@@ -357,7 +368,7 @@ fn idle_sleep<B: Backend, G: GroupView<B>>(group: &G, signals: &Signals) -> Opti
         return None;
     }
     let cell = rel.lock_status();
-    let dump_request_possible = options.dump_on_timeout && !cell.dumped && cell.status.last_enqueued_seq.is_some();
+    let dump_request_possible = options.dump_on_timeout && !cell.dumped && rel.last_enqueued().is_some();
     Some(if dump_request_possible { options.watchdog_period.max(COORD_CHECK_PERIOD) } else { IDLE_SLEEP })
 }
 
@@ -378,16 +389,17 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
         check_dump_signal(group);
     }
     let works: Vec<Arc<WorkState<B>>> = rel.lock_works().clone();
-    // The Works to drop from the list, by address (the list may have grown meanwhile).
-    let mut done: HashSet<*const WorkState<B>> = HashSet::new();
+    // Whether any Work is to leave the list (each is marked `retired`; the list may have grown meanwhile).
+    let mut any_done = false;
     for work in &works {
         if !rel.signals.terminate.load(Ordering::SeqCst) {
             work.check_and_set_exception();
         }
         let timed_out = work.exception().is_none() && work.check_timeout(work.timeout);
         if let Some(error) = work.exception() {
-            done.insert(Arc::as_ptr(work));
-            if let Some(&id) = work.fr_id.get() {
+            work.retired.store(true, Ordering::Relaxed);
+            any_done = true;
+            if let Some(id) = work.fr_id() {
                 rel.recorder.retire(id, None);
             }
             tracing::error!(
@@ -405,13 +417,14 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
         }
         note_started(group, work);
         if work.is_completed() {
-            done.insert(Arc::as_ptr(work));
+            work.retired.store(true, Ordering::Relaxed);
+            any_done = true;
             note_completed(group, work);
         }
     }
-    if !done.is_empty() {
-        // A set, so that the enqueue path never waits behind a quadratic scan of a long in-flight list.
-        rel.lock_works().retain(|work| !done.contains(&Arc::as_ptr(work)));
+    if any_done {
+        // One linear pass reading a flag, so that the enqueue path never waits behind a long scan.
+        rel.lock_works().retain(|work| !work.retired.load(Ordering::Relaxed));
     }
     drop(works);
     // An asynchronous error with no Work in flight is still an error of the group.
@@ -445,7 +458,7 @@ fn note_started<B: Backend, G: GroupView<B>>(group: &G, work: &WorkState<B>) {
         newer
     };
     if newer {
-        if let Some(&id) = work.fr_id.get() {
+        if let Some(id) = work.fr_id() {
             rel.recorder.mark_started(id, nanos(group.device().now()));
         }
         trace_update(group, &trace_start_key(group.rank()), work);
@@ -456,7 +469,7 @@ fn note_started<B: Backend, G: GroupView<B>>(group: &G, work: &WorkState<B>) {
 fn note_completed<B: Backend, G: GroupView<B>>(group: &G, work: &WorkState<B>) {
     let rel = group.rel();
     work.stash.lock().unwrap_or_else(PoisonError::into_inner).clear();
-    if let Some(&id) = work.fr_id.get() {
+    if let Some(id) = work.fr_id() {
         rel.recorder.retire(id, Some(nanos(group.device().now())));
     }
     if work.op.is_p2p() {
@@ -619,7 +632,7 @@ fn check_dump_signal<B: Backend, G: GroupView<B>>(group: &G) {
     let now = group.device().now();
     {
         let mut cell = rel.lock_status();
-        if cell.dumped || cell.status.last_enqueued_seq.is_none() || now < cell.next_coord_check {
+        if cell.dumped || rel.last_enqueued().is_none() || now < cell.next_coord_check {
             return;
         }
         cell.next_coord_check = now + COORD_CHECK_PERIOD;

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::{Backend, Communicator, Device, Error, Event, Future, OpType, Result, Stream};
+use crate::{Backend, Communicator, DType, Device, Error, Event, Future, OpType, Result, Stream};
 
 /// The object-safe face of a Work, for code that holds Works of several backends or groups.
 pub trait Work: Send + Sync + fmt::Debug {
@@ -30,12 +30,16 @@ pub(crate) struct WorkState<B: Backend> {
     pub(crate) end_event: Arc<B::Event>,
     /// Recorded before the op when desync debugging is on, so the watchdog can tell started from scheduled.
     pub(crate) start_event: Option<Arc<B::Event>>,
-    /// The op's flight-recorder entry.
-    pub(crate) fr_id: std::sync::OnceLock<u64>,
+    /// The op's flight-recorder entry (`u64::MAX`: none, the recorder being off).
+    pub(crate) fr_id: std::sync::atomic::AtomicU64,
+    /// Set by the watchdog when it is done with the Work (completed or failed): it leaves the in-flight list.
+    pub(crate) retired: std::sync::atomic::AtomicBool,
     pub(crate) seq: u64,
     pub(crate) op: OpType,
-    pub(crate) numel_in: usize,
-    pub(crate) numel_out: usize,
+    /// The input's element count and dtype.
+    pub(crate) input: (usize, DType),
+    /// The output's element count and dtype.
+    pub(crate) output: (usize, DType),
     /// Host time at creation: the base of the timeout (S13), not the device start of the op.
     pub(crate) start_time: Duration,
     pub(crate) timeout: Duration,
@@ -48,6 +52,14 @@ pub(crate) struct WorkState<B: Backend> {
 }
 
 impl<B: Backend> WorkState<B> {
+    /// The op's flight-recorder entry, if it has one.
+    pub(crate) fn fr_id(&self) -> Option<u64> {
+        match self.fr_id.load(std::sync::atomic::Ordering::Relaxed) {
+            u64::MAX => None,
+            id => Some(id),
+        }
+    }
+
     pub(crate) fn exception(&self) -> Option<Error> {
         self.exception.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
@@ -104,8 +116,8 @@ impl<B: Backend> WorkState<B> {
         self.set_exception(Error::WorkTimeout {
             seq: self.seq,
             op: self.op,
-            numel_in: self.numel_in,
-            numel_out: self.numel_out,
+            numel_in: self.input.0,
+            numel_out: self.output.0,
             timeout,
             elapsed,
         });
@@ -160,14 +172,14 @@ impl<B: Backend> WorkState<B> {
 #[must_use = "a Work that is never waited on leaves the current stream unordered after the op"]
 pub struct WorkHandle<B: Backend> {
     pub(crate) state: Arc<WorkState<B>>,
-    /// The outputs live on the caller's handles only: as in PyTorch, the watchdog's reference to the Work does
-    /// not keep them alive (the allocator's `record_stream` guard protects their memory instead).
-    pub(crate) outputs: Arc<[B::Buffer]>,
+    /// The output lives on the caller's handles only: as in PyTorch, the watchdog's reference to the Work does
+    /// not keep it alive (the allocator's `record_stream` guard protects its memory instead).
+    pub(crate) output: B::Buffer,
 }
 
 impl<B: Backend> Clone for WorkHandle<B> {
     fn clone(&self) -> Self {
-        Self { state: Arc::clone(&self.state), outputs: Arc::clone(&self.outputs) }
+        Self { state: Arc::clone(&self.state), output: self.output.clone() }
     }
 }
 
@@ -176,8 +188,8 @@ impl<B: Backend> fmt::Debug for WorkHandle<B> {
         f.debug_struct("WorkHandle")
             .field("seq", &self.state.seq)
             .field("op", &self.state.op)
-            .field("numel_in", &self.state.numel_in)
-            .field("numel_out", &self.state.numel_out)
+            .field("numel_in", &self.state.input.0)
+            .field("numel_out", &self.state.output.0)
             .finish_non_exhaustive()
     }
 }
@@ -239,14 +251,14 @@ impl<B: Backend> WorkHandle<B> {
         self.state.end_event.is_created()
     }
 
-    /// The output buffers.
+    /// The output buffers (every op has one).
     pub fn outputs(&self) -> &[B::Buffer] {
-        &self.outputs
+        std::slice::from_ref(&self.output)
     }
 
     /// The CUDA-aware Future of the op: done at once, with the outputs (S17).
     pub fn future(&self) -> Future<B> {
-        Future::new(self.state.device.clone(), Arc::clone(&self.state.end_event), self.outputs.to_vec())
+        Future::new(self.state.device.clone(), Arc::clone(&self.state.end_event), vec![self.output.clone()])
     }
 
     /// Blocks the host until the op has finished on the device (the end event's synchronize), whatever the
