@@ -50,7 +50,8 @@ pub fn find_gpus() -> Result<Vec<String>, String> {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs pg's real-GPU suite from this bundle (no cargo needed): the hardware S-tests, the seed's three
 # experiments, and the all_reduce benchmark (raw NCCL loop, pg's process group, PyTorch) on the same libnccl.
-# Usage: run.sh [OUT_DIR]   (env: TASKS=smoke,experiments  BENCH=1  BENCH_MAX_BYTES=1073741824  NPROC=N)
+# Usage: run.sh [OUT_DIR]   (env: TASKS=smoke,experiments  BENCH=1  BENCH_MAX_BYTES=1073741824  BENCH_TRIALS=5
+#                            NPROC=N)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${1:-$HERE/results}"
@@ -73,7 +74,8 @@ if [ "${BENCH:-1}" = "1" ]; then
   TORCH_NCCL="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
   if [ -n "$TORCH_NCCL" ] && [ -f "$TORCH_NCCL" ]; then export PG_NCCL_LIBRARY="$TORCH_NCCL"; fi
   echo "bench libnccl: ${PG_NCCL_LIBRARY:-default loader (libnccl.so.2, libnccl.so)}"
-  "$HERE/pg-nccl-gpu" run --tasks bench --out "$OUT" --bench-max-bytes "${BENCH_MAX_BYTES:-1073741824}" "${NPROC_ARGS[@]}" || rc=1
+  "$HERE/pg-nccl-gpu" run --tasks bench --out "$OUT" --bench-max-bytes "${BENCH_MAX_BYTES:-1073741824}" \
+    --bench-trials "${BENCH_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
   if python3 -c 'import torch' 2>/dev/null; then
     NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
     torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_allreduce.py" --out "$OUT" --max-bytes "${BENCH_MAX_BYTES:-1073741824}" || rc=1
