@@ -383,12 +383,18 @@ impl<B: Backend> ProcessGroup<B> {
         enqueue: impl FnOnce(&B::Communicator, &B::Stream) -> Result<()>,
     ) -> Result<WorkHandle<B>> {
         self.check_usable()?;
-        let entry = match spec.peer {
-            None => match self.inner.collective.get() {
-                Some(entry) => entry.clone(),
-                None => self.get_comm(&self.collective_key())?,
-            },
-            Some(peer) => self.get_comm(&CommKey::SingleP2p { rank: self.inner.rank, peer })?,
+        // The hot path borrows the group's collective entry; only the Work's own handles are cloned from it.
+        let looked_up;
+        let entry = match (spec.peer, self.inner.collective.get()) {
+            (None, Some(entry)) => entry,
+            (None, None) => {
+                looked_up = self.get_comm(&self.collective_key())?;
+                &looked_up
+            }
+            (Some(peer), _) => {
+                looked_up = self.get_comm(&CommKey::SingleP2p { rank: self.inner.rank, peer })?;
+                &looked_up
+            }
         };
         let device = &self.inner.device;
         let seq = match spec.op.is_p2p() {
@@ -438,8 +444,8 @@ impl<B: Backend> ProcessGroup<B> {
         let work = WorkHandle {
             state: Arc::new(WorkState {
                 device: device.clone(),
-                comm: entry.comm,
-                comm_stream: entry.stream,
+                comm: Arc::clone(&entry.comm),
+                comm_stream: entry.stream.clone(),
                 end_event,
                 start_event,
                 fr_id: AtomicU64::new(u64::MAX),

@@ -13,7 +13,7 @@
 //! It sleeps and reads time only through the [`Device`], so it runs in virtual time on the simulated backend.
 //! It holds the group weakly between passes, so dropping the last handle of the group stops it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -30,6 +30,10 @@ const COORD_CHECK_PERIOD: Duration = Duration::from_secs(1);
 
 /// How long an idle watchdog with nothing to poll sleeps, unless a new Work wakes it first.
 const IDLE_SLEEP: Duration = Duration::from_secs(3600);
+
+/// Without a watchdog, the enqueue path prunes the in-flight list once it holds this many Works (or twice as
+/// many as the last pruning kept).
+const MIN_PRUNE_LEN: usize = 64;
 
 /// The store key through which a failing rank asks every rank to dump its flight recorder.
 pub(crate) const EXCEPTION_DUMP_KEY: &str = "exception_dump";
@@ -131,6 +135,8 @@ pub(crate) struct Reliability<B: Backend> {
     /// The last collective enqueued, packed as `seq << 8 | op as u8` (0: none yet), so that the enqueue path
     /// takes no lock for it.
     last_enqueued: AtomicU64,
+    /// Without a watchdog, the in-flight list's length at which the enqueue path next prunes it.
+    prune_at: AtomicUsize,
     /// Store operations of the watchdog under way: a stopping group does not wait for one to time out.
     in_store_op: AtomicU64,
 }
@@ -149,6 +155,7 @@ impl<B: Backend> Reliability<B> {
             timeout: AtomicU64::new(u64::MAX),
             store_broken: AtomicBool::new(false),
             last_enqueued: AtomicU64::new(0),
+            prune_at: AtomicUsize::new(MIN_PRUNE_LEN),
             in_store_op: AtomicU64::new(0),
         }
     }
@@ -185,11 +192,13 @@ impl<B: Backend> Reliability<B> {
             self.last_enqueued.fetch_max(work.seq << 8 | work.op as u64, Ordering::AcqRel);
         }
         let mut works = self.lock_works();
-        if !watched {
+        if !watched && works.len() >= self.prune_at.load(Ordering::Relaxed) {
             // With no watchdog (blocking wait) the list serves abort only: it keeps the Works a caller still
             // holds, so that an abort from another thread reaches a blocked wait.
             // A Work whose handles are all gone leaves once its op is done (its stash may guard its buffers).
+            // Pruning runs when the list has doubled since the last time, so it costs O(1) per op.
             works.retain(|work| Arc::strong_count(work) > 1 || !work.end_event.query().unwrap_or(true));
+            self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
         }
         works.push(Arc::clone(work));
         drop(works);

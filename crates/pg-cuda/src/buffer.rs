@@ -1,6 +1,7 @@
 //! Device buffers from the caching allocator.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::allocator::Allocator;
@@ -19,12 +20,25 @@ struct Block {
     block_size: usize,
     stream: Stream,
     uses: Mutex<Vec<Stream>>,
+    /// The id of the stream last recorded in `uses` (`u64::MAX`: none): recording the same stream again, as
+    /// every op on a reused buffer does, returns without the lock.
+    last_use: AtomicU64,
     allocator: Arc<Allocator>,
 }
 
 impl Buffer {
     pub(crate) fn new(ptr: u64, bytes: usize, block_size: usize, stream: Stream, allocator: Arc<Allocator>) -> Self {
-        Self { inner: Arc::new(Block { ptr, bytes, block_size, stream, uses: Mutex::new(Vec::new()), allocator }) }
+        Self {
+            inner: Arc::new(Block {
+                ptr,
+                bytes,
+                block_size,
+                stream,
+                uses: Mutex::new(Vec::new()),
+                last_use: AtomicU64::new(u64::MAX),
+                allocator,
+            }),
+        }
     }
 
     /// The device address.
@@ -59,10 +73,12 @@ impl Buffer {
 
     /// Records `stream` as a user; returns whether it was new.
     pub(crate) fn add_use(&self, stream: &Stream) -> bool {
-        if *stream == self.inner.stream {
+        // Stream ids are unique on a device, and a buffer's streams are all on its device.
+        if *stream == self.inner.stream || self.inner.last_use.load(Ordering::Acquire) == stream.id() {
             return false;
         }
         let mut uses = self.inner.uses.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.last_use.store(stream.id(), Ordering::Release);
         if uses.contains(stream) {
             return false;
         }

@@ -9,7 +9,7 @@ use nccl_sys::{Library, Status};
 use pg_core::{Buffer as _, CommConfig, Error, KernelKind, ReduceOp, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
-use crate::device::launches;
+use crate::launches;
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use pg_core::{Buffer as _, CommConfig, DType, Error, KernelKind, KernelLaunch, UniqueId};
 
 use crate::conv::{cuda_error, fill_pattern, nccl_error};
+use crate::launches;
 use crate::{Buffer, Communicator, Event, Nccl, Stream};
 
 /// One GPU as this process sees it. Cloning gives another handle to the same device.
@@ -168,39 +169,5 @@ impl pg_core::Device for Device {
             .name(name.to_owned())
             .spawn(body)
             .map_err(|err| Error::Backend(format!("spawning host thread {name}: {err}")))
-    }
-}
-
-/// The kernels this backend launched itself, per device: a bounded log (the newest [`launches::KEPT`]).
-pub(crate) mod launches {
-    use std::collections::VecDeque;
-    use std::sync::Mutex;
-
-    use pg_core::{KernelKind, KernelLaunch};
-
-    /// Entries kept per process.
-    pub(crate) const KEPT: usize = 4096;
-
-    /// (device, stream id, kind, name): no allocation on the enqueue path; names become Strings when read.
-    type Entry = (usize, u64, KernelKind, &'static str);
-
-    static LOG: Mutex<VecDeque<Entry>> = Mutex::new(VecDeque::new());
-
-    /// Logs a launch on `device`'s stream `stream_id`.
-    pub(crate) fn log(device: usize, stream_id: u64, kind: KernelKind, name: &'static str) {
-        let mut log = LOG.lock().unwrap_or_else(|e| e.into_inner());
-        if log.len() == KEPT {
-            log.pop_front();
-        }
-        log.push_back((device, stream_id, kind, name));
-    }
-
-    /// The logged launches on `device`, oldest first.
-    pub(crate) fn of(device: usize) -> Vec<KernelLaunch> {
-        let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
-        log.iter()
-            .filter(|entry| entry.0 == device)
-            .map(|&(_, stream_id, kind, name)| KernelLaunch { stream_id, kind, name: name.to_owned() })
-            .collect()
     }
 }

@@ -18,6 +18,7 @@ mod communicator;
 mod conv;
 mod device;
 mod event;
+mod launches;
 pub mod raw;
 mod stream;
 

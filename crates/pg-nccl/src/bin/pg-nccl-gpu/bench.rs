@@ -64,6 +64,13 @@ struct Sample {
 enum Contestant<'a> {
     /// `ncclAllReduce` on a pool stream, nothing else.
     Raw { comm: &'a RawComm, stream: &'a Stream },
+    /// The raw loop plus the driver calls the process group's semantics need and nothing else: an input-ready
+    /// event recorded on the current stream and waited on by the communication stream, and a fresh end event
+    /// recorded after the op. Its distance from `Raw` is the floor any implementation of S9-S10 pays.
+    RawWithEvents { comm: &'a RawComm, stream: &'a Stream, input_ready: &'a pg_nccl::Event },
+    /// The process group with the watchdog and the flight recorder off: its distance from `Pg` is what they
+    /// cost on the enqueue path.
+    PgBare { pg: &'a Group },
     /// The process group, the caller's current stream being the legacy default stream (as in PyTorch).
     Pg { pg: &'a Group },
     /// The process group with a pool stream made current (a `StreamGuard`), to see what the legacy stream costs.
@@ -74,6 +81,8 @@ impl Contestant<'_> {
     fn name(&self) -> &'static str {
         match self {
             Contestant::Raw { .. } => "raw",
+            Contestant::RawWithEvents { .. } => "raw-with-events",
+            Contestant::PgBare { .. } => "pg-no-watchdog-no-fr",
             Contestant::Pg { .. } => "pg",
             Contestant::PgOnStream { .. } => "pg-current-pool-stream",
         }
@@ -81,8 +90,8 @@ impl Contestant<'_> {
 
     fn group(&self) -> Option<&Group> {
         match self {
-            Contestant::Raw { .. } => None,
-            Contestant::Pg { pg } | Contestant::PgOnStream { pg, .. } => Some(pg),
+            Contestant::Raw { .. } | Contestant::RawWithEvents { .. } => None,
+            Contestant::Pg { pg } | Contestant::PgBare { pg } | Contestant::PgOnStream { pg, .. } => Some(pg),
         }
     }
 }
@@ -95,12 +104,14 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
         _ => None,
     };
     let stream = match who {
-        Contestant::Raw { stream, .. } => (*stream).clone(),
+        Contestant::Raw { stream, .. } | Contestant::RawWithEvents { stream, .. } => (*stream).clone(),
         _ => device.current_stream(),
     };
     // Align the ranks.
     match (who, who.group()) {
-        (Contestant::Raw { comm, stream }, _) => comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?,
+        (Contestant::Raw { comm, stream } | Contestant::RawWithEvents { comm, stream, .. }, _) => {
+            comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?
+        }
         (_, Some(pg)) => pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?,
         (_, None) => unreachable!("only the raw contestant has no group"),
     }
@@ -118,6 +129,19 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
                 let t = Instant::now();
                 comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?;
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            (Contestant::RawWithEvents { comm, stream, input_ready }, _) => {
+                let t = Instant::now();
+                input_ready.record(&device.current_stream()).map_err(e)?;
+                stream.wait_event(input_ready).map_err(e)?;
+                comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?;
+                let end = std::sync::Arc::new(device.create_event());
+                end.record(stream).map_err(e)?;
+                enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+                // What `wait()` does: the current stream waits for the end event.
+                let t = Instant::now();
+                device.current_stream().wait_event(&end).map_err(e)?;
+                wait_us.push(t.elapsed().as_secs_f64() * 1e6);
             }
             (_, Some(pg)) => {
                 let (_, before) = pg_nccl::call_timing::totals();
@@ -156,8 +180,11 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let raw_stream = device.stream_from_pool(false).map_err(e)?;
     let user_stream = device.stream_from_pool(false).map_err(e)?;
     let pg = group(ctx, "bench", Options::builder())?;
+    let bare = group(ctx, "bench-bare", Options::builder().enable_watchdog(false).trace_buffer_size(0))?;
+    let input_ready = device.create_event();
     let tiny = filled(ctx, DType::F32, 1, 1.0)?;
     pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    bare.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
 
     let mut rows = Vec::new();
     for bytes in sizes(ctx.settings.bench_max_bytes) {
@@ -176,6 +203,8 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
             Contestant::Raw { comm: &raw, stream: &raw_stream },
             Contestant::Pg { pg: &pg },
             Contestant::PgOnStream { pg: &pg, stream: &user_stream },
+            Contestant::RawWithEvents { comm: &raw, stream: &raw_stream, input_ready: &input_ready },
+            Contestant::PgBare { pg: &bare },
         ];
         let mut samples: Vec<Vec<Sample>> = contestants.iter().map(|_| Vec::new()).collect();
         // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
@@ -221,6 +250,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let host_costs = host_costs(ctx, &pg)?;
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
+    bare.shutdown().map_err(e)?;
     drop(raw);
     Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs }))
 }

@@ -1,0 +1,111 @@
+//! The kernels this backend launched itself, per device: a bounded, lock-free log of the newest [`KEPT`].
+//!
+//! Logging is on every op's enqueue path, so it takes no lock: a launch claims a ticket and writes its slot
+//! of a ring, seqlock-style (invalidate, write, publish). A reader skips a slot that is being rewritten, so a
+//! read that races with 4,096 newer launches may miss entries; it never returns a torn one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pg_core::{KernelKind, KernelLaunch};
+
+/// Entries kept per process.
+pub(crate) const KEPT: usize = 4096;
+
+/// The names a launch may carry; a name outside this list is logged as `"?"`.
+const NAMES: [&str; 9] =
+    ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "send", "recv", "fill", "sleep"];
+const KINDS: [KernelKind; 4] = [KernelKind::Comm, KernelKind::Sleep, KernelKind::Fill, KernelKind::Copy];
+
+/// One slot: the ticket that wrote it plus one (0: empty or being written) and the packed entry.
+struct Slot {
+    ticket: AtomicU64,
+    entry: AtomicU64,
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+static RING: [Slot; KEPT] = [const { Slot { ticket: AtomicU64::new(0), entry: AtomicU64::new(0) } }; KEPT];
+
+/// Packs (stream id: 40 bits, device: 8 bits, kind: 8 bits, name: 8 bits) into one word.
+fn pack(device: usize, stream_id: u64, kind: KernelKind, name: &str) -> u64 {
+    let name = NAMES.iter().position(|n| *n == name).unwrap_or(0xff) as u64;
+    let kind = KINDS.iter().position(|k| *k == kind).unwrap_or(0) as u64;
+    (stream_id & ((1 << 40) - 1)) << 24 | (device as u64 & 0xff) << 16 | kind << 8 | name
+}
+
+fn unpack(word: u64) -> (usize, KernelLaunch) {
+    let name = NAMES.get((word & 0xff) as usize).copied().unwrap_or("?");
+    let kind = KINDS[((word >> 8) & 0xff) as usize % KINDS.len()];
+    let launch = KernelLaunch { stream_id: word >> 24, kind, name: name.to_owned() };
+    (((word >> 16) & 0xff) as usize, launch)
+}
+
+/// Logs a launch on `device`'s stream `stream_id`.
+pub(crate) fn log(device: usize, stream_id: u64, kind: KernelKind, name: &'static str) {
+    let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
+    let slot = &RING[(ticket % KEPT as u64) as usize];
+    slot.ticket.store(0, Ordering::Release);
+    slot.entry.store(pack(device, stream_id, kind, name), Ordering::Release);
+    slot.ticket.store(ticket + 1, Ordering::Release);
+}
+
+/// The logged launches on `device`, oldest first.
+pub(crate) fn of(device: usize) -> Vec<KernelLaunch> {
+    let end = NEXT.load(Ordering::Acquire);
+    let mut launches = Vec::new();
+    for ticket in end.saturating_sub(KEPT as u64)..end {
+        let slot = &RING[(ticket % KEPT as u64) as usize];
+        if slot.ticket.load(Ordering::Acquire) != ticket + 1 {
+            continue;
+        }
+        let word = slot.entry.load(Ordering::Acquire);
+        if slot.ticket.load(Ordering::Acquire) != ticket + 1 {
+            continue;
+        }
+        let (on, launch) = unpack(word);
+        if on == device {
+            launches.push(launch);
+        }
+    }
+    launches
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_stay_per_device_in_order() {
+        // A device number no other test logs on, so that parallel tests do not interleave here.
+        let device = 201;
+        log(device, 7, KernelKind::Comm, "all_reduce");
+        log(device, (1 << 40) - 1, KernelKind::Fill, "fill");
+        log(device + 1, 7, KernelKind::Sleep, "sleep");
+        let mine = of(device);
+        let found: Vec<(u64, KernelKind, &str)> = mine.iter().map(|l| (l.stream_id, l.kind, l.name.as_str())).collect();
+        assert_eq!(found, [(7, KernelKind::Comm, "all_reduce"), ((1 << 40) - 1, KernelKind::Fill, "fill")]);
+        assert_eq!(of(device + 1).len(), 1);
+    }
+
+    #[test]
+    fn concurrent_writers_leave_no_torn_entry() {
+        let device = 203;
+        std::thread::scope(|scope| {
+            for writer in 0..4u64 {
+                scope.spawn(move || {
+                    for i in 0..3000 {
+                        // Every entry of a writer carries its own stream id and a name chosen by it.
+                        let name = if writer % 2 == 0 { "send" } else { "recv" };
+                        log(device, 1000 + writer, KernelKind::Comm, name);
+                        if i % 500 == 0 {
+                            for launch in of(device) {
+                                let expected = if (launch.stream_id - 1000) % 2 == 0 { "send" } else { "recv" };
+                                assert_eq!(launch.name, expected, "a torn entry: {launch:?}");
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        assert!(of(device).len() <= KEPT);
+    }
+}
