@@ -44,20 +44,19 @@ impl fmt::Display for CommKey {
     }
 }
 
-/// A ready communicator with its dedicated stream (S8).
-pub(crate) struct CommEntry<B: Backend> {
+/// A ready communicator with its dedicated stream (S8), shared by the cache and every Work on it: a Work
+/// holds one reference to all of it.
+pub(crate) struct CommShared<B: Backend> {
+    pub(crate) device: B::Device,
     pub(crate) comm: Arc<B::Communicator>,
     pub(crate) stream: B::Stream,
     /// The key's reusable input-ready event (PyTorch's `ncclEvents_[key]`), re-recorded by every op; the
     /// mutex keeps one op's record and wait together.
-    pub(crate) input_ready: Arc<Mutex<B::Event>>,
+    pub(crate) input_ready: Mutex<B::Event>,
 }
 
-impl<B: Backend> Clone for CommEntry<B> {
-    fn clone(&self) -> Self {
-        Self { comm: Arc::clone(&self.comm), stream: self.stream.clone(), input_ready: Arc::clone(&self.input_ready) }
-    }
-}
+/// A cache entry: a handle to the communicator, its stream and its input-ready event.
+pub(crate) type CommEntry<B> = Arc<CommShared<B>>;
 
 /// The cache proper: guarded by the group's mutex, never held across a communicator's creation.
 pub(crate) struct CommCache<B: Backend> {

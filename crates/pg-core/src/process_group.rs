@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use pg_store::Store;
 
-use crate::cache::{CommCache, CommEntry};
+use crate::cache::{CommCache, CommEntry, CommShared};
 use crate::desync::DesyncReport;
 use crate::watchdog::{self, ErrorType, GroupStatus, GroupView, Reliability};
 use crate::work::WorkState;
@@ -443,9 +443,7 @@ impl<B: Backend> ProcessGroup<B> {
         let options = &self.inner.options;
         let work = WorkHandle {
             state: Arc::new(WorkState {
-                device: device.clone(),
-                comm: Arc::clone(&entry.comm),
-                comm_stream: entry.stream.clone(),
+                entry: Arc::clone(entry),
                 end_event,
                 start_event,
                 fr_id: AtomicU64::new(u64::MAX),
@@ -576,8 +574,8 @@ impl<B: Backend> ProcessGroup<B> {
             high_priority = stream.is_high_priority(),
             "created communicator"
         );
-        let input_ready = Arc::new(Mutex::new(inner.device.create_event()));
-        Ok(CommEntry { comm, stream, input_ready })
+        let input_ready = Mutex::new(inner.device.create_event());
+        Ok(Arc::new(CommShared { device: inner.device.clone(), comm, stream, input_ready }))
     }
 
     // ===== checks and helpers =====

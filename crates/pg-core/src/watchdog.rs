@@ -170,7 +170,7 @@ impl<B: Backend> Reliability<B> {
 
     /// Records a new Work in the flight recorder and the status, and puts it on the in-flight list.
     pub(crate) fn track(&self, work: &Arc<WorkState<B>>, watched: bool) {
-        let device = &work.device;
+        let device = &work.entry.device;
         let probe = |event: &Arc<B::Event>| Arc::clone(event) as crate::flight_recorder::EventProbe;
         let is_p2p = work.op.is_p2p();
         let id = self.recorder.record(NewEntry {
@@ -421,7 +421,7 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
                 "failure detected by watchdog at work sequence id: {}",
                 work.seq
             );
-            on_error(group, error, timed_out.then_some(work.as_ref()), Some(&work.comm));
+            on_error(group, error, timed_out.then_some(work.as_ref()), Some(&work.entry.comm));
             continue;
         }
         note_started(group, work);

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::cache::CommEntry;
 use crate::{Backend, Communicator, DType, Device, Error, Event, Future, OpType, Result, Stream};
 
 /// The object-safe face of a Work, for code that holds Works of several backends or groups.
@@ -24,9 +25,8 @@ pub trait Work: Send + Sync + fmt::Debug {
 
 /// What the Work of one op knows; shared between the caller's handle and the watchdog.
 pub(crate) struct WorkState<B: Backend> {
-    pub(crate) device: B::Device,
-    pub(crate) comm: Arc<B::Communicator>,
-    pub(crate) comm_stream: B::Stream,
+    /// The device, communicator and communication stream the op runs on.
+    pub(crate) entry: CommEntry<B>,
     pub(crate) end_event: Arc<B::Event>,
     /// Recorded before the op when desync debugging is on, so the watchdog can tell started from scheduled.
     pub(crate) start_event: Option<Arc<B::Event>>,
@@ -74,7 +74,7 @@ impl<B: Backend> WorkState<B> {
 
     /// Reads the communicator's async error into this Work (PyTorch's `checkAndSetException`).
     pub(crate) fn check_and_set_exception(&self) {
-        if let Err(error) = self.comm.async_error() {
+        if let Err(error) = self.entry.comm.async_error() {
             self.set_exception(error);
         }
     }
@@ -84,7 +84,7 @@ impl<B: Backend> WorkState<B> {
     /// An op still pending on an aborted communicator will never finish: it completes with
     /// [`Error::Aborted`], so that a wait blocked on it returns (abort from another thread, S26).
     pub(crate) fn is_completed(&self) -> bool {
-        let aborted = self.comm.is_aborted();
+        let aborted = self.entry.comm.is_aborted();
         if !aborted {
             self.check_and_set_exception();
         }
@@ -109,7 +109,7 @@ impl<B: Backend> WorkState<B> {
 
     /// Sets the timeout error if the Work has run longer than `timeout` since its host start time.
     pub(crate) fn check_timeout(&self, timeout: Duration) -> bool {
-        let elapsed = self.device.now().saturating_sub(self.start_time);
+        let elapsed = self.entry.device.now().saturating_sub(self.start_time);
         if elapsed <= timeout {
             return false;
         }
@@ -126,7 +126,7 @@ impl<B: Backend> WorkState<B> {
 
     /// Makes the caller's current stream wait for the end event, then releases the stash (S11, S12).
     fn synchronize_stream(&self) -> Result<()> {
-        let current = self.device.current_stream();
+        let current = self.entry.device.current_stream();
         current.wait_event(&self.end_event)?;
         self.stash.lock().unwrap_or_else(PoisonError::into_inner).clear();
         Ok(())
@@ -142,17 +142,17 @@ impl<B: Backend> WorkState<B> {
                     tracing::error!(target: "pg", seq = self.seq, op = %self.op, "timed out in blocking wait");
                     break;
                 }
-                self.device.sleep(self.blocking_wait_poll, &never);
+                self.entry.device.sleep(self.blocking_wait_poll, &never);
             }
         } else if self.is_barrier {
             // A barrier is a host barrier: the current stream is synchronised, not the device (S16).
-            self.device.current_stream().synchronize()?;
+            self.entry.device.current_stream().synchronize()?;
         }
         match self.exception() {
             None => Ok(()),
             Some(error) => {
                 // As PyTorch: the failed Work's communicator is aborted before the error reaches the caller.
-                if let Err(abort_error) = self.comm.abort(&error.to_string()) {
+                if let Err(abort_error) = self.entry.comm.abort(&error.to_string()) {
                     tracing::warn!(target: "pg", %abort_error, "abort after a failed wait also failed");
                 }
                 Err(error)
@@ -243,7 +243,7 @@ impl<B: Backend> WorkHandle<B> {
 
     /// The stream the op was enqueued on (the group's communication stream for its device key).
     pub fn comm_stream(&self) -> &B::Stream {
-        &self.state.comm_stream
+        &self.state.entry.stream
     }
 
     /// Whether the end event's backend object exists (it is made when it is first recorded, S13).
@@ -258,7 +258,7 @@ impl<B: Backend> WorkHandle<B> {
 
     /// The CUDA-aware Future of the op: done at once, with the outputs (S17).
     pub fn future(&self) -> Future<B> {
-        Future::new(self.state.device.clone(), Arc::clone(&self.state.end_event), vec![self.output.clone()])
+        Future::new(self.state.entry.device.clone(), Arc::clone(&self.state.end_event), vec![self.output.clone()])
     }
 
     /// Blocks the host until the op has finished on the device (the end event's synchronize), whatever the
