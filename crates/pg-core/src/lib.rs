@@ -10,6 +10,7 @@
 mod backend;
 mod cache;
 mod desync;
+mod enqueue_timing;
 mod error;
 mod flight_recorder;
 mod future;
@@ -24,6 +25,7 @@ mod work;
 pub use backend::{Backend, Buffer, Communicator, Device, Event, Stream};
 pub use cache::CommKey;
 pub use desync::{DesyncReport, RankPosition, RankTrace};
+pub use enqueue_timing::{enqueue_step_totals, EnqueueStep};
 pub use error::{Error, ErrorKind, Result};
 pub use future::Future;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};

@@ -9,6 +9,7 @@ use pg_store::Store;
 
 use crate::cache::{CommCache, CommEntry, CommShared};
 use crate::desync::DesyncReport;
+use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::watchdog::{self, ErrorType, GroupStatus, GroupView, Reliability};
 use crate::work::WorkState;
 use crate::{
@@ -382,6 +383,7 @@ impl<B: Backend> ProcessGroup<B> {
         spec: OpSpec<'_, B>,
         enqueue: impl FnOnce(&B::Communicator, &B::Stream) -> Result<()>,
     ) -> Result<WorkHandle<B>> {
+        let mut timer = StepTimer::start();
         self.check_usable()?;
         // The hot path borrows the group's collective entry; only the Work's own handles are cloned from it.
         let looked_up;
@@ -403,6 +405,7 @@ impl<B: Backend> ProcessGroup<B> {
         };
         let start_time = device.now();
         let current = device.current_stream();
+        timer.lap(EnqueueStep::Lookup);
 
         // S9: the communication stream waits until the inputs are ready on the caller's current stream.
         {
@@ -410,6 +413,7 @@ impl<B: Backend> ProcessGroup<B> {
             input_ready.record(&current)?;
             entry.stream.wait_event(&input_ready)?;
         }
+        timer.lap(EnqueueStep::InputReady);
 
         // S12: the allocator must not reuse the buffers before the communication stream is done with them.
         let mut stash = Vec::new();
@@ -421,6 +425,7 @@ impl<B: Backend> ProcessGroup<B> {
                 false => device.record_stream(buffer, &entry.stream)?,
             }
         }
+        timer.lap(EnqueueStep::RecordStream);
 
         // Desync debugging needs to tell a started op from a scheduled one, as PyTorch's timing events do.
         let start_event = match self.inner.options.desync_debug {
@@ -433,10 +438,12 @@ impl<B: Backend> ProcessGroup<B> {
         };
 
         enqueue(&entry.comm, &entry.stream)?;
+        timer.lap(EnqueueStep::Op);
 
         // S10: the end event marks the op's completion on the communication stream.
         let end_event = Arc::new(device.create_event());
         end_event.record(&entry.stream)?;
+        timer.lap(EnqueueStep::EndEvent);
 
         self.inner.ops_issued.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
@@ -462,11 +469,13 @@ impl<B: Backend> ProcessGroup<B> {
             }),
             output: spec.output.clone(),
         };
+        timer.lap(EnqueueStep::Work);
         self.inner.rel.track(&work.state, options.enable_watchdog);
         // An abort that ran while this op was being enqueued did not see it on the in-flight list.
         if let Some(error) = self.error() {
             work.state.set_exception(error);
         }
+        timer.lap(EnqueueStep::Track);
         Ok(work)
     }
 

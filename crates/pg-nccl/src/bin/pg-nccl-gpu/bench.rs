@@ -59,6 +59,8 @@ struct Sample {
     wait_us: Vec<f64>,
     /// Per op, the host time inside `ncclAllReduce` (pg contestants, with `PG_NCCL_TIME_CALLS=1`).
     nccl_us: Vec<f64>,
+    /// Per op, the host time of each step of the collective template (pg contestants, `PG_TIME_ENQUEUE=1`).
+    steps_us: Vec<[f64; 7]>,
 }
 
 enum Contestant<'a> {
@@ -123,6 +125,8 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
     let mut enqueue_us = Vec::with_capacity(ops);
     let mut wait_us = Vec::with_capacity(ops);
     let mut nccl_us = Vec::new();
+    let mut steps_us = Vec::new();
+    let step_totals = || pg_core::enqueue_step_totals().map(|(_, total)| total.as_secs_f64() * 1e6);
     for _ in 0..ops {
         match (who, who.group()) {
             (Contestant::Raw { comm, stream }, _) => {
@@ -145,12 +149,17 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
             }
             (_, Some(pg)) => {
                 let (_, before) = pg_nccl::call_timing::totals();
+                let steps_before = step_totals();
                 let t = Instant::now();
                 let work = pg.all_reduce(buffer, ReduceOp::Sum).map_err(e)?;
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
                 if pg_nccl::call_timing::enabled() {
                     let (_, after) = pg_nccl::call_timing::totals();
                     nccl_us.push((after - before).as_secs_f64() * 1e6);
+                }
+                let steps_after = step_totals();
+                if steps_after.iter().sum::<f64>() > 0.0 {
+                    steps_us.push(std::array::from_fn(|i| steps_after[i] - steps_before[i]));
                 }
                 let t = Instant::now();
                 work.wait().map_err(e)?;
@@ -161,7 +170,7 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
     }
     end.record(stream.cuda()).map_err(e)?;
     let elapsed = end.elapsed_since(&start).map_err(e)?;
-    Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us, nccl_us })
+    Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us, nccl_us, steps_us })
 }
 
 pub fn run(ctx: &Rank) -> Result<Value, String> {
@@ -227,6 +236,16 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
                 .iter()
                 .flat_map(|s| s.enqueue_us.iter().zip(&s.nccl_us).map(|(total, inside)| total - inside))
                 .collect();
+            // The median of each step of the template over every op (with `PG_TIME_ENQUEUE=1`).
+            let steps: serde_json::Map<String, Value> = pg_core::EnqueueStep::ALL
+                .iter()
+                .enumerate()
+                .filter_map(|(i, step)| {
+                    let mut values: Vec<f64> =
+                        samples.iter().flat_map(|s| s.steps_us.iter().map(move |op| op[i])).collect();
+                    (!values.is_empty()).then(|| (step.name().to_owned(), json!(median(&mut values))))
+                })
+                .collect();
             let time_us = median(&mut device_us);
             let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
             let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
@@ -242,6 +261,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
                 "wait_us": if wait.is_empty() { Value::Null } else { json!(median(&mut wait)) },
                 "nccl_call_us": if nccl.is_empty() { Value::Null } else { json!(median(&mut nccl)) },
                 "own_host_us": if own.is_empty() { Value::Null } else { json!(median(&mut own)) },
+                "steps_us": if steps.is_empty() { Value::Null } else { Value::Object(steps) },
                 "device_us_trials": device_us,
             }));
         }

@@ -154,6 +154,18 @@ fn bench(ranks: &[Value]) -> (bool, String) {
     for (rank, value) in ranks.iter().enumerate() {
         let _ = writeln!(md, "\nrank {rank} host cost of primitives (median us): {}", value["host_costs_us"]);
     }
+    // With PG_TIME_ENQUEUE=1: where each process-group contestant's enqueue time goes, step by step.
+    for (rank, value) in ranks.iter().enumerate() {
+        for row in value["rows"].as_array().into_iter().flatten().filter(|row| !row["steps_us"].is_null()) {
+            let _ = writeln!(
+                md,
+                "\nrank {rank} {} {} steps (median us): {}",
+                human(row["bytes"].as_u64().unwrap_or(0)),
+                row["contestant"].as_str().unwrap_or("?"),
+                row["steps_us"]
+            );
+        }
+    }
     (!rows.is_empty(), md)
 }
 
