@@ -27,6 +27,8 @@ pub struct Counters {
     pub comms_created: u64,
     /// Ops enqueued (collectives, point-to-point ops and barriers).
     pub ops_issued: u64,
+    /// Ops whose Work reused a completed Work that nothing held any more (its memory and end event).
+    pub works_reused: u64,
 }
 
 struct GroupState {
@@ -52,6 +54,7 @@ struct Inner<B: Backend> {
     seq_p2p: AtomicU64,
     comms_created: AtomicU64,
     ops_issued: AtomicU64,
+    works_reused: AtomicU64,
     /// The watchdog's in-flight list, status, flight recorder and threads (S21-S26).
     rel: Reliability<B>,
 }
@@ -98,6 +101,14 @@ struct OpSpec<'a, B: Backend> {
     in_place: bool,
 }
 
+/// Where a new Work's memory and end event come from.
+enum WorkSource<B: Backend> {
+    /// A completed Work that nothing holds any more, to overwrite in place.
+    Recycled(Arc<WorkState<B>>),
+    /// A new end event; the Work is allocated.
+    Fresh(Arc<B::Event>),
+}
+
 impl<B: Backend> ProcessGroup<B> {
     /// Creates this rank's handle of a group of `size` ranks that rendezvous through `store`.
     ///
@@ -127,6 +138,7 @@ impl<B: Backend> ProcessGroup<B> {
                 seq_p2p: AtomicU64::new(0),
                 comms_created: AtomicU64::new(0),
                 ops_issued: AtomicU64::new(0),
+                works_reused: AtomicU64::new(0),
                 rel,
             }),
         };
@@ -182,6 +194,7 @@ impl<B: Backend> ProcessGroup<B> {
         Counters {
             comms_created: self.inner.comms_created.load(Ordering::Relaxed),
             ops_issued: self.inner.ops_issued.load(Ordering::Relaxed),
+            works_reused: self.inner.works_reused.load(Ordering::Relaxed),
         }
     }
 
@@ -440,35 +453,50 @@ impl<B: Backend> ProcessGroup<B> {
         enqueue(&entry.comm, &entry.stream)?;
         timer.lap(EnqueueStep::Op);
 
-        // S10: the end event marks the op's completion on the communication stream.
-        let end_event = Arc::new(device.create_event());
+        // S10: the end event marks the op's completion on the communication stream. A completed Work that the
+        // watchdog retired and nothing holds brings its own event and memory: nothing is allocated then.
+        let source = match self.inner.rel.take_recycled() {
+            Some(work) => WorkSource::Recycled(work),
+            None => WorkSource::Fresh(Arc::new(device.create_event())),
+        };
+        let end_event = match &source {
+            WorkSource::Recycled(work) => &work.end_event,
+            WorkSource::Fresh(event) => event,
+        };
         end_event.record(&entry.stream)?;
         timer.lap(EnqueueStep::EndEvent);
 
         self.inner.ops_issued.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
-        let work = WorkHandle {
-            state: Arc::new(WorkState {
-                entry: Arc::clone(entry),
-                end_event,
-                start_event,
-                fr_id: AtomicU64::new(u64::MAX),
-                retired: AtomicBool::new(false),
-                seq,
-                op: spec.op,
-                input: (spec.input.numel(), spec.input.dtype()),
-                output: (spec.output.numel(), spec.output.dtype()),
-                start_time,
-                timeout: self.inner.rel.timeout(options.timeout),
-                blocking_wait: options.blocking_wait,
-                blocking_wait_poll: options.blocking_wait_poll,
-                is_barrier: spec.is_barrier,
-                exception: Mutex::new(None),
-                stash: Mutex::new(stash),
-            }),
-            output: spec.output.clone(),
+        let new_state = |end_event: Arc<B::Event>| WorkState {
+            entry: Arc::clone(entry),
+            end_event,
+            start_event,
+            fr_id: AtomicU64::new(u64::MAX),
+            retired: AtomicBool::new(false),
+            seq,
+            op: spec.op,
+            input: (spec.input.numel(), spec.input.dtype()),
+            output: (spec.output.numel(), spec.output.dtype()),
+            start_time,
+            timeout: self.inner.rel.timeout(options.timeout),
+            blocking_wait: options.blocking_wait,
+            blocking_wait_poll: options.blocking_wait_poll,
+            is_barrier: spec.is_barrier,
+            exception: Mutex::new(None),
+            stash: Mutex::new(stash),
         };
+        let state = match source {
+            WorkSource::Recycled(mut work) => {
+                let slot = Arc::get_mut(&mut work).expect("a recycled Work is held by nobody else");
+                *slot = new_state(Arc::clone(&slot.end_event));
+                self.inner.works_reused.fetch_add(1, Ordering::Relaxed);
+                work
+            }
+            WorkSource::Fresh(end_event) => Arc::new(new_state(end_event)),
+        };
+        let work = WorkHandle { state, output: spec.output.clone() };
         timer.lap(EnqueueStep::Work);
         self.inner.rel.track(&work.state, options.enable_watchdog);
         // An abort that ran while this op was being enqueued did not see it on the in-flight list.

@@ -31,6 +31,9 @@ const COORD_CHECK_PERIOD: Duration = Duration::from_secs(1);
 /// How long an idle watchdog with nothing to poll sleeps, unless a new Work wakes it first.
 const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 
+/// The most completed Works kept for reuse per group (about one watchdog period of ops at 10 us per op).
+const RECYCLED_MAX: usize = 8192;
+
 /// Without a watchdog, the enqueue path prunes the in-flight list once it holds this many Works (or twice as
 /// many as the last pruning kept).
 const MIN_PRUNE_LEN: usize = 64;
@@ -135,6 +138,8 @@ pub(crate) struct Reliability<B: Backend> {
     /// The last collective enqueued, packed as `seq << 8 | op as u8` (0: none yet), so that the enqueue path
     /// takes no lock for it.
     last_enqueued: AtomicU64,
+    /// Completed Works that nothing else holds, for the enqueue path to reuse (their memory and end event).
+    recycled: Mutex<Vec<Arc<WorkState<B>>>>,
     /// Without a watchdog, the in-flight list's length at which the enqueue path next prunes it.
     prune_at: AtomicUsize,
     /// Store operations of the watchdog under way: a stopping group does not wait for one to time out.
@@ -156,6 +161,7 @@ impl<B: Backend> Reliability<B> {
             store_broken: AtomicBool::new(false),
             last_enqueued: AtomicU64::new(0),
             prune_at: AtomicUsize::new(MIN_PRUNE_LEN),
+            recycled: Mutex::new(Vec::new()),
             in_store_op: AtomicU64::new(0),
         }
     }
@@ -210,6 +216,8 @@ impl<B: Backend> Reliability<B> {
 
     /// Sets `error` on every in-flight Work and stops tracking them (abort and tear down).
     pub(crate) fn fail_in_flight(&self, error: &Error) {
+        // Recycled Works hold the group's communicators: a stopping group lets them go.
+        drop(std::mem::take(&mut *self.recycled.lock().unwrap_or_else(PoisonError::into_inner)));
         let works = std::mem::take(&mut *self.lock_works());
         for work in works {
             work.set_exception(error.clone());
@@ -217,6 +225,27 @@ impl<B: Backend> Reliability<B> {
                 self.recorder.retire(id, None);
             }
         }
+    }
+
+    /// Keeps the retired Works that completed without error and that nothing else holds (no handle, no Future,
+    /// no flight-recorder entry), up to [`RECYCLED_MAX`], for the enqueue path to reuse; drops the others.
+    fn recycle(&self, retired: Vec<Arc<WorkState<B>>>) {
+        let reusable = |work: &Arc<WorkState<B>>| {
+            Arc::strong_count(work) == 1 && Arc::strong_count(&work.end_event) == 1 && work.exception().is_none()
+        };
+        let (keep, drop_now): (Vec<_>, Vec<_>) = retired.into_iter().partition(reusable);
+        let mut pool = self.recycled.lock().unwrap_or_else(PoisonError::into_inner);
+        let room = RECYCLED_MAX.saturating_sub(pool.len());
+        let mut keep = keep.into_iter();
+        pool.extend(keep.by_ref().take(room));
+        drop(pool);
+        drop((keep, drop_now));
+    }
+
+    /// A Work to reuse, with its end event: only this pool held it, so the caller may overwrite it.
+    pub(crate) fn take_recycled(&self) -> Option<Arc<WorkState<B>>> {
+        let mut work = self.recycled.lock().unwrap_or_else(PoisonError::into_inner).pop()?;
+        (Arc::get_mut(&mut work).is_some() && Arc::strong_count(&work.end_event) == 1).then_some(work)
     }
 
     /// The status as it is now.
@@ -431,11 +460,16 @@ fn pass<B: Backend, G: GroupView<B>>(group: &G) {
             note_completed(group, work);
         }
     }
+    let mut removed = Vec::new();
     if any_done {
         // One linear pass reading a flag, so that the enqueue path never waits behind a long scan.
-        rel.lock_works().retain(|work| !work.retired.load(Ordering::Relaxed));
+        let mut list = rel.lock_works();
+        let kept;
+        (removed, kept) = std::mem::take(&mut *list).into_iter().partition(|work| work.retired.load(Ordering::Relaxed));
+        *list = kept;
     }
     drop(works);
+    rel.recycle(removed);
     // An asynchronous error with no Work in flight is still an error of the group.
     if rel.lock_status().status.error_type == ErrorType::Success {
         for comm in group.comms() {

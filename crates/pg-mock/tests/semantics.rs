@@ -452,6 +452,40 @@ fn s14_is_completed_is_the_end_event_or_an_exception() {
 }
 
 #[test]
+fn completed_works_nobody_holds_are_reused_and_held_ones_never_are() {
+    let (world, results) = run(2, |r| {
+        let group = r.group("0", Options::builder());
+        let period = group.options().watchdog_period;
+        let buffer = r.filled(1.0, 16);
+        let held = group.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+        let future = group.all_reduce(&buffer, ReduceOp::Sum).unwrap().future();
+        let batch = |group: &ProcessGroup<Mock>| {
+            for _ in 0..20 {
+                group.all_reduce_sync(&buffer, ReduceOp::Sum).unwrap();
+            }
+            r.device.synchronize().unwrap();
+            // Two watchdog periods: every completed Work is retired.
+            r.device.sleep(2 * period, &std::sync::atomic::AtomicBool::new(false));
+        };
+        batch(&group);
+        let reused_before = group.counters().works_reused;
+        batch(&group);
+        let reused_after = group.counters().works_reused;
+        let held_state = (held.seq(), held.op_type(), held.is_completed(), held.exception().is_none());
+        (reused_before, reused_after, held_state, future.is_done(), r.read(&buffer)[0])
+    });
+    assert!(world.hazards().is_empty(), "{:?}", world.hazards());
+    for (reused_before, reused_after, held_state, future_done, value) in results {
+        assert_eq!(reused_before, 0, "nothing was retired before the first batch ended");
+        assert!(reused_after >= 20, "the second batch reuses the first one's Works ({reused_after})");
+        assert_eq!(held_state, (1, pg_core::OpType::AllReduce, true, true), "a held Work keeps its own state");
+        assert!(future_done);
+        // 42 in-place sums over 2 ranks of an initial 1.0.
+        assert_eq!(value, 2f32.powi(42));
+    }
+}
+
+#[test]
 fn s15_blocking_wait_polls_until_done_and_aborts_on_timeout() {
     let (_, results) = run(2, |r| {
         let group = r.group("0", Options::builder().blocking_wait(true));
