@@ -82,6 +82,9 @@ pub struct Options {
     pub propagate_error: bool,
     /// Desync debugging: trace keys in the store and a desync report on timeout (`TORCH_NCCL_DESYNC_DEBUG`).
     pub desync_debug: bool,
+    /// Reuse the memory and end event of completed Works that nothing holds any more (pg's own; `PG_REUSE_WORKS`,
+    /// default on): a steady stream of ops then allocates nothing.
+    pub reuse_works: bool,
     /// The group's name (PyTorch's `group_name`, `"0"` for the default group).
     pub group_name: String,
     /// The group's description (PyTorch's `group_desc`, `default_pg` for the default group).
@@ -108,6 +111,7 @@ impl Default for Options {
             dump_path_prefix: "/tmp/nccl_trace_rank_".to_owned(),
             propagate_error: false,
             desync_debug: false,
+            reuse_works: true,
             group_name: "0".to_owned(),
             group_desc: "default_pg".to_owned(),
         }
@@ -172,6 +176,8 @@ impl OptionsBuilder {
         propagate_error: bool);
     setter!(/// Sets [`Options::desync_debug`].
         desync_debug: bool);
+    setter!(/// Sets [`Options::reuse_works`].
+        reuse_works: bool);
     setter!(/// Sets [`Options::group_name`].
         group_name: String);
     setter!(/// Sets [`Options::group_desc`].
@@ -199,6 +205,7 @@ impl OptionsBuilder {
         env.bool(&["TORCH_NCCL_DUMP_ON_TIMEOUT"], &mut o.dump_on_timeout)?;
         env.bool(&["TORCH_NCCL_PROPAGATE_ERROR"], &mut o.propagate_error)?;
         env.bool(&["TORCH_NCCL_DESYNC_DEBUG", "NCCL_DESYNC_DEBUG"], &mut o.desync_debug)?;
+        env.bool(&["PG_REUSE_WORKS"], &mut o.reuse_works)?;
         if let Some((name, code)) = env.int(&["TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"])? {
             o.error_handling = ErrorHandling::from_code(code)
                 .ok_or_else(|| Error::invalid(format!("{name}={code}: expected 0, 1, 2 or 3")))?;
@@ -295,6 +302,8 @@ mod tests {
             assert_eq!(o.unwrap().error_handling, ErrorHandling::TearDown)
         });
         check(&[("TORCH_NCCL_TRACE_BUFFER_SIZE", "16")], |o| assert_eq!(o.unwrap().trace_buffer_size, 16));
+        check(&[], |o| assert!(o.unwrap().reuse_works, "reuse is on by default"));
+        check(&[("PG_REUSE_WORKS", "0")], |o| assert!(!o.unwrap().reuse_works));
     }
 
     #[test]

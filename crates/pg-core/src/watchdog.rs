@@ -140,6 +140,7 @@ pub(crate) struct Reliability<B: Backend> {
     last_enqueued: AtomicU64,
     /// Completed Works that nothing else holds, for the enqueue path to reuse (their memory and end event).
     recycled: Mutex<Vec<Arc<WorkState<B>>>>,
+    reuse_works: bool,
     /// Without a watchdog, the in-flight list's length at which the enqueue path next prunes it.
     prune_at: AtomicUsize,
     /// Store operations of the watchdog under way: a stopping group does not wait for one to time out.
@@ -162,6 +163,7 @@ impl<B: Backend> Reliability<B> {
             last_enqueued: AtomicU64::new(0),
             prune_at: AtomicUsize::new(MIN_PRUNE_LEN),
             recycled: Mutex::new(Vec::new()),
+            reuse_works: options.reuse_works,
             in_store_op: AtomicU64::new(0),
         }
     }
@@ -230,6 +232,9 @@ impl<B: Backend> Reliability<B> {
     /// Keeps the retired Works that completed without error and that nothing else holds (no handle, no Future,
     /// no flight-recorder entry), up to [`RECYCLED_MAX`], for the enqueue path to reuse; drops the others.
     fn recycle(&self, retired: Vec<Arc<WorkState<B>>>) {
+        if !self.reuse_works {
+            return;
+        }
         let reusable = |work: &Arc<WorkState<B>>| {
             Arc::strong_count(work) == 1 && Arc::strong_count(&work.end_event) == 1 && work.exception().is_none()
         };

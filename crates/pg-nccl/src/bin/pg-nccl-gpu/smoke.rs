@@ -18,7 +18,9 @@ pub type Group = ProcessGroup<Nccl>;
 /// A group named `name` whose store keys live under `name/` (so groups never read each other's ids).
 pub fn group(ctx: &Rank, name: &str, options: OptionsBuilder) -> Result<Group, String> {
     let store = Arc::new(PrefixStore::new(name.to_owned(), ctx.store.clone()));
-    let options: Options = options.group_name(name.to_owned()).group_desc(name.to_owned()).build();
+    // PyTorch's environment variables (and PG_REUSE_WORKS) apply, as they would in a user's program.
+    let options: Options =
+        options.group_name(name.to_owned()).group_desc(name.to_owned()).build_with_env().map_err(|e| e.to_string())?;
     ProcessGroup::new(store, ctx.rank, ctx.world, ctx.device.clone(), options).map_err(|e| e.to_string())
 }
 
