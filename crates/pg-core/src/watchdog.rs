@@ -31,6 +31,10 @@ const COORD_CHECK_PERIOD: Duration = Duration::from_secs(1);
 /// How long an idle watchdog with nothing to poll sleeps, unless a new Work wakes it first.
 const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 
+/// How long stopping a group waits for its watchdog to finish a store operation before detaching it: a
+/// healthy store answers well within it; a dead one would hold the caller for the store's timeout.
+const STORE_OP_STOP_WAIT: Duration = Duration::from_millis(200);
+
 /// The most completed Works kept for reuse per group (about one watchdog period of ops at 10 us per op).
 const RECYCLED_MAX: usize = 8192;
 
@@ -303,15 +307,31 @@ impl<B: Backend> Reliability<B> {
     }
 
     /// Stops the threads and waits for them, except for the calling thread itself (the group may be dropped
-    /// on its own watchdog thread), for a watchdog found stuck (it may never return), and for one inside a
-    /// store operation (it may take the store's timeout): those end on their own, detached.
+    /// on its own watchdog thread) and for a watchdog found stuck (it may never return).
+    ///
+    /// A thread inside a store operation gets up to [`STORE_OP_STOP_WAIT`] to finish it: a healthy store
+    /// answers in milliseconds, while a dead one may take the store's timeout, and then the thread ends on its
+    /// own, detached. Never detaching a thread that is about to finish matters: a detached watchdog may hold
+    /// the group's last reference and tear its communicators down while the process exits.
     pub(crate) fn stop_threads(&self, device: &B::Device) {
         self.signal_stop(device);
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
         let me = std::thread::current().id();
-        let detach = self.watchdog_stuck.load(Ordering::SeqCst) || self.in_store_op.load(Ordering::SeqCst) > 0;
+        if self.watchdog_stuck.load(Ordering::SeqCst) {
+            return;
+        }
+        let never = AtomicBool::new(false);
+        let deadline = device.now() + STORE_OP_STOP_WAIT;
         for thread in threads {
-            if thread.thread().id() == me || detach {
+            if thread.thread().id() == me {
+                continue;
+            }
+            let in_store_op = || self.in_store_op.load(Ordering::SeqCst) > 0;
+            while in_store_op() && !thread.is_finished() && device.now() < deadline {
+                device.sleep(Duration::from_millis(1), &never);
+            }
+            if in_store_op() && !thread.is_finished() {
+                tracing::warn!(target: "pg", "a process-group thread is still inside a store operation; detaching it");
                 continue;
             }
             if thread.join().is_err() {

@@ -192,11 +192,13 @@ mod healthy {
     }
 
     #[test]
-    fn shutting_down_while_the_watchdog_waits_on_a_dead_store_does_not_wait_for_it() {
+    fn shutting_down_while_the_watchdog_waits_on_a_dead_store_waits_only_briefly() {
         // With error propagation on, the watchdog reads the store every pass; once the store stops answering,
-        // a read waits for the store's timeout (300 s). Shutdown must not wait that long for the watchdog: a
-        // join would stop the virtual clock, and the mock would report a stall. (A plain drop never waits:
-        // the watchdog holds the group while it reads, so the group is dropped by the watchdog afterwards.)
+        // a read waits for the store's timeout (300 s). Shutdown gives the watchdog 200 ms to finish its store
+        // operation (a healthy store answers well within that, and a watchdog detached just before it
+        // finishes could tear the group down while the process exits), then detaches it: it never waits for
+        // the store's timeout. (A plain drop never waits: the watchdog holds the group while it reads, so the
+        // group is dropped by the watchdog afterwards.)
         let world = World::new(WorldConfig::with_devices(1));
         let store = world.store();
         let options = Options::builder().propagate_error(true).dump_on_timeout(false).build();
@@ -212,7 +214,7 @@ mod healthy {
             drop(pg);
             device.now() - before
         });
-        assert!(took[0] < Duration::from_millis(1), "shutdown took {:?}", took[0]);
+        assert!(took[0] <= Duration::from_millis(210), "shutdown took {:?}", took[0]);
     }
 
     #[test]
