@@ -73,9 +73,13 @@ pub(crate) fn of(device: usize) -> Vec<KernelLaunch> {
 mod tests {
     use super::*;
 
+    /// The ring is process-wide: these tests take turns, so that one's 12,000 entries cannot evict another's.
+    static RING_IN_USE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn entries_round_trip_and_stay_per_device_in_order() {
-        // A device number no other test logs on, so that parallel tests do not interleave here.
+        let _turn = RING_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        // A device number no other test logs on.
         let device = 201;
         log(device, 7, KernelKind::Comm, "all_reduce");
         log(device, (1 << 40) - 1, KernelKind::Fill, "fill");
@@ -88,6 +92,7 @@ mod tests {
 
     #[test]
     fn concurrent_writers_leave_no_torn_entry() {
+        let _turn = RING_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
         let device = 203;
         std::thread::scope(|scope| {
             for writer in 0..4u64 {
