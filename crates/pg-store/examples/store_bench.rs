@@ -468,6 +468,7 @@ fn main() {
     let _ = writeln!(json, "  \"machine\": {},", json_string(&machine));
     let _ = writeln!(json, "  \"pytorch\": {},", json_string(&pytorch));
     let _ = writeln!(json, "  \"client\": \"pg-store TcpStore (Rust), one blocking connection per client thread, identical for both servers\",");
+    let _ = writeln!(json, "  \"pgstore_busy_poll_us\": {},", pg_store::tcp::default_busy_poll().as_micros());
     let _ = writeln!(json, "  \"results\": [");
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
@@ -497,6 +498,11 @@ fn main() {
     let _ = writeln!(md, "- PyTorch: {pytorch}");
     let _ =
         writeln!(md, "- Servers: `pgstore serve` and a Python `TCPStore` master, each its own process on 127.0.0.1.");
+    let _ = writeln!(
+        md,
+        "- pgstore's busy polling after each burst of requests: {} us (its default on this machine: 50 us with 4 or more CPUs, else off).",
+        pg_store::tcp::default_busy_poll().as_micros()
+    );
     let _ = writeln!(
         md,
         "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time; {} operations per run (at least 20 per client; ten times as many for `set`).",

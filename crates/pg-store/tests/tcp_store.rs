@@ -386,3 +386,29 @@ fn multi_tenant_handles_share_one_server_until_the_last_drops() {
     let fresh = TcpStore::new("127.0.0.1", options).expect("the port is free again");
     assert!(!fresh.check(&["k"]).unwrap(), "a new server starts empty");
 }
+
+#[test]
+fn a_busy_polling_server_serves_every_operation_and_wakes_waiters() {
+    // Busy polling is off by default on small machines (CI's), so this test turns it on explicitly.
+    let server = TcpStoreServer::start(ServerOptions {
+        port: 0,
+        busy_poll: Duration::from_micros(200),
+        ..ServerOptions::default()
+    })
+    .unwrap();
+    let port = server.port();
+    let a = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    let b = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    a.set("k", b"v").unwrap();
+    assert_eq!(b.get("k").unwrap(), b"v");
+    for expected in 1..=50 {
+        assert_eq!(a.add("n", 1).unwrap(), expected);
+    }
+    // A waiter and a setter racing: whichever reaches the server first, the wait ends with the value there.
+    let waiter = std::thread::spawn(move || b.wait(&["late"], Some(TIMEOUT)).map(|()| b.get("late").unwrap()));
+    a.set("late", b"1").unwrap();
+    assert_eq!(waiter.join().unwrap().unwrap(), b"1");
+    assert_eq!(a.compare_set("k", b"v", b"w").unwrap(), b"w");
+    assert!(a.delete_key("k").unwrap());
+    assert_eq!(server.stats().protocol_errors, 0);
+}

@@ -245,7 +245,14 @@ impl TcpStore {
         if options.num_workers == Some(0) {
             return Err(StoreError::InvalidArgument("world_size (num_workers) must be greater than 0".into()));
         }
-        let start = || TcpStoreServer::start(ServerOptions { host: None, port: options.port, limits: options.limits });
+        let start = || {
+            TcpStoreServer::start(ServerOptions {
+                host: None,
+                port: options.port,
+                limits: options.limits,
+                ..ServerOptions::default()
+            })
+        };
         let server = match (options.is_server, options.multi_tenant && options.port != 0) {
             (false, _) => None,
             (true, false) => Some(Arc::new(start()?)),

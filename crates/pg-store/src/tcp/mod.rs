@@ -5,7 +5,7 @@ pub mod protocol;
 mod server;
 
 pub use client::{TcpStore, TcpStoreOptions, INIT_KEY};
-pub use server::{ServerOptions, ServerStats, TcpStoreServer};
+pub use server::{default_busy_poll, ServerOptions, ServerStats, TcpStoreServer, DEFAULT_BUSY_POLL};
 
 /// PyTorch's default TCPStore port.
 pub const DEFAULT_PORT: u16 = 29500;
