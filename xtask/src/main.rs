@@ -22,7 +22,7 @@ Tasks:
   experiments [--backend mock|nccl] [--world-size N] [--json PATH]
                          the seed's three experiments (cache, semantics, streams)
   gpu-test [--bundle DIR] build and run the real-GPU suite, one process per GPU
-  bench [store|all-reduce] [options]
+  bench [store|all-reduce|host] [options]
                          benchmarks; results go to bench/results/
   interop                store interop tests against PyTorch (sets up a virtual environment)
   faults [--backend mock|nccl] [--json PATH]
