@@ -476,8 +476,9 @@ fn completed_works_nobody_holds_are_reused_and_held_ones_never_are() {
     });
     assert!(world.hazards().is_empty(), "{:?}", world.hazards());
     for (reused_before, reused_after, held_state, future_done, value) in results {
-        assert_eq!(reused_before, 0, "nothing was retired before the first batch ended");
-        assert!(reused_after >= 20, "the second batch reuses the first one's Works ({reused_after})");
+        // Every Work of the first batch is retired and unheld once it has settled, so each op of the second
+        // batch finds one to reuse.
+        assert!(reused_after >= reused_before + 20, "the second batch reused {}", reused_after - reused_before);
         assert_eq!(held_state, (1, pg_core::OpType::AllReduce, true, true), "a held Work keeps its own state");
         assert!(future_done);
         // 42 in-place sums over 2 ranks of an initial 1.0.
