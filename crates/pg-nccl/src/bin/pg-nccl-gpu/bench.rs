@@ -69,7 +69,11 @@ enum Contestant<'a> {
     /// The raw loop plus the driver calls the process group's semantics need and nothing else: an input-ready
     /// event recorded on the current stream and waited on by the communication stream, and a fresh end event
     /// recorded after the op. Its distance from `Raw` is the floor any implementation of S9-S10 pays.
-    RawWithEvents { comm: &'a RawComm, stream: &'a Stream, input_ready: &'a pg_nccl::Event },
+    ///
+    /// With one input-ready event it is re-recorded every op, as PyTorch and the process group do; with a ring of
+    /// them (`PG_BENCH_EVENT_RING=1`, contestant `raw-with-event-ring`), each op records one whose last record
+    /// is long complete, to see whether re-recording a pending event costs the driver more.
+    RawWithEvents { comm: &'a RawComm, stream: &'a Stream, input_ready: &'a [pg_nccl::Event] },
     /// The process group with the watchdog and the flight recorder off: its distance from `Pg` is what they
     /// cost on the enqueue path.
     PgBare { pg: &'a Group },
@@ -83,6 +87,7 @@ impl Contestant<'_> {
     fn name(&self) -> &'static str {
         match self {
             Contestant::Raw { .. } => "raw",
+            Contestant::RawWithEvents { input_ready, .. } if input_ready.len() > 1 => "raw-with-event-ring",
             Contestant::RawWithEvents { .. } => "raw-with-events",
             Contestant::PgBare { .. } => "pg-no-watchdog-no-fr",
             Contestant::Pg { .. } => "pg",
@@ -127,7 +132,7 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
     let mut nccl_us = Vec::new();
     let mut steps_us = Vec::new();
     let step_totals = || pg_core::enqueue_step_totals().map(|(_, total)| total.as_secs_f64() * 1e6);
-    for _ in 0..ops {
+    for op in 0..ops {
         match (who, who.group()) {
             (Contestant::Raw { comm, stream }, _) => {
                 let t = Instant::now();
@@ -135,6 +140,7 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
             }
             (Contestant::RawWithEvents { comm, stream, input_ready }, _) => {
+                let input_ready = &input_ready[op % input_ready.len()];
                 let t = Instant::now();
                 input_ready.record(&device.current_stream()).map_err(e)?;
                 stream.wait_event(input_ready).map_err(e)?;
@@ -191,6 +197,11 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let pg = group(ctx, "bench", Options::builder())?;
     let bare = group(ctx, "bench-bare", Options::builder().enable_watchdog(false).trace_buffer_size(0))?;
     let input_ready = device.create_event();
+    // More events than ops per trial: each one's last record completed long before it is recorded again.
+    let event_ring: Vec<pg_nccl::Event> = match std::env::var("PG_BENCH_EVENT_RING").as_deref() {
+        Ok("1") => (0..512).map(|_| device.create_event()).collect(),
+        _ => Vec::new(),
+    };
     let tiny = filled(ctx, DType::F32, 1, 1.0)?;
     pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
     bare.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
@@ -208,13 +219,20 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         pg.all_reduce_sync(&buffer, ReduceOp::Sum).map_err(e)?;
         all_equal(&read(ctx, &buffer)?, rank_sum(world)).map_err(|m| format!("pg {bytes} B: {m}"))?;
 
-        let contestants = [
+        let mut contestants = vec![
             Contestant::Raw { comm: &raw, stream: &raw_stream },
             Contestant::Pg { pg: &pg },
             Contestant::PgOnStream { pg: &pg, stream: &user_stream },
-            Contestant::RawWithEvents { comm: &raw, stream: &raw_stream, input_ready: &input_ready },
+            Contestant::RawWithEvents {
+                comm: &raw,
+                stream: &raw_stream,
+                input_ready: std::slice::from_ref(&input_ready),
+            },
             Contestant::PgBare { pg: &bare },
         ];
+        if !event_ring.is_empty() {
+            contestants.push(Contestant::RawWithEvents { comm: &raw, stream: &raw_stream, input_ready: &event_ring });
+        }
         let mut samples: Vec<Vec<Sample>> = contestants.iter().map(|_| Vec::new()).collect();
         // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
         for who in &contestants {
