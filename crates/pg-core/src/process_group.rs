@@ -507,14 +507,9 @@ impl<B: Backend> ProcessGroup<B> {
         Ok(work)
     }
 
-    /// Looks the key up in this group's cache; on a miss, creates the communicator (S3-S8).
+    /// Looks the key up in this group's cache; on a miss, creates the communicator (S3-S8). The enqueue path
+    /// reads a created collective communicator from `Inner::collective` without coming here.
     fn get_comm(&self, key: &CommKey) -> Result<CommEntry<B>> {
-        // The hot path: this rank's own collective communicator, once created, without a lock or a string.
-        if let (CommKey::Collective(devices), Some(entry)) = (key, self.inner.collective.get()) {
-            if devices.as_slice() == [self.inner.device.index()] {
-                return Ok(entry.clone());
-            }
-        }
         let cache_key = key.cache_key();
         let never = AtomicBool::new(false);
         let mut deadline = None;
