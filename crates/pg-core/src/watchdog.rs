@@ -242,13 +242,17 @@ impl<B: Backend> Reliability<B> {
         let reusable = |work: &Arc<WorkState<B>>| {
             Arc::strong_count(work) == 1 && Arc::strong_count(&work.end_event) == 1 && work.exception().is_none()
         };
-        let (keep, drop_now): (Vec<_>, Vec<_>) = retired.into_iter().partition(reusable);
+        // The others are dropped after the lock is released: the enqueue path takes it too.
+        let mut others = Vec::new();
         let mut pool = self.recycled.lock().unwrap_or_else(PoisonError::into_inner);
-        let room = RECYCLED_MAX.saturating_sub(pool.len());
-        let mut keep = keep.into_iter();
-        pool.extend(keep.by_ref().take(room));
+        for work in retired {
+            match reusable(&work) && pool.len() < RECYCLED_MAX {
+                true => pool.push(work),
+                false => others.push(work),
+            }
+        }
         drop(pool);
-        drop((keep, drop_now));
+        drop(others);
     }
 
     /// A Work to reuse, with its end event: only this pool held it, so the caller may overwrite it.

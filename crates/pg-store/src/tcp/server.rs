@@ -283,7 +283,12 @@ impl EventLoop {
         while !self.stop.load(Ordering::SeqCst) {
             let timeout = match spin_until {
                 Some(until) if Instant::now() < until => Some(Duration::ZERO),
-                _ => None,
+                Some(_) => {
+                    // The window is over: an idle loop reads no clock until the next reply starts one.
+                    spin_until = None;
+                    None
+                }
+                None => None,
             };
             if let Err(error) = self.poll.poll(&mut events, timeout) {
                 if error.kind() == io::ErrorKind::Interrupted {
