@@ -244,8 +244,6 @@ fn run_op(
     }
 }
 
-/// Measures every operation with `clients` clients on every server, the servers taking turns to go first, so that
-/// both see the same background load; the throughput reported is the median of `reps` runs.
 /// The CPU time a process has used so far (user plus system), in clock ticks, from `/proc/PID/stat`.
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -265,6 +263,8 @@ fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// Measures every operation with `clients` clients on every server, the servers taking turns to go first, so that
+/// both see the same background load; the throughput reported is the median of `reps` runs.
 fn measure(
     servers: &[Server],
     ops: &[&'static str],
@@ -468,7 +468,8 @@ fn main() {
     let _ = writeln!(json, "  \"machine\": {},", json_string(&machine));
     let _ = writeln!(json, "  \"pytorch\": {},", json_string(&pytorch));
     let _ = writeln!(json, "  \"client\": \"pg-store TcpStore (Rust), one blocking connection per client thread, identical for both servers\",");
-    let _ = writeln!(json, "  \"pgstore_busy_poll_us\": {},", pg_store::tcp::default_busy_poll().as_micros());
+    let busy_poll_us = pg_store::tcp::default_busy_poll().as_micros();
+    let _ = writeln!(json, "  \"pgstore_busy_poll_us\": {busy_poll_us},");
     let _ = writeln!(json, "  \"results\": [");
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
@@ -500,8 +501,7 @@ fn main() {
         writeln!(md, "- Servers: `pgstore serve` and a Python `TCPStore` master, each its own process on 127.0.0.1.");
     let _ = writeln!(
         md,
-        "- pgstore's busy polling after each burst of requests: {} us (its default on this machine: 50 us with 4 or more CPUs, else off).",
-        pg_store::tcp::default_busy_poll().as_micros()
+        "- pgstore's busy polling after each burst of requests: {busy_poll_us} us (its default on this machine: 50 us with 4 or more CPUs, else off)."
     );
     let _ = writeln!(
         md,
