@@ -388,6 +388,19 @@ mod tests {
     }
 
     #[test]
+    fn same_rank_differences_pair_each_rank_with_itself_and_keep_the_worst() {
+        let enqueue = |c: &str, us: f64| json!({ "contestant": c, "bytes": 8, "host_enqueue_us": us });
+        // Slowest-rank medians would give 13.0 - 12.0 = 1.0; rank by rank the differences are 3.0 and 1.0.
+        let bench = json!({ "ranks": [
+            rank(json!([enqueue("raw", 9.0), enqueue("pg", 12.0)])),
+            rank(json!([enqueue("raw", 12.0), enqueue("pg", 13.0)])),
+        ] });
+        assert_eq!(same_rank_difference(&bench, "pg", "raw", 8), Some(3.0));
+        assert_eq!(same_rank_difference(&bench, "pg", "raw", 64), None, "no such size");
+        assert_eq!(same_rank_difference(&bench, "pg", "raw-with-events", 8), None, "a contestant missing");
+    }
+
+    #[test]
     fn merge_joins_contestants_and_checks_the_targets() {
         let dir = std::env::temp_dir().join(format!("pg-merge-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
