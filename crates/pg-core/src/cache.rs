@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use crate::backend::Device as _;
 use crate::Backend;
 
 /// Which communicator an op needs.
@@ -50,9 +51,29 @@ pub(crate) struct CommShared<B: Backend> {
     pub(crate) device: B::Device,
     pub(crate) comm: Arc<B::Communicator>,
     pub(crate) stream: B::Stream,
-    /// The key's reusable input-ready event (PyTorch's `ncclEvents_[key]`), re-recorded by every op; the
-    /// mutex keeps one op's record and wait together.
-    pub(crate) input_ready: Mutex<B::Event>,
+    /// The key's reusable input-ready events (PyTorch's `ncclEvents_[key]`, which is one), recorded in turn;
+    /// the mutex keeps one op's record and wait together.
+    pub(crate) input_ready: Mutex<InputReady<B>>,
+}
+
+/// The input-ready events of one communicator, used in turn (`Options::input_ready_events`).
+pub(crate) struct InputReady<B: Backend> {
+    events: Vec<B::Event>,
+    next: usize,
+}
+
+impl<B: Backend> InputReady<B> {
+    /// `count` events (at least one), created lazily by the backend at their first record.
+    pub(crate) fn new(device: &B::Device, count: usize) -> Self {
+        Self { events: (0..count.max(1)).map(|_| device.create_event()).collect(), next: 0 }
+    }
+
+    /// The event to record for the next op: the one recorded longest ago.
+    pub(crate) fn next(&mut self) -> &B::Event {
+        let index = self.next;
+        self.next = (index + 1) % self.events.len();
+        &self.events[index]
+    }
 }
 
 /// A cache entry: a handle to the communicator, its stream and its input-ready event.

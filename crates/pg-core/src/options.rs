@@ -7,6 +7,12 @@ use crate::{Error, Result};
 /// PyTorch's default NCCL process-group timeout: 10 minutes.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The default of [`Options::input_ready_events`].
+const DEFAULT_INPUT_READY_EVENTS: usize = 4;
+
+/// The most input-ready events a communicator cycles through.
+const MAX_INPUT_READY_EVENTS: usize = 64;
+
 /// What the watchdog does when it finds an error (`TORCH_NCCL_ASYNC_ERROR_HANDLING`, default 3).
 ///
 /// "Tear down" in PyTorch kills the process; in this library it means the group is aborted and every later
@@ -85,6 +91,11 @@ pub struct Options {
     /// Reuse the memory and end event of completed Works that nothing holds any more (pg's own; `PG_REUSE_WORKS`,
     /// default on): a steady stream of ops then allocates nothing.
     pub reuse_works: bool,
+    /// How many input-ready events each communicator cycles through (pg's own; `PG_INPUT_READY_EVENTS`,
+    /// default 4, at least 1). PyTorch re-records one event per key every op; with several, an op records one
+    /// whose previous record is long complete, which the driver does for less than re-recording a pending one.
+    /// The stream semantics are the same for any count: the communication stream waits on the record just made.
+    pub input_ready_events: usize,
     /// The group's name (PyTorch's `group_name`, `"0"` for the default group).
     pub group_name: String,
     /// The group's description (PyTorch's `group_desc`, `default_pg` for the default group).
@@ -112,6 +123,7 @@ impl Default for Options {
             propagate_error: false,
             desync_debug: false,
             reuse_works: true,
+            input_ready_events: DEFAULT_INPUT_READY_EVENTS,
             group_name: "0".to_owned(),
             group_desc: "default_pg".to_owned(),
         }
@@ -178,6 +190,8 @@ impl OptionsBuilder {
         desync_debug: bool);
     setter!(/// Sets [`Options::reuse_works`].
         reuse_works: bool);
+    setter!(/// Sets [`Options::input_ready_events`] (0 is taken as 1).
+        input_ready_events: usize);
     setter!(/// Sets [`Options::group_name`].
         group_name: String);
     setter!(/// Sets [`Options::group_desc`].
@@ -217,6 +231,12 @@ impl OptionsBuilder {
         if let Some((name, size)) = env.int(&["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"])? {
             o.trace_buffer_size =
                 usize::try_from(size).map_err(|_| Error::invalid(format!("{name}={size}: must be >= 0")))?;
+        }
+        if let Some((name, count)) = env.int(&["PG_INPUT_READY_EVENTS"])? {
+            o.input_ready_events = usize::try_from(count)
+                .ok()
+                .filter(|count| (1..=MAX_INPUT_READY_EVENTS).contains(count))
+                .ok_or_else(|| Error::invalid(format!("{name}={count}: expected 1 to {MAX_INPUT_READY_EVENTS}")))?;
         }
         if let Some(prefix) = env.string(&["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]) {
             o.dump_path_prefix = prefix;
@@ -304,6 +324,8 @@ mod tests {
         check(&[("TORCH_NCCL_TRACE_BUFFER_SIZE", "16")], |o| assert_eq!(o.unwrap().trace_buffer_size, 16));
         check(&[], |o| assert!(o.unwrap().reuse_works, "reuse is on by default"));
         check(&[("PG_REUSE_WORKS", "0")], |o| assert!(!o.unwrap().reuse_works));
+        check(&[], |o| assert_eq!(o.unwrap().input_ready_events, 4));
+        check(&[("PG_INPUT_READY_EVENTS", "1")], |o| assert_eq!(o.unwrap().input_ready_events, 1));
     }
 
     #[test]
@@ -318,5 +340,10 @@ mod tests {
             assert!(o.unwrap_err().to_string().contains("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
         });
         check(&[("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "soon")], |o| assert!(o.is_err()));
+        for bad in ["0", "-2", "100000"] {
+            check(&[("PG_INPUT_READY_EVENTS", bad)], |o| {
+                assert!(o.unwrap_err().to_string().contains("PG_INPUT_READY_EVENTS="), "{bad}")
+            });
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use pg_store::Store;
 
-use crate::cache::{CommCache, CommEntry, CommShared};
+use crate::cache::{CommCache, CommEntry, CommShared, InputReady};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::watchdog::{self, ErrorType, GroupStatus, GroupView, Reliability};
@@ -422,9 +422,10 @@ impl<B: Backend> ProcessGroup<B> {
 
         // S9: the communication stream waits until the inputs are ready on the caller's current stream.
         {
-            let input_ready = entry.input_ready.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut events = entry.input_ready.lock().unwrap_or_else(PoisonError::into_inner);
+            let input_ready = events.next();
             input_ready.record(&current)?;
-            entry.stream.wait_event(&input_ready)?;
+            entry.stream.wait_event(input_ready)?;
         }
         timer.lap(EnqueueStep::InputReady);
 
@@ -606,7 +607,7 @@ impl<B: Backend> ProcessGroup<B> {
             high_priority = stream.is_high_priority(),
             "created communicator"
         );
-        let input_ready = Mutex::new(inner.device.create_event());
+        let input_ready = Mutex::new(InputReady::new(&inner.device, inner.options.input_ready_events));
         Ok(Arc::new(CommShared { device: inner.device.clone(), comm, stream, input_ready }))
     }
 

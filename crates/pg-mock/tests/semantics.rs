@@ -330,6 +330,39 @@ fn s09_the_collective_waits_for_the_input_ready_event() {
     assert!(world.hazards().is_empty());
 }
 
+/// Ops, each behind a long kernel on the current stream, with `events` input-ready events in turn: every
+/// collective starts after the kernel enqueued just before it.
+fn check_input_ready_ring(events: usize) {
+    const OPS: usize = 7;
+    let (world, _) = run(2, |r| {
+        let group = r.group("0", Options::builder().input_ready_events(events));
+        let buffer = r.filled(1.0, 1024);
+        for _ in 0..OPS {
+            r.sleep_current(SLEEP);
+            drop(group.all_reduce(&buffer, ReduceOp::Sum).unwrap());
+        }
+        r.device.synchronize().unwrap();
+    });
+    for rank in 0..2 {
+        let log = world.kernel_log(rank);
+        let sleeps: Vec<_> = log.iter().filter(|k| k.kind == KernelKind::Sleep).collect();
+        let comms: Vec<_> = log.iter().filter(|k| k.kind == KernelKind::Comm).collect();
+        assert_eq!((sleeps.len(), comms.len()), (OPS, OPS));
+        for (op, (sleep, comm)) in sleeps.iter().zip(&comms).enumerate() {
+            assert!(comm.start >= sleep.end, "{events} events: op {op} started before its inputs were written");
+        }
+    }
+    assert!(world.hazards().is_empty());
+}
+
+#[test]
+fn s09_every_input_ready_event_count_keeps_the_order() {
+    check_input_ready_ring(1);
+    check_input_ready_ring(2);
+    check_input_ready_ring(4);
+    check_input_ready_ring(64);
+}
+
 #[test]
 fn s10_the_end_event_is_recorded_right_after_the_op() {
     let (world, results) = run(2, |r| {

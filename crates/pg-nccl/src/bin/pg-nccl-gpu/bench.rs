@@ -79,6 +79,9 @@ enum Contestant<'a> {
     PgBare { pg: &'a Group },
     /// The process group, the caller's current stream being the legacy default stream (as in PyTorch).
     Pg { pg: &'a Group },
+    /// The process group re-recording one input-ready event every op, as PyTorch does
+    /// (`input_ready_events(1)`; with `PG_BENCH_EVENT_RING=1`): its distance from `Pg` is what the ring saves.
+    PgOneInputEvent { pg: &'a Group },
     /// The process group with a pool stream made current (a `StreamGuard`), to see what the legacy stream costs.
     PgOnStream { pg: &'a Group, stream: &'a Stream },
 }
@@ -91,6 +94,7 @@ impl Contestant<'_> {
             Contestant::RawWithEvents { .. } => "raw-with-events",
             Contestant::PgBare { .. } => "pg-no-watchdog-no-fr",
             Contestant::Pg { .. } => "pg",
+            Contestant::PgOneInputEvent { .. } => "pg-one-input-event",
             Contestant::PgOnStream { .. } => "pg-current-pool-stream",
         }
     }
@@ -98,7 +102,10 @@ impl Contestant<'_> {
     fn group(&self) -> Option<&Group> {
         match self {
             Contestant::Raw { .. } | Contestant::RawWithEvents { .. } => None,
-            Contestant::Pg { pg } | Contestant::PgBare { pg } | Contestant::PgOnStream { pg, .. } => Some(pg),
+            Contestant::Pg { pg }
+            | Contestant::PgOneInputEvent { pg }
+            | Contestant::PgBare { pg }
+            | Contestant::PgOnStream { pg, .. } => Some(pg),
         }
     }
 }
@@ -202,9 +209,16 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         Ok("1") => (0..512).map(|_| device.create_event()).collect(),
         _ => Vec::new(),
     };
+    let one_event = match event_ring.is_empty() {
+        true => None,
+        false => Some(group(ctx, "bench-one-event", Options::builder().input_ready_events(1))?),
+    };
     let tiny = filled(ctx, DType::F32, 1, 1.0)?;
     pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
     bare.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    if let Some(one_event) = &one_event {
+        one_event.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    }
 
     let mut rows = Vec::new();
     for bytes in sizes(ctx.settings.bench_max_bytes) {
@@ -230,8 +244,9 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
             },
             Contestant::PgBare { pg: &bare },
         ];
-        if !event_ring.is_empty() {
+        if let Some(one_event) = &one_event {
             contestants.push(Contestant::RawWithEvents { comm: &raw, stream: &raw_stream, input_ready: &event_ring });
+            contestants.push(Contestant::PgOneInputEvent { pg: one_event });
         }
         let mut samples: Vec<Vec<Sample>> = contestants.iter().map(|_| Vec::new()).collect();
         // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
@@ -289,6 +304,9 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
     bare.shutdown().map_err(e)?;
+    if let Some(one_event) = &one_event {
+        one_event.shutdown().map_err(e)?;
+    }
     drop(raw);
     Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs }))
 }
