@@ -16,6 +16,9 @@ use pg_store::{Store, TcpStore};
 const TIMEOUT: Duration = Duration::from_secs(120);
 const OPS: [&str; 4] = ["set", "get", "add", "wait-wakeup"];
 
+/// The flags `cargo xtask bench store` forwards to this program (the twin of its list in `xtask/src/bench_store.rs`).
+const FORWARDED: [&str; 6] = ["--clients", "--ops", "--reps", "--only", "--pgstore-threads", "--pgstore-busy-poll-us"];
+
 struct Options {
     pgstore: String,
     python: Option<String>,
@@ -25,6 +28,10 @@ struct Options {
     reps: usize,
     /// The operations to measure (default: all of [`OPS`]).
     only: Vec<&'static str>,
+    /// `pgstore serve --threads` (default: pgstore's own default for this machine).
+    pgstore_threads: Option<usize>,
+    /// `pgstore serve --busy-poll-us` (default: pgstore's own default for this machine).
+    pgstore_busy_poll_us: Option<u64>,
 }
 
 fn parse() -> Result<Options, String> {
@@ -36,6 +43,8 @@ fn parse() -> Result<Options, String> {
         total_ops: 10_000,
         reps: 3,
         only: OPS.to_vec(),
+        pgstore_threads: None,
+        pgstore_busy_poll_us: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -63,6 +72,14 @@ fn parse() -> Result<Options, String> {
                             .ok_or_else(|| format!("--only: unknown operation {name:?} (one of {})", OPS.join(", ")))
                     })
                     .collect::<Result<_, _>>()?
+            }
+            "--pgstore-threads" => {
+                options.pgstore_threads =
+                    Some(value()?.parse().map_err(|_| "--pgstore-threads: bad number".to_owned())?)
+            }
+            "--pgstore-busy-poll-us" => {
+                options.pgstore_busy_poll_us =
+                    Some(value()?.parse().map_err(|_| "--pgstore-busy-poll-us: bad number".to_owned())?)
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -412,6 +429,12 @@ fn main() {
         {
             let mut c = Command::new(&options.pgstore);
             c.args(["serve", "--host", "127.0.0.1", "--port", "0"]);
+            if let Some(threads) = options.pgstore_threads {
+                c.args(["--threads", &threads.to_string()]);
+            }
+            if let Some(micros) = options.pgstore_busy_poll_us {
+                c.args(["--busy-poll-us", &micros.to_string()]);
+            }
             c
         },
         "pgstore: listening on ",
@@ -455,7 +478,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
         if let [flag, value] = pair {
-            if ["--clients", "--ops", "--reps", "--only"].contains(&flag.as_str()) {
+            if FORWARDED.contains(&flag.as_str()) {
                 let _ = write!(command, " {flag} {value}");
             }
         }
@@ -468,8 +491,11 @@ fn main() {
     let _ = writeln!(json, "  \"machine\": {},", json_string(&machine));
     let _ = writeln!(json, "  \"pytorch\": {},", json_string(&pytorch));
     let _ = writeln!(json, "  \"client\": \"pg-store TcpStore (Rust), one blocking connection per client thread, identical for both servers\",");
-    let busy_poll_us = pg_store::tcp::default_busy_poll().as_micros();
+    let busy_poll_us =
+        options.pgstore_busy_poll_us.map_or_else(|| pg_store::tcp::default_busy_poll().as_micros(), u128::from);
+    let threads = options.pgstore_threads.unwrap_or_else(pg_store::tcp::default_threads);
     let _ = writeln!(json, "  \"pgstore_busy_poll_us\": {busy_poll_us},");
+    let _ = writeln!(json, "  \"pgstore_threads\": {threads},");
     let _ = writeln!(json, "  \"results\": [");
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
@@ -502,6 +528,11 @@ fn main() {
     let _ = writeln!(
         md,
         "- pgstore's busy polling after each burst of requests: {busy_poll_us} us (its default on this machine: 50 us with 4 or more CPUs, else off)."
+    );
+    let _ = writeln!(
+        md,
+        "- pgstore's event-loop threads: {threads} (its default on this machine: {}, one per 8 CPUs from 1 to 4; PyTorch's libuv server has one).",
+        pg_store::tcp::default_threads()
     );
     let _ = writeln!(
         md,

@@ -150,8 +150,18 @@ fn hit(port: u16, bytes: &[u8]) {
 
 #[test]
 fn the_server_survives_hostile_connections() {
+    the_server_survives_hostile_connections_on(1);
+}
+
+/// The same with three server threads: hostile connections land on every thread, the good one on the first.
+#[test]
+fn a_multithreaded_server_survives_hostile_connections() {
+    the_server_survives_hostile_connections_on(3);
+}
+
+fn the_server_survives_hostile_connections_on(threads: usize) {
     let limits = small_limits();
-    let server = TcpStoreServer::start(ServerOptions { port: 0, limits, ..ServerOptions::default() }).unwrap();
+    let server = TcpStoreServer::start(ServerOptions { port: 0, limits, threads, ..ServerOptions::default() }).unwrap();
     let port = server.port();
     let good = TcpStore::connect("127.0.0.1", port, Duration::from_secs(20)).unwrap();
     good.set("sentinel", b"intact").unwrap();

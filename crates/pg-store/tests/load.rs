@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_store::{Store, TcpStore};
+use pg_store::{Store, TcpStore, TcpStoreOptions};
 
 const CLIENTS: usize = 1024;
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -22,8 +22,27 @@ fn ensure_descriptors() {
 
 #[test]
 fn a_thousand_clients_lose_nothing() {
+    a_thousand_clients_lose_nothing_on(1);
+}
+
+/// The same on four server threads: one set wakes waiters on every thread, pops and pushes cross threads.
+#[test]
+fn a_thousand_clients_lose_nothing_on_four_server_threads() {
+    a_thousand_clients_lose_nothing_on(4);
+}
+
+fn a_thousand_clients_lose_nothing_on(threads: usize) {
     ensure_descriptors();
-    let host = Arc::new(TcpStore::serve(0, TIMEOUT).unwrap());
+    let options = TcpStoreOptions {
+        port: 0,
+        is_server: true,
+        wait_workers: false,
+        timeout: TIMEOUT,
+        server_threads: threads,
+        ..TcpStoreOptions::default()
+    };
+    let host = Arc::new(TcpStore::new("127.0.0.1", options).unwrap());
+    assert_eq!(host.server().unwrap().threads(), threads);
     let port = host.port();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|i| {

@@ -12,8 +12,26 @@ use pg_store::{Store, StoreError, TcpStore, TcpStoreOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Server thread counts each scenario runs with: one event loop, and several, where a request on one
+/// thread answers a waiter on another.
+const THREADS: [usize; 2] = [1, 3];
+
 fn server() -> TcpStore {
     TcpStore::serve(0, TIMEOUT).expect("server starts")
+}
+
+fn server_with(threads: usize) -> TcpStore {
+    let options = TcpStoreOptions {
+        port: 0,
+        is_server: true,
+        wait_workers: false,
+        timeout: TIMEOUT,
+        server_threads: threads,
+        ..TcpStoreOptions::default()
+    };
+    let store = TcpStore::new("127.0.0.1", options).expect("server starts");
+    assert_eq!(store.server().unwrap().threads(), threads);
+    store
 }
 
 fn raw(port: u16) -> TcpStream {
@@ -50,7 +68,13 @@ fn validated(port: u16) -> TcpStream {
 
 #[test]
 fn every_operation_round_trips() {
-    let store = server();
+    for threads in THREADS {
+        every_operation_round_trips_on(threads);
+    }
+}
+
+fn every_operation_round_trips_on(threads: usize) {
+    let store = server_with(threads);
     store.set("a", b"1").unwrap();
     assert_eq!(store.get("a").unwrap(), b"1");
     assert_eq!(store.add("n", 5).unwrap(), 5);
@@ -83,7 +107,13 @@ fn every_operation_round_trips() {
 
 #[test]
 fn queues_push_pop_and_len() {
-    let store = server();
+    for threads in THREADS {
+        queues_push_pop_and_len_on(threads);
+    }
+}
+
+fn queues_push_pop_and_len_on(threads: usize) {
+    let store = server_with(threads);
     assert_eq!(store.queue_len("q").unwrap(), 0);
     assert!(matches!(store.queue_pop("q", false), Err(StoreError::QueueEmpty { key }) if key == "q"));
     store.queue_push("q", b"1").unwrap();
@@ -110,7 +140,13 @@ fn queues_push_pop_and_len() {
 
 #[test]
 fn a_get_waits_for_a_set_from_another_client() {
-    let store = server();
+    for threads in THREADS {
+        a_get_waits_for_a_set_from_another_client_on(threads);
+    }
+}
+
+fn a_get_waits_for_a_set_from_another_client_on(threads: usize) {
+    let store = server_with(threads);
     let other = store.clone_store().unwrap();
     let getter = std::thread::spawn(move || other.get("later"));
     store.set("later", b"here").unwrap();
@@ -119,7 +155,13 @@ fn a_get_waits_for_a_set_from_another_client() {
 
 #[test]
 fn a_timed_out_wait_has_pytorchs_message_and_leaves_the_client_usable() {
-    let store = server();
+    for threads in THREADS {
+        a_timed_out_wait_has_pytorchs_message_and_leaves_the_client_usable_on(threads);
+    }
+}
+
+fn a_timed_out_wait_has_pytorchs_message_and_leaves_the_client_usable_on(threads: usize) {
+    let store = server_with(threads);
     store.set_timeout(Duration::from_millis(100));
     let start = Instant::now();
     let error = store.get("nonexistent key").unwrap_err();
@@ -136,7 +178,13 @@ fn a_timed_out_wait_has_pytorchs_message_and_leaves_the_client_usable() {
 
 #[test]
 fn cancel_wait_after_the_keys_arrived_gets_stop_waiting_then_wait_canceled() {
-    let store = server();
+    for threads in THREADS {
+        cancel_wait_after_the_keys_arrived_gets_stop_waiting_then_wait_canceled_on(threads);
+    }
+}
+
+fn cancel_wait_after_the_keys_arrived_gets_stop_waiting_then_wait_canceled_on(threads: usize) {
+    let store = server_with(threads);
     let port = store.port();
     let mut waiter = validated(port);
     send(&mut waiter, &Request::Wait { keys: vec![b"/k".to_vec()] });
@@ -182,7 +230,13 @@ fn the_client_handles_stop_waiting_racing_its_cancel() {
 
 #[test]
 fn barrier_releases_everyone_at_world_size_and_times_out_otherwise() {
-    let store = server();
+    for threads in THREADS {
+        barrier_releases_everyone_at_world_size_and_times_out_otherwise_on(threads);
+    }
+}
+
+fn barrier_releases_everyone_at_world_size_and_times_out_otherwise_on(threads: usize) {
+    let store = server_with(threads);
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let client = store.clone_store().unwrap();
@@ -389,10 +443,17 @@ fn multi_tenant_handles_share_one_server_until_the_last_drops() {
 
 #[test]
 fn a_busy_polling_server_serves_every_operation_and_wakes_waiters() {
+    for threads in THREADS {
+        a_busy_polling_server_serves_every_operation_and_wakes_waiters_on(threads);
+    }
+}
+
+fn a_busy_polling_server_serves_every_operation_and_wakes_waiters_on(threads: usize) {
     // Busy polling is off by default on small machines (CI's), so this test turns it on explicitly.
     let server = TcpStoreServer::start(ServerOptions {
         port: 0,
         busy_poll: Duration::from_micros(200),
+        threads,
         ..ServerOptions::default()
     })
     .unwrap();

@@ -10,11 +10,13 @@ const HELP: &str = "\
 pgstore: a TCP store (wire-compatible with PyTorch's TCPStore) and a client for a live one
 
 Usage:
-  pgstore serve [--host H] [--port P] [--busy-poll-us N]
+  pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N]
                                            run a server until stopped (port 0 picks a free one); after
                                            each burst of requests it polls N us before sleeping, which
                                            answers the next request without a wake-up (default 50 on a
-                                           machine with 4 or more CPUs, else 0: never)
+                                           machine with 4 or more CPUs, else 0: never); N event-loop
+                                           threads serve the connections (default one per 8 CPUs,
+                                           1 to 4; PyTorch's server has one)
   pgstore [--addr HOST:PORT] [--timeout S] <command>
 
 Commands (keys are the user keys PyTorch's clients see; they go over the wire with a leading '/'):
@@ -54,11 +56,19 @@ struct Args {
     host: Option<String>,
     port: Option<String>,
     busy_poll_us: Option<String>,
+    threads: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
-    let mut parsed =
-        Args { positional: Vec::new(), addr: None, timeout: None, host: None, port: None, busy_poll_us: None };
+    let mut parsed = Args {
+        positional: Vec::new(),
+        addr: None,
+        timeout: None,
+        host: None,
+        port: None,
+        busy_poll_us: None,
+        threads: None,
+    };
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         let slot = match arg.as_str() {
@@ -67,6 +77,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--host" => &mut parsed.host,
             "--port" => &mut parsed.port,
             "--busy-poll-us" => &mut parsed.busy_poll_us,
+            "--threads" => &mut parsed.threads,
             "--" => {
                 parsed.positional.extend(iter.by_ref().cloned());
                 break;
@@ -179,7 +190,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
 
 fn serve(args: &Args) -> Result<ExitCode, String> {
     if args.positional.len() != 1 {
-        return Err("usage: pgstore serve [--host H] [--port P] [--busy-poll-us N]".into());
+        return Err("usage: pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N]".into());
     }
     let port = match &args.port {
         None => DEFAULT_PORT,
@@ -191,7 +202,14 @@ fn serve(args: &Args) -> Result<ExitCode, String> {
             Duration::from_micros(text.parse().map_err(|_| format!("--busy-poll-us {text}: expected microseconds"))?)
         }
     };
-    let options = ServerOptions { host: args.host.clone(), port, busy_poll, ..ServerOptions::default() };
+    let threads = match &args.threads {
+        None => 0,
+        Some(text) => match text.parse() {
+            Ok(n @ 1..=256) => n,
+            _ => return Err(format!("--threads {text}: expected 1 to 256")),
+        },
+    };
+    let options = ServerOptions { host: args.host.clone(), port, busy_poll, threads, ..ServerOptions::default() };
     let server = TcpStoreServer::start(options).map_err(|e| e.to_string())?;
     println!("pgstore: listening on {}", server.local_addr());
     server.join();

@@ -34,6 +34,8 @@ pub struct TcpStoreOptions {
     pub timeout: Duration,
     /// The limits of the in-process server.
     pub limits: Limits,
+    /// The in-process server's event-loop threads (pg's own; 0 picks [`super::default_threads`]).
+    pub server_threads: usize,
     /// The first pause between connection attempts; it grows 1.5 times per attempt, with jitter, up to 60 s.
     pub initial_backoff: Duration,
 }
@@ -48,6 +50,7 @@ impl Default for TcpStoreOptions {
             wait_workers: true,
             timeout: DEFAULT_STORE_TIMEOUT,
             limits: Limits::default(),
+            server_threads: 0,
             initial_backoff: Duration::from_millis(500),
         }
     }
@@ -250,6 +253,7 @@ impl TcpStore {
                 host: None,
                 port: options.port,
                 limits: options.limits,
+                threads: options.server_threads,
                 ..ServerOptions::default()
             })
         };

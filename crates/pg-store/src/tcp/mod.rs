@@ -5,7 +5,10 @@ pub mod protocol;
 mod server;
 
 pub use client::{TcpStore, TcpStoreOptions, INIT_KEY};
-pub use server::{default_busy_poll, ServerOptions, ServerStats, TcpStoreServer, DEFAULT_BUSY_POLL};
+pub use server::{
+    default_busy_poll, default_threads, ServerOptions, ServerStats, TcpStoreServer, DEFAULT_BUSY_POLL,
+    MAX_DEFAULT_THREADS,
+};
 
 /// PyTorch's default TCPStore port.
 pub const DEFAULT_PORT: u16 = 29500;

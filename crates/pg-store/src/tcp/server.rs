@@ -1,20 +1,26 @@
-//! The TCP store server: one event-driven thread (mio) serving every connection.
+//! The TCP store server: event-driven threads (mio), each serving its share of the connections.
 //!
 //! The server keeps PyTorch's semantics: a connection must open with `VALIDATE`, `WAIT` replies when every
 //! awaited key exists, `CANCEL_WAIT` drops the connection's registrations, `QUEUE_PUSH` wakes one waiter and
 //! `BARRIER` wakes everyone when the count is reached.
 //! A connection that breaks the protocol or a limit is closed with a logged reason; the others go on.
+//!
+//! With several threads the store's state sits behind one mutex. Every request is handled under it, and every
+//! byte it sends is appended to the receiving connection's outbox under it, so a connection receives its bytes
+//! in the order the state decided them: a `STOP_WAITING` decided by a `SET` on another thread always precedes
+//! the `WAIT_CANCELED` of a `CANCEL_WAIT` handled after it. Only the thread that owns a connection reads or
+//! writes its socket; a thread that appends to another thread's connection asks the owner to send.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::protocol::{
     decode_request, parse_stoll, Limits, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING, WAIT_CANCELED,
@@ -27,6 +33,9 @@ const WAKER: Token = Token(usize::MAX - 2);
 const READ_CHUNK: usize = 64 * 1024;
 /// Above this many unsent reply bytes, the server stops reading a connection until the peer reads.
 const WRITE_HIGH_WATER: usize = 4 << 20;
+/// The most requests handled in one hold of the state lock, so that one busy connection cannot keep the
+/// other threads out for long.
+const REQUESTS_PER_LOCK: usize = 256;
 
 /// How to start a server.
 #[derive(Debug, Clone)]
@@ -37,29 +46,52 @@ pub struct ServerOptions {
     pub port: u16,
     /// What one request may carry.
     pub limits: Limits,
-    /// After a batch of events that sent a reply, how long the server keeps polling without blocking before
-    /// it sleeps in the kernel. The client that got the reply is about to send its next request, which is
-    /// then served without the wake-up of a sleeping thread, most of a round trip's latency on a virtual
+    /// After a batch of events that sent a reply, how long a server thread keeps polling without blocking
+    /// before it sleeps in the kernel. The client that got the reply is about to send its next request, which
+    /// is then served without the wake-up of a sleeping thread, most of a round trip's latency on a virtual
     /// machine; the cost is at most this much CPU time after each burst of traffic (fire-and-forget SETs do
     /// not start it). Zero turns it off. The default is [`DEFAULT_BUSY_POLL`] on a machine with four or
     /// more CPUs and zero on a smaller one, where the spinning thread would take a CPU from the clients.
     pub busy_poll: Duration,
+    /// How many event-loop threads serve the connections (new connections are dealt out in turn); 0 means
+    /// [`default_threads`]. PyTorch's libuv server has one.
+    pub threads: usize,
 }
 
 /// The default of [`ServerOptions::busy_poll`] on a machine with a CPU to spare.
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
+/// The most event-loop threads [`default_threads`] picks.
+pub const MAX_DEFAULT_THREADS: usize = 4;
+
+/// The number of CPUs this process may use.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 /// [`DEFAULT_BUSY_POLL`] when this machine has four or more CPUs, else zero.
 pub fn default_busy_poll() -> Duration {
-    match std::thread::available_parallelism().map_or(1, usize::from) {
+    match cpus() {
         4.. => DEFAULT_BUSY_POLL,
         _ => Duration::ZERO,
     }
 }
 
+/// One event-loop thread per eight CPUs, from 1 to [`MAX_DEFAULT_THREADS`]: the clients of a busy store
+/// (often on the same machine) need the rest.
+pub fn default_threads() -> usize {
+    (cpus() / 8).clamp(1, MAX_DEFAULT_THREADS)
+}
+
 impl Default for ServerOptions {
     fn default() -> Self {
-        Self { host: None, port: super::DEFAULT_PORT, limits: Limits::default(), busy_poll: default_busy_poll() }
+        Self {
+            host: None,
+            port: super::DEFAULT_PORT,
+            limits: Limits::default(),
+            busy_poll: default_busy_poll(),
+            threads: 0,
+        }
     }
 }
 
@@ -90,46 +122,68 @@ pub struct ServerStats {
 #[derive(Debug)]
 pub struct TcpStoreServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    waker: Arc<Waker>,
-    counters: Arc<Counters>,
-    thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl TcpStoreServer {
-    /// Binds and starts serving on a background thread named `pg_tcpstore`.
+    /// Binds and starts serving on background threads named `pg_tcpstore` (`pg_tcpstore_N` past the first).
     pub fn start(options: ServerOptions) -> Result<Self, StoreError> {
         let listener = bind(options.host.as_deref(), options.port)?;
         let addr = listener.local_addr().map_err(|e| StoreError::Network(format!("local_addr: {e}")))?;
-        let poll = Poll::new().map_err(|e| StoreError::Network(format!("cannot create a poller: {e}")))?;
-        let waker = Arc::new(
-            Waker::new(poll.registry(), WAKER)
-                .map_err(|e| StoreError::Network(format!("cannot create a waker: {e}")))?,
-        );
-        let stop = Arc::new(AtomicBool::new(false));
-        let counters = Arc::new(Counters::default());
-        let mut event_loop = EventLoop {
-            poll,
-            listener,
+        let count = match options.threads {
+            0 => default_threads(),
+            n => n,
+        };
+        let mut polls = Vec::with_capacity(count);
+        let mut handles = Vec::with_capacity(count);
+        for _ in 0..count {
+            let poll = Poll::new().map_err(|e| StoreError::Network(format!("cannot create a poller: {e}")))?;
+            let waker = Waker::new(poll.registry(), WAKER)
+                .map_err(|e| StoreError::Network(format!("cannot create a waker: {e}")))?;
+            handles.push(LoopHandle { waker, inbox: Mutex::new(Inbox::default()), woken: AtomicBool::new(false) });
+            polls.push(poll);
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            loops: handles,
+            stop: AtomicBool::new(false),
+            counters: Counters::default(),
             limits: options.limits,
             busy_poll: options.busy_poll,
-            replied: false,
-            conns: Vec::new(),
-            free: Vec::new(),
-            values: HashMap::new(),
-            queues: HashMap::new(),
-            waiters: HashMap::new(),
-            barrier_waiters: HashMap::new(),
-            stop: Arc::clone(&stop),
-            counters: Arc::clone(&counters),
-            scratch: vec![0; READ_CHUNK],
-        };
-        let thread = std::thread::Builder::new()
-            .name("pg_tcpstore".into())
-            .spawn(move || event_loop.run())
-            .map_err(|e| StoreError::Other(format!("cannot spawn the store server thread: {e}")))?;
-        tracing::debug!(%addr, "TCP store server listening");
-        Ok(Self { addr, stop, waker, counters, thread: Some(thread) })
+            next_conn_id: AtomicU64::new(0),
+        });
+        let mut listener = Some(listener);
+        let mut threads = Vec::with_capacity(count);
+        for (index, poll) in polls.into_iter().enumerate() {
+            let mut event_loop = EventLoop {
+                index,
+                poll,
+                listener: listener.take(),
+                shared: Arc::clone(&shared),
+                conns: Vec::new(),
+                free: Vec::new(),
+                scratch: vec![0; READ_CHUNK],
+                replied: false,
+                next_owner: 0,
+                woken: Vec::new(),
+            };
+            let name = match index {
+                0 => "pg_tcpstore".to_owned(),
+                n => format!("pg_tcpstore_{n}"),
+            };
+            let spawned = std::thread::Builder::new().name(name).spawn(move || event_loop.run());
+            match spawned {
+                Ok(thread) => threads.push(thread),
+                Err(error) => {
+                    // The threads already started stop with the server that is dropped here.
+                    drop(Self { addr, shared, threads });
+                    return Err(StoreError::Other(format!("cannot spawn a store server thread: {error}")));
+                }
+            }
+        }
+        tracing::debug!(%addr, threads = count, "TCP store server listening");
+        Ok(Self { addr, shared, threads })
     }
 
     /// The port the server listens on.
@@ -142,17 +196,23 @@ impl TcpStoreServer {
         self.addr
     }
 
+    /// How many event-loop threads serve the connections.
+    pub fn threads(&self) -> usize {
+        self.shared.loops.len()
+    }
+
     /// The server's counters now.
     pub fn stats(&self) -> ServerStats {
+        let counters = &self.shared.counters;
         ServerStats {
-            open_connections: self.counters.open_connections.load(Ordering::Relaxed),
-            accepted: self.counters.accepted.load(Ordering::Relaxed),
-            protocol_errors: self.counters.protocol_errors.load(Ordering::Relaxed),
-            peak_buffered: self.counters.peak_buffered.load(Ordering::Relaxed),
+            open_connections: counters.open_connections.load(Ordering::Relaxed),
+            accepted: counters.accepted.load(Ordering::Relaxed),
+            protocol_errors: counters.protocol_errors.load(Ordering::Relaxed),
+            peak_buffered: counters.peak_buffered.load(Ordering::Relaxed),
         }
     }
 
-    /// Stops the server, closes every connection, and waits for the thread to end.
+    /// Stops the server, closes every connection, and waits for the threads to end.
     pub fn shutdown(mut self) {
         self.stop_and_join();
     }
@@ -160,15 +220,17 @@ impl TcpStoreServer {
     /// Blocks until the server stops (it stops only through [`TcpStoreServer::shutdown`] or a fatal
     /// poller error).
     pub fn join(mut self) {
-        if let Some(thread) = self.thread.take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
 
     fn stop_and_join(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.waker.wake();
-        if let Some(thread) = self.thread.take() {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for handle in &self.shared.loops {
+            let _ = handle.waker.wake();
+        }
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
@@ -216,30 +278,109 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(TcpListener::from_std(listener))
 }
 
-#[derive(Debug)]
-struct Conn {
-    stream: TcpStream,
-    peer: Option<SocketAddr>,
-    /// Received bytes; `rstart..` is not parsed yet.
-    rbuf: Vec<u8>,
-    rstart: usize,
-    /// Reply bytes; `wstart..` is not sent yet.
-    wbuf: Vec<u8>,
-    wstart: usize,
-    validated: bool,
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What every event loop of one server shares.
+struct Shared {
+    state: Mutex<State>,
+    loops: Vec<LoopHandle>,
+    stop: AtomicBool,
+    counters: Counters,
+    limits: Limits,
+    busy_poll: Duration,
+    next_conn_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("threads", &self.loops.len()).field("counters", &self.counters).finish()
+    }
+}
+
+/// How the other threads reach one event loop.
+struct LoopHandle {
+    waker: Waker,
+    inbox: Mutex<Inbox>,
+    /// Whether the loop was woken and has not emptied its inbox since (one wake-up serves many messages).
+    woken: AtomicBool,
+}
+
+impl LoopHandle {
+    fn notify(&self) {
+        if !self.woken.swap(true, Ordering::AcqRel) {
+            if let Err(error) = self.waker.wake() {
+                tracing::error!(%error, "TCP store server cannot wake one of its threads");
+            }
+        }
+    }
+}
+
+/// Messages for one event loop.
+#[derive(Default)]
+struct Inbox {
+    /// Connections accepted by the first loop for this one.
+    accepted: Vec<(TcpStream, SocketAddr)>,
+    /// This loop's connections whose outboxes another loop appended to: (slot, connection id).
+    to_flush: Vec<(usize, u64)>,
+}
+
+/// The part of a connection that every thread reaches: its outgoing bytes, appended under the state lock and
+/// sent by the owning loop only.
+struct Outbox {
+    id: u64,
+    owner: usize,
+    slot: usize,
+    bytes: Mutex<Vec<u8>>,
+}
+
+/// The store proper, behind the server's one mutex.
+#[derive(Default)]
+struct State {
+    values: HashMap<Vec<u8>, Vec<u8>>,
+    queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
+    /// Connections waiting on each key (one entry per registration), by connection id.
+    waiters: HashMap<Vec<u8>, Vec<u64>>,
+    /// Connections blocked in a barrier, by barrier key.
+    barrier_waiters: HashMap<Vec<u8>, Vec<u64>>,
+    /// Every connection with a pending wait or barrier.
+    blocked: HashMap<u64, Blocked>,
+}
+
+/// A connection in a wait or a barrier: the only connections another one's request sends bytes to.
+struct Blocked {
+    outbox: Arc<Outbox>,
     /// How many key registrations of a `WAIT` are still pending.
     awaited: usize,
     /// The keys this connection is registered on, one entry per registration.
     waiting_on: Vec<Vec<u8>>,
     /// The barrier this connection is blocked in.
     barrier: Option<Vec<u8>>,
-    /// Whether the connection is registered for writable events (only while replies are pending).
-    write_interest: bool,
 }
 
-impl Conn {
-    fn pending_write(&self) -> usize {
-        self.wbuf.len() - self.wstart
+impl Blocked {
+    fn new(outbox: &Arc<Outbox>) -> Self {
+        Self { outbox: Arc::clone(outbox), awaited: 0, waiting_on: Vec::new(), barrier: None }
+    }
+}
+
+/// The connection whose request is being handled, with its outbox locked.
+struct Requester<'a> {
+    outbox: &'a Arc<Outbox>,
+    out: &'a mut Vec<u8>,
+    /// Other connections whose outboxes got bytes: their owners must send them.
+    woken: &'a mut Vec<Arc<Outbox>>,
+}
+
+impl Requester<'_> {
+    fn reply(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+    }
+
+    fn reply_bytes(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        self.out.extend_from_slice(bytes);
     }
 }
 
@@ -250,37 +391,283 @@ enum Close {
     Protocol(String),
 }
 
+impl State {
+    fn has_key(&self, key: &[u8]) -> bool {
+        self.values.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
+    }
+
+    fn handle(&mut self, me: &mut Requester<'_>, limits: &Limits, request: Request) -> Result<(), Close> {
+        match request {
+            // The event loop marks the connection validated before anything reaches the state.
+            Request::Validate { .. } => {}
+            Request::Ping { nonce } => me.reply(&nonce.to_le_bytes()),
+            Request::Set { key, value } => {
+                // Waking first saves a copy of the key: a woken client's next request is handled only after
+                // this one, when the value is in place.
+                self.wake_all(me, &key);
+                self.values.insert(key, value);
+            }
+            Request::CompareSet { key, expected, desired } => {
+                let reply = match self.values.get(&key) {
+                    None if expected.is_empty() => {
+                        self.values.insert(key.clone(), desired.clone());
+                        self.wake_all(me, &key);
+                        desired
+                    }
+                    None => expected,
+                    Some(current) if *current == expected => {
+                        self.values.insert(key.clone(), desired.clone());
+                        self.wake_all(me, &key);
+                        desired
+                    }
+                    Some(current) => current.clone(),
+                };
+                me.reply_bytes(&reply);
+            }
+            Request::Get { key } => {
+                // PyTorch's libuv server answers a missing key with an empty value.
+                me.reply_bytes(self.values.get(&key).map_or(&[][..], Vec::as_slice));
+            }
+            Request::Add { key, delta } => {
+                let sum = self.add(me, &key, delta)?;
+                me.reply(&sum.to_le_bytes());
+            }
+            Request::Check { keys } => {
+                let ready = keys.iter().all(|key| self.has_key(key));
+                me.reply(&[if ready { CHECK_READY } else { CHECK_NOT_READY }]);
+            }
+            Request::Wait { keys } => {
+                let missing: Vec<Vec<u8>> = keys.into_iter().filter(|key| !self.has_key(key)).collect();
+                if missing.is_empty() {
+                    me.reply(&[STOP_WAITING]);
+                } else {
+                    let id = me.outbox.id;
+                    let blocked = self.blocked.entry(id).or_insert_with(|| Blocked::new(me.outbox));
+                    blocked.awaited += missing.len();
+                    for key in missing {
+                        self.waiters.entry(key.clone()).or_default().push(id);
+                        blocked.waiting_on.push(key);
+                    }
+                }
+            }
+            Request::GetNumKeys => {
+                let count = i64::try_from(self.values.len()).unwrap_or(i64::MAX);
+                me.reply(&count.to_le_bytes());
+            }
+            Request::DeleteKey { key } => {
+                let deleted = i64::from(self.values.remove(&key).is_some());
+                me.reply(&deleted.to_le_bytes());
+            }
+            Request::Append { key, value } => {
+                self.values.entry(key.clone()).or_default().extend_from_slice(&value);
+                self.wake_all(me, &key);
+            }
+            Request::MultiGet { keys } => {
+                let reply_len: usize = keys.iter().map(|key| 8 + self.values.get(key).map_or(0, Vec::len)).sum();
+                if reply_len > limits.max_reply_len {
+                    return Err(Close::Protocol(format!(
+                        "MULTI_GET reply of {reply_len} bytes exceeds the limit of {}",
+                        limits.max_reply_len
+                    )));
+                }
+                for key in keys {
+                    me.reply_bytes(self.values.get(&key).map_or(&[][..], Vec::as_slice));
+                }
+            }
+            Request::MultiSet { pairs } => {
+                for (key, value) in pairs {
+                    self.wake_all(me, &key);
+                    self.values.insert(key, value);
+                }
+            }
+            Request::CancelWait => {
+                self.unregister(me.outbox.id);
+                me.reply(&[WAIT_CANCELED]);
+            }
+            Request::QueuePush { key, value } => {
+                self.queues.entry(key.clone()).or_default().push_back(value);
+                self.wake_one(me, &key);
+            }
+            Request::QueuePop { key } => {
+                let queue = self.queues.get_mut(&key);
+                let len = queue.as_ref().map_or(0, |q| q.len());
+                let value = queue.and_then(VecDeque::pop_front);
+                me.reply(&i64::try_from(len).unwrap_or(i64::MAX).to_le_bytes());
+                if let Some(value) = value {
+                    me.reply_bytes(&value);
+                }
+                if self.queues.get(&key).is_some_and(VecDeque::is_empty) {
+                    self.queues.remove(&key);
+                }
+            }
+            Request::QueueLen { key } => {
+                let len = self.queues.get(&key).map_or(0, VecDeque::len);
+                me.reply(&i64::try_from(len).unwrap_or(i64::MAX).to_le_bytes());
+            }
+            Request::ListKeys => {
+                me.reply(&i64::try_from(self.values.len()).unwrap_or(i64::MAX).to_le_bytes());
+                for key in self.values.keys() {
+                    me.reply_bytes(key);
+                }
+            }
+            Request::Barrier { key, world_size } => {
+                let arrived = self.add(me, &key, 1)?;
+                if arrived >= world_size {
+                    me.reply(&[STOP_WAITING]);
+                    for other in self.barrier_waiters.remove(&key).unwrap_or_default() {
+                        if let Some(blocked) = self.blocked.get_mut(&other) {
+                            blocked.barrier = None;
+                        }
+                        self.send(me, other, &[STOP_WAITING]);
+                    }
+                } else {
+                    let id = me.outbox.id;
+                    self.barrier_waiters.entry(key.clone()).or_default().push(id);
+                    self.blocked.entry(id).or_insert_with(|| Blocked::new(me.outbox)).barrier = Some(key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, me: &mut Requester<'_>, key: &[u8], delta: i64) -> Result<i64, Close> {
+        let current = match self.values.get(key) {
+            None => 0,
+            Some(value) => parse_stoll(value).ok_or_else(|| {
+                Close::Protocol(format!("ADD on key {:?} whose value is not a decimal integer", show(key)))
+            })?,
+        };
+        let sum = current
+            .checked_add(delta)
+            .ok_or_else(|| Close::Protocol(format!("ADD of {delta} to {current} on key {:?} overflows", show(key))))?;
+        self.values.insert(key.to_vec(), sum.to_string().into_bytes());
+        self.wake_all(me, key);
+        Ok(sum)
+    }
+
+    /// Counts one arrival for every connection waiting on `key` and answers those whose waits are complete.
+    fn wake_all(&mut self, me: &mut Requester<'_>, key: &[u8]) {
+        if self.waiters.is_empty() {
+            return;
+        }
+        if let Some(ids) = self.waiters.remove(key) {
+            for id in ids {
+                self.arrived(me, id, key);
+            }
+        }
+    }
+
+    /// Counts one arrival for the first connection waiting on `key` (a queue push feeds one pop).
+    fn wake_one(&mut self, me: &mut Requester<'_>, key: &[u8]) {
+        let Some(ids) = self.waiters.get_mut(key) else { return };
+        let id = ids.remove(0);
+        if ids.is_empty() {
+            self.waiters.remove(key);
+        }
+        self.arrived(me, id, key);
+    }
+
+    fn arrived(&mut self, me: &mut Requester<'_>, id: u64, key: &[u8]) {
+        let Some(blocked) = self.blocked.get_mut(&id) else { return };
+        if let Some(at) = blocked.waiting_on.iter().position(|k| k == key) {
+            blocked.waiting_on.swap_remove(at);
+        }
+        blocked.awaited = blocked.awaited.saturating_sub(1);
+        if blocked.awaited == 0 {
+            self.send(me, id, &[STOP_WAITING]);
+        }
+    }
+
+    /// Appends `bytes` to connection `id`'s outbox (the requester's own, or a blocked connection's), and
+    /// forgets the connection once it is blocked in nothing.
+    fn send(&mut self, me: &mut Requester<'_>, id: u64, bytes: &[u8]) {
+        let Some(blocked) = self.blocked.get(&id) else { return };
+        if id == me.outbox.id {
+            me.reply(bytes);
+        } else {
+            lock(&blocked.outbox.bytes).extend_from_slice(bytes);
+            me.woken.push(Arc::clone(&blocked.outbox));
+        }
+        if blocked.awaited == 0 && blocked.barrier.is_none() {
+            self.blocked.remove(&id);
+        }
+    }
+
+    /// Drops every wait and barrier registration of a connection.
+    fn unregister(&mut self, id: u64) {
+        let Some(blocked) = self.blocked.remove(&id) else { return };
+        for key in blocked.waiting_on {
+            if let Some(ids) = self.waiters.get_mut(&key) {
+                if let Some(at) = ids.iter().position(|&other| other == id) {
+                    ids.remove(at);
+                }
+                if ids.is_empty() {
+                    self.waiters.remove(&key);
+                }
+            }
+        }
+        if let Some(key) = blocked.barrier {
+            if let Some(ids) = self.barrier_waiters.get_mut(&key) {
+                ids.retain(|&other| other != id);
+                if ids.is_empty() {
+                    self.barrier_waiters.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+/// A connection, owned by one event loop.
+struct Conn {
+    stream: TcpStream,
+    peer: Option<SocketAddr>,
+    /// Received bytes; `rstart..` is not parsed yet.
+    rbuf: Vec<u8>,
+    rstart: usize,
+    /// Bytes taken from the outbox; `wstart..` is not sent yet.
+    wbuf: Vec<u8>,
+    wstart: usize,
+    validated: bool,
+    outbox: Arc<Outbox>,
+}
+
+impl Conn {
+    /// Reply bytes not sent yet, given the outbox's length.
+    fn unsent(&self, outbox_len: usize) -> usize {
+        self.wbuf.len() - self.wstart + outbox_len
+    }
+}
+
 struct EventLoop {
+    index: usize,
     poll: Poll,
-    listener: TcpListener,
-    limits: Limits,
-    busy_poll: Duration,
+    /// The listening socket: the first loop accepts and deals connections out to every loop in turn.
+    listener: Option<TcpListener>,
+    shared: Arc<Shared>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    scratch: Vec<u8>,
     /// Whether the current batch of events sent a reply: a client that got one is about to send its next
     /// request, which busy polling catches without a wake-up (after fire-and-forget SETs it only costs).
     replied: bool,
-    conns: Vec<Option<Conn>>,
-    free: Vec<usize>,
-    values: HashMap<Vec<u8>, Vec<u8>>,
-    queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
-    /// Connections waiting on each key (one entry per registration).
-    waiters: HashMap<Vec<u8>, Vec<usize>>,
-    /// Connections blocked in a barrier, by barrier key.
-    barrier_waiters: HashMap<Vec<u8>, Vec<usize>>,
-    stop: Arc<AtomicBool>,
-    counters: Arc<Counters>,
-    scratch: Vec<u8>,
+    /// The loop that gets the next accepted connection.
+    next_owner: usize,
+    /// Other connections that handling a request appended to (a scratch list).
+    woken: Vec<Arc<Outbox>>,
 }
 
 impl EventLoop {
     fn run(&mut self) {
-        if let Err(error) = self.poll.registry().register(&mut self.listener, LISTENER, Interest::READABLE) {
-            tracing::error!(%error, "TCP store server cannot register its listener");
-            return;
+        if let Some(listener) = &mut self.listener {
+            if let Err(error) = self.poll.registry().register(listener, LISTENER, Interest::READABLE) {
+                tracing::error!(%error, "TCP store server cannot register its listener");
+                return;
+            }
         }
         let mut events = Events::with_capacity(1024);
-        // Until when the loop polls without blocking: set after every batch of events.
+        // Until when the loop polls without blocking: set after every batch of events that sent a reply.
         let mut spin_until: Option<Instant> = None;
-        while !self.stop.load(Ordering::SeqCst) {
+        while !self.shared.stop.load(Ordering::SeqCst) {
             let timeout = match spin_until {
                 Some(until) if Instant::now() < until => Some(Duration::ZERO),
                 Some(_) => {
@@ -304,63 +691,121 @@ impl EventLoop {
             for event in &events {
                 match event.token() {
                     LISTENER => self.accept(),
-                    WAKER => {}
+                    WAKER => self.read_inbox(),
                     // A peer that closed its side must be read to the end now: no later event will say so.
-                    Token(id) => self.drive(id, !event.is_read_closed() && !event.is_error()),
+                    Token(slot) => self.drive(slot, !event.is_read_closed() && !event.is_error()),
                 }
             }
-            if self.replied && !self.busy_poll.is_zero() {
-                spin_until = Some(Instant::now() + self.busy_poll);
+            if self.replied && !self.shared.busy_poll.is_zero() {
+                spin_until = Some(Instant::now() + self.shared.busy_poll);
             }
         }
-        self.counters.open_connections.store(0, Ordering::Relaxed);
+        self.shared.counters.open_connections.store(0, Ordering::Relaxed);
     }
 
     fn accept(&mut self) {
+        // Taken out while accepting, so that a connection this loop keeps can be adopted on the way.
+        let Some(listener) = self.listener.take() else { return };
         loop {
-            match self.listener.accept() {
-                Ok((mut stream, peer)) => {
+            match listener.accept() {
+                Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
-                    let id = self.free.pop().unwrap_or_else(|| {
-                        self.conns.push(None);
-                        self.conns.len() - 1
-                    });
-                    if let Err(error) = self.poll.registry().register(&mut stream, Token(id), Interest::READABLE) {
-                        tracing::warn!(%peer, %error, "TCP store server cannot register a connection");
-                        self.free.push(id);
-                        continue;
+                    self.shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                    let owner = self.next_owner;
+                    self.next_owner = (owner + 1) % self.shared.loops.len();
+                    if owner == self.index {
+                        self.adopt(stream, peer);
+                    } else {
+                        let handle = &self.shared.loops[owner];
+                        lock(&handle.inbox).accepted.push((stream, peer));
+                        handle.notify();
                     }
-                    self.conns[id] = Some(Conn {
-                        stream,
-                        peer: Some(peer),
-                        rbuf: Vec::new(),
-                        rstart: 0,
-                        wbuf: Vec::new(),
-                        wstart: 0,
-                        validated: false,
-                        awaited: 0,
-                        waiting_on: Vec::new(),
-                        barrier: None,
-                        write_interest: false,
-                    });
-                    self.counters.open_connections.fetch_add(1, Ordering::Relaxed);
-                    self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-                    // Data may already be waiting; edge-triggered readiness would not report it again.
-                    self.drive(id, false);
                 }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => {
                     // Running out of descriptors and similar errors must not stop the server.
                     tracing::warn!(%error, "TCP store server accept failed");
-                    return;
+                    break;
                 }
             }
         }
+        self.listener = Some(listener);
     }
 
-    fn conn(&mut self, id: usize) -> Option<&mut Conn> {
-        self.conns.get_mut(id).and_then(Option::as_mut)
+    /// Takes an accepted connection into this loop.
+    fn adopt(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.conns.len() - 1
+        });
+        // Edge-triggered readiness for both directions: a writable event comes only after a send found the
+        // socket full, so it costs nothing while replies fit.
+        if let Err(error) =
+            self.poll.registry().register(&mut stream, Token(slot), Interest::READABLE | Interest::WRITABLE)
+        {
+            tracing::warn!(%peer, %error, "TCP store server cannot register a connection");
+            self.free.push(slot);
+            return;
+        }
+        let id = self.shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
+        let outbox = Arc::new(Outbox { id, owner: self.index, slot, bytes: Mutex::new(Vec::new()) });
+        self.conns[slot] = Some(Conn {
+            stream,
+            peer: Some(peer),
+            rbuf: Vec::new(),
+            rstart: 0,
+            wbuf: Vec::new(),
+            wstart: 0,
+            validated: false,
+            outbox,
+        });
+        self.shared.counters.open_connections.fetch_add(1, Ordering::Relaxed);
+        // Data may already be waiting; edge-triggered readiness would not report it again.
+        self.drive(slot, false);
+    }
+
+    /// Handles what other loops sent: connections to adopt and outboxes to send.
+    fn read_inbox(&mut self) {
+        let handle = &self.shared.loops[self.index];
+        // Cleared before the inbox is emptied, so a message that arrives after this wakes the loop again.
+        handle.woken.store(false, Ordering::Release);
+        let inbox = std::mem::take(&mut *lock(&handle.inbox));
+        for (stream, peer) in inbox.accepted {
+            self.adopt(stream, peer);
+        }
+        for (slot, id) in inbox.to_flush {
+            self.flush_if(slot, id);
+        }
+    }
+
+    /// Sends connection `id`'s outbox if it still sits in `slot` (it may have closed since).
+    fn flush_if(&mut self, slot: usize, id: u64) {
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { return };
+        if conn.outbox.id != id {
+            return;
+        }
+        match flush(conn) {
+            Ok(sent) => self.replied |= sent,
+            Err(reason) => self.close(slot, reason),
+        }
+    }
+
+    /// Asks the owners of the outboxes that handling appended to to send them.
+    fn deliver_woken(&mut self) {
+        let woken = std::mem::take(&mut self.woken);
+        for outbox in &woken {
+            if outbox.owner == self.index {
+                self.flush_if(outbox.slot, outbox.id);
+            } else {
+                let handle = &self.shared.loops[outbox.owner];
+                lock(&handle.inbox).to_flush.push((outbox.slot, outbox.id));
+                handle.notify();
+                self.replied = true;
+            }
+        }
+        self.woken = woken;
+        self.woken.clear();
     }
 
     /// Serves one connection until its socket would block: handles buffered requests, sends replies and
@@ -369,20 +814,21 @@ impl EventLoop {
     /// With `short_read_drains`, a read shorter than the buffer is taken to have drained the socket (bytes
     /// arriving later raise a new edge-triggered event), which saves a system call per request; it must be
     /// false when the peer's end of stream may already be pending.
-    fn drive(&mut self, id: usize, short_read_drains: bool) {
-        if let Err(reason) = self.drive_inner(id, short_read_drains) {
-            self.close(id, reason);
+    fn drive(&mut self, slot: usize, short_read_drains: bool) {
+        if let Err(reason) = self.drive_inner(slot, short_read_drains) {
+            self.close(slot, reason);
         }
     }
 
-    fn drive_inner(&mut self, id: usize, short_read_drains: bool) -> Result<(), Close> {
+    fn drive_inner(&mut self, slot: usize, short_read_drains: bool) -> Result<(), Close> {
         let mut drained = false;
         loop {
-            let backlogged = self.handle_buffered(id)?;
-            let Some(conn) = self.conns.get_mut(id).and_then(Option::as_mut) else { return Ok(()) };
-            self.replied |= conn.pending_write() > 0;
-            flush(self.poll.registry(), id, conn)?;
-            if conn.pending_write() > WRITE_HIGH_WATER {
+            let handled = self.handle_buffered(slot);
+            self.deliver_woken();
+            let backlogged = handled?;
+            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { return Ok(()) };
+            self.replied |= flush(conn)?;
+            if conn.unsent(lock(&conn.outbox.bytes).len()) > WRITE_HIGH_WATER {
                 // The peer does not read its replies; a writable event resumes this connection.
                 return Ok(());
             }
@@ -402,7 +848,7 @@ impl EventLoop {
                 Ok(0) => return Err(Close::Eof),
                 Ok(n) => {
                     conn.rbuf.extend_from_slice(&self.scratch[..n]);
-                    self.counters.peak_buffered.fetch_max(unparsed + n, Ordering::Relaxed);
+                    self.shared.counters.peak_buffered.fetch_max(unparsed + n, Ordering::Relaxed);
                     drained = short_read_drains && n < READ_CHUNK;
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -414,305 +860,77 @@ impl EventLoop {
 
     /// Handles every whole request in the connection's buffer; returns `true` when it stopped because too
     /// many reply bytes are pending (requests may remain), `false` when the buffer holds no whole request.
-    fn handle_buffered(&mut self, id: usize) -> Result<bool, Close> {
+    /// The state lock is taken only once a request needs it, and held for at most [`REQUESTS_PER_LOCK`].
+    fn handle_buffered(&mut self, slot: usize) -> Result<bool, Close> {
+        let EventLoop { shared, conns, woken, .. } = self;
+        let Some(conn) = conns.get_mut(slot).and_then(Option::as_mut) else { return Ok(false) };
         loop {
-            let Some(conn) = self.conns.get(id).and_then(Option::as_ref) else { return Ok(false) };
-            if conn.pending_write() > WRITE_HIGH_WATER {
-                return Ok(true);
-            }
-            let decoded = decode_request(&conn.rbuf[conn.rstart..], conn.validated, &self.limits)
-                .map_err(|e| Close::Protocol(e.to_string()))?;
-            let Some((request, used)) = decoded else { return Ok(false) };
-            let conn = self.conns[id].as_mut().expect("checked above");
-            conn.rstart += used;
-            self.handle(id, request)?;
-        }
-    }
-
-    fn reply(&mut self, id: usize, bytes: &[u8]) {
-        if let Some(conn) = self.conn(id) {
-            conn.wbuf.extend_from_slice(bytes);
-        }
-    }
-
-    fn reply_bytes(&mut self, id: usize, bytes: &[u8]) {
-        if let Some(conn) = self.conn(id) {
-            conn.wbuf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            conn.wbuf.extend_from_slice(bytes);
-        }
-    }
-
-    fn has_key(&self, key: &[u8]) -> bool {
-        self.values.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
-    }
-
-    fn handle(&mut self, id: usize, request: Request) -> Result<(), Close> {
-        match request {
-            Request::Validate { .. } => self.conn(id).expect("live").validated = true,
-            Request::Ping { nonce } => self.reply(id, &nonce.to_le_bytes()),
-            Request::Set { key, value } => {
-                // Waking first saves a copy of the key: a woken client's next request is handled only after
-                // this one, when the value is in place.
-                self.wake_all(&key);
-                self.values.insert(key, value);
-            }
-            Request::CompareSet { key, expected, desired } => {
-                let reply = match self.values.get(&key) {
-                    None if expected.is_empty() => {
-                        self.values.insert(key.clone(), desired.clone());
-                        self.wake_all(&key);
-                        desired
-                    }
-                    None => expected,
-                    Some(current) if *current == expected => {
-                        self.values.insert(key.clone(), desired.clone());
-                        self.wake_all(&key);
-                        desired
-                    }
-                    Some(current) => current.clone(),
-                };
-                self.reply_bytes(id, &reply);
-            }
-            Request::Get { key } => {
-                // PyTorch's libuv server answers a missing key with an empty value.
-                let value = self.values.get(&key).cloned().unwrap_or_default();
-                self.reply_bytes(id, &value);
-            }
-            Request::Add { key, delta } => {
-                let sum = self.add(&key, delta)?;
-                self.reply(id, &sum.to_le_bytes());
-            }
-            Request::Check { keys } => {
-                let ready = keys.iter().all(|key| self.has_key(key));
-                self.reply(id, &[if ready { CHECK_READY } else { CHECK_NOT_READY }]);
-            }
-            Request::Wait { keys } => {
-                let missing: Vec<Vec<u8>> = keys.into_iter().filter(|key| !self.has_key(key)).collect();
-                if missing.is_empty() {
-                    self.reply(id, &[STOP_WAITING]);
-                } else {
-                    let conn = self.conns[id].as_mut().expect("live");
-                    conn.awaited += missing.len();
-                    for key in missing {
-                        self.waiters.entry(key.clone()).or_default().push(id);
-                        self.conns[id].as_mut().expect("live").waiting_on.push(key);
-                    }
+            let mut held: Option<(MutexGuard<'_, State>, MutexGuard<'_, Vec<u8>>)> = None;
+            for _ in 0..REQUESTS_PER_LOCK {
+                let out_len = held.as_ref().map_or_else(|| lock(&conn.outbox.bytes).len(), |(_, out)| out.len());
+                if conn.unsent(out_len) > WRITE_HIGH_WATER {
+                    return Ok(true);
                 }
-            }
-            Request::GetNumKeys => {
-                let count = i64::try_from(self.values.len()).unwrap_or(i64::MAX);
-                self.reply(id, &count.to_le_bytes());
-            }
-            Request::DeleteKey { key } => {
-                let deleted = i64::from(self.values.remove(&key).is_some());
-                self.reply(id, &deleted.to_le_bytes());
-            }
-            Request::Append { key, value } => {
-                self.values.entry(key.clone()).or_default().extend_from_slice(&value);
-                self.wake_all(&key);
-            }
-            Request::MultiGet { keys } => {
-                let reply_len: usize = keys.iter().map(|key| 8 + self.values.get(key).map_or(0, Vec::len)).sum();
-                if reply_len > self.limits.max_reply_len {
-                    return Err(Close::Protocol(format!(
-                        "MULTI_GET reply of {reply_len} bytes exceeds the limit of {}",
-                        self.limits.max_reply_len
-                    )));
+                let decoded = decode_request(&conn.rbuf[conn.rstart..], conn.validated, &shared.limits)
+                    .map_err(|e| Close::Protocol(e.to_string()))?;
+                let Some((request, used)) = decoded else { return Ok(false) };
+                conn.rstart += used;
+                if let Request::Validate { .. } = request {
+                    conn.validated = true;
+                    continue;
                 }
-                for key in keys {
-                    let value = self.values.get(&key).cloned().unwrap_or_default();
-                    self.reply_bytes(id, &value);
-                }
-            }
-            Request::MultiSet { pairs } => {
-                for (key, value) in pairs {
-                    self.wake_all(&key);
-                    self.values.insert(key, value);
-                }
-            }
-            Request::CancelWait => {
-                self.unregister(id);
-                self.reply(id, &[WAIT_CANCELED]);
-            }
-            Request::QueuePush { key, value } => {
-                self.queues.entry(key.clone()).or_default().push_back(value);
-                self.wake_one(&key);
-            }
-            Request::QueuePop { key } => {
-                let queue = self.queues.get_mut(&key);
-                let len = queue.as_ref().map_or(0, |q| q.len());
-                let value = queue.and_then(VecDeque::pop_front);
-                self.reply(id, &i64::try_from(len).unwrap_or(i64::MAX).to_le_bytes());
-                if let Some(value) = value {
-                    self.reply_bytes(id, &value);
-                }
-                if self.queues.get(&key).is_some_and(VecDeque::is_empty) {
-                    self.queues.remove(&key);
-                }
-            }
-            Request::QueueLen { key } => {
-                let len = self.queues.get(&key).map_or(0, VecDeque::len);
-                self.reply(id, &i64::try_from(len).unwrap_or(i64::MAX).to_le_bytes());
-            }
-            Request::ListKeys => {
-                let mut reply = Vec::new();
-                reply.extend_from_slice(&i64::try_from(self.values.len()).unwrap_or(i64::MAX).to_le_bytes());
-                for key in self.values.keys() {
-                    reply.extend_from_slice(&(key.len() as u64).to_le_bytes());
-                    reply.extend_from_slice(key);
-                }
-                self.reply(id, &reply);
-            }
-            Request::Barrier { key, world_size } => {
-                let arrived = self.add(&key, 1)?;
-                if arrived >= world_size {
-                    self.reply(id, &[STOP_WAITING]);
-                    for other in self.barrier_waiters.remove(&key).unwrap_or_default() {
-                        if let Some(conn) = self.conn(other) {
-                            conn.barrier = None;
-                        }
-                        self.send_now(other, &[STOP_WAITING]);
-                    }
-                } else {
-                    self.barrier_waiters.entry(key.clone()).or_default().push(id);
-                    self.conn(id).expect("live").barrier = Some(key);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn add(&mut self, key: &[u8], delta: i64) -> Result<i64, Close> {
-        let current = match self.values.get(key) {
-            None => 0,
-            Some(value) => parse_stoll(value).ok_or_else(|| {
-                Close::Protocol(format!("ADD on key {:?} whose value is not a decimal integer", show(key)))
-            })?,
-        };
-        let sum = current
-            .checked_add(delta)
-            .ok_or_else(|| Close::Protocol(format!("ADD of {delta} to {current} on key {:?} overflows", show(key))))?;
-        self.values.insert(key.to_vec(), sum.to_string().into_bytes());
-        self.wake_all(key);
-        Ok(sum)
-    }
-
-    /// Counts one arrival for every connection waiting on `key` and answers those whose waits are complete.
-    fn wake_all(&mut self, key: &[u8]) {
-        if self.waiters.is_empty() {
-            return;
-        }
-        if let Some(ids) = self.waiters.remove(key) {
-            for id in ids {
-                self.arrived(id, key);
+                let (state, out) = held.get_or_insert_with(|| (lock(&shared.state), lock(&conn.outbox.bytes)));
+                let mut me = Requester { outbox: &conn.outbox, out, woken: &mut *woken };
+                state.handle(&mut me, &shared.limits, request)?;
             }
         }
     }
 
-    /// Counts one arrival for the first connection waiting on `key` (a queue push feeds one pop).
-    fn wake_one(&mut self, key: &[u8]) {
-        let Some(ids) = self.waiters.get_mut(key) else { return };
-        let id = ids.remove(0);
-        if ids.is_empty() {
-            self.waiters.remove(key);
-        }
-        self.arrived(id, key);
-    }
-
-    fn arrived(&mut self, id: usize, key: &[u8]) {
-        let Some(conn) = self.conn(id) else { return };
-        if let Some(at) = conn.waiting_on.iter().position(|k| k == key) {
-            conn.waiting_on.swap_remove(at);
-        }
-        conn.awaited = conn.awaited.saturating_sub(1);
-        if conn.awaited == 0 {
-            self.send_now(id, &[STOP_WAITING]);
-        }
-    }
-
-    /// Queues `bytes` for another connection and tries to send them at once.
-    fn send_now(&mut self, id: usize, bytes: &[u8]) {
-        let Some(conn) = self.conns.get_mut(id).and_then(Option::as_mut) else { return };
-        conn.wbuf.extend_from_slice(bytes);
-        self.replied = true;
-        if let Err(reason) = flush(self.poll.registry(), id, conn) {
-            self.close(id, reason);
-        }
-    }
-
-    /// Drops every wait and barrier registration of a connection.
-    fn unregister(&mut self, id: usize) {
-        let Some(conn) = self.conn(id) else { return };
-        let keys = std::mem::take(&mut conn.waiting_on);
-        conn.awaited = 0;
-        let barrier = conn.barrier.take();
-        for key in keys {
-            if let Some(ids) = self.waiters.get_mut(&key) {
-                if let Some(at) = ids.iter().position(|&other| other == id) {
-                    ids.remove(at);
-                }
-                if ids.is_empty() {
-                    self.waiters.remove(&key);
-                }
-            }
-        }
-        if let Some(key) = barrier {
-            if let Some(ids) = self.barrier_waiters.get_mut(&key) {
-                ids.retain(|&other| other != id);
-                if ids.is_empty() {
-                    self.barrier_waiters.remove(&key);
-                }
-            }
-        }
-    }
-
-    fn close(&mut self, id: usize, reason: Close) {
-        self.unregister(id);
-        let Some(mut conn) = self.conns.get_mut(id).and_then(Option::take) else { return };
-        let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.free.push(id);
-        self.counters.open_connections.fetch_sub(1, Ordering::Relaxed);
+    fn close(&mut self, slot: usize, reason: Close) {
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::take) else { return };
+        lock(&self.shared.state).unregister(conn.outbox.id);
+        let mut stream = conn.stream;
+        let _ = self.poll.registry().deregister(&mut stream);
+        self.free.push(slot);
+        self.shared.counters.open_connections.fetch_sub(1, Ordering::Relaxed);
         let peer = conn.peer.map_or_else(|| "?".to_owned(), |p| p.to_string());
         match reason {
             Close::Eof => tracing::trace!(%peer, "TCP store client disconnected"),
             Close::Io(error) => tracing::debug!(%peer, %error, "TCP store connection failed"),
             Close::Protocol(reason) => {
-                self.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                self.shared.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%peer, %reason, "TCP store server closed a connection that broke the protocol");
             }
         }
     }
 }
 
-/// Sends what the connection's reply buffer holds, until the socket would block.
-///
-/// The connection asks for writable events only while replies are pending, as libuv does; otherwise every
-/// acknowledgement of sent bytes would wake the loop.
-fn flush(registry: &Registry, id: usize, conn: &mut Conn) -> Result<(), Close> {
-    while conn.wstart < conn.wbuf.len() {
+/// Sends the connection's unsent bytes and then its outbox, until the socket would block; returns whether
+/// anything was sent. A socket that would block raises a writable event once it drains.
+fn flush(conn: &mut Conn) -> Result<bool, Close> {
+    let mut sent = false;
+    loop {
+        if conn.wstart == conn.wbuf.len() {
+            conn.wbuf.clear();
+            conn.wstart = 0;
+            let mut outbox = lock(&conn.outbox.bytes);
+            if outbox.is_empty() {
+                return Ok(sent);
+            }
+            // Swapping keeps both allocations: the outbox gets the emptied buffer back.
+            std::mem::swap(&mut conn.wbuf, &mut *outbox);
+        }
         match conn.stream.write(&conn.wbuf[conn.wstart..]) {
             Ok(0) => return Err(Close::Eof),
-            Ok(n) => conn.wstart += n,
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                if !conn.write_interest {
-                    registry
-                        .reregister(&mut conn.stream, Token(id), Interest::READABLE | Interest::WRITABLE)
-                        .map_err(Close::Io)?;
-                    conn.write_interest = true;
-                }
-                return Ok(());
+            Ok(n) => {
+                conn.wstart += n;
+                sent = true;
             }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(sent),
             Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
             Err(error) => return Err(Close::Io(error)),
         }
     }
-    conn.wbuf.clear();
-    conn.wstart = 0;
-    if conn.write_interest {
-        registry.reregister(&mut conn.stream, Token(id), Interest::READABLE).map_err(Close::Io)?;
-        conn.write_interest = false;
-    }
-    Ok(())
 }
 
 /// A key for a log line: text when it is UTF-8, escaped bytes otherwise.
