@@ -367,7 +367,13 @@ fn a_value_split_across_many_writes_is_reassembled() {
 
 #[test]
 fn a_client_that_reads_its_replies_late_gets_them_all() {
-    let store = server();
+    for threads in THREADS {
+        a_client_that_reads_its_replies_late_gets_them_all_on(threads);
+    }
+}
+
+fn a_client_that_reads_its_replies_late_gets_them_all_on(threads: usize) {
+    let store = server_with(threads);
     let value: Vec<u8> = (0..1024 * 1024).map(|i| (i % 253) as u8).collect();
     store.set("big", &value).unwrap();
     // SET has no reply: a round trip on the same connection proves the server holds the value.

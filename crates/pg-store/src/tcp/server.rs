@@ -167,6 +167,8 @@ impl TcpStoreServer {
                 replied: false,
                 next_owner: 0,
                 woken: Vec::new(),
+                batch: Vec::with_capacity(REQUESTS_PER_LOCK),
+                garbage: Vec::new(),
             };
             let name = match index {
                 0 => "pg_tcpstore".to_owned(),
@@ -371,6 +373,8 @@ struct Requester<'a> {
     out: &'a mut Vec<u8>,
     /// Other connections whose outboxes got bytes: their owners must send them.
     woken: &'a mut Vec<Arc<Outbox>>,
+    /// Replaced keys and values, to free once the state lock is released.
+    garbage: &'a mut Vec<Vec<u8>>,
 }
 
 impl Requester<'_> {
@@ -405,7 +409,7 @@ impl State {
                 // Waking first saves a copy of the key: a woken client's next request is handled only after
                 // this one, when the value is in place.
                 self.wake_all(me, &key);
-                self.values.insert(key, value);
+                self.put(me, key, value);
             }
             Request::CompareSet { key, expected, desired } => {
                 let reply = match self.values.get(&key) {
@@ -477,7 +481,7 @@ impl State {
             Request::MultiSet { pairs } => {
                 for (key, value) in pairs {
                     self.wake_all(me, &key);
-                    self.values.insert(key, value);
+                    self.put(me, key, value);
                 }
             }
             Request::CancelWait => {
@@ -528,6 +532,16 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Sets `key` to `value`; what it replaces is freed after the state lock is released.
+    fn put(&mut self, me: &mut Requester<'_>, key: Vec<u8>, value: Vec<u8>) {
+        match self.values.get_mut(&key) {
+            Some(slot) => me.garbage.extend([std::mem::replace(slot, value), key]),
+            None => {
+                self.values.insert(key, value);
+            }
+        }
     }
 
     fn add(&mut self, me: &mut Requester<'_>, key: &[u8], delta: i64) -> Result<i64, Close> {
@@ -628,6 +642,8 @@ struct Conn {
     wbuf: Vec<u8>,
     wstart: usize,
     validated: bool,
+    /// Decoded requests that wait behind unsent replies.
+    pending: VecDeque<Request>,
     outbox: Arc<Outbox>,
 }
 
@@ -654,6 +670,10 @@ struct EventLoop {
     next_owner: usize,
     /// Other connections that handling a request appended to (a scratch list).
     woken: Vec<Arc<Outbox>>,
+    /// Requests decoded for one hold of the state lock (a scratch list).
+    batch: Vec<Request>,
+    /// Keys and values replaced under the state lock, freed after it (a scratch list).
+    garbage: Vec<Vec<u8>>,
 }
 
 impl EventLoop {
@@ -758,6 +778,7 @@ impl EventLoop {
             wbuf: Vec::new(),
             wstart: 0,
             validated: false,
+            pending: VecDeque::new(),
             outbox,
         });
         self.shared.counters.open_connections.fetch_add(1, Ordering::Relaxed);
@@ -860,28 +881,60 @@ impl EventLoop {
 
     /// Handles every whole request in the connection's buffer; returns `true` when it stopped because too
     /// many reply bytes are pending (requests may remain), `false` when the buffer holds no whole request.
-    /// The state lock is taken only once a request needs it, and held for at most [`REQUESTS_PER_LOCK`].
+    ///
+    /// Requests are decoded outside the state lock, up to [`REQUESTS_PER_LOCK`] at a time, and handled under
+    /// one hold of it; the values they replace are freed after it is released.
     fn handle_buffered(&mut self, slot: usize) -> Result<bool, Close> {
-        let EventLoop { shared, conns, woken, .. } = self;
+        let EventLoop { shared, conns, woken, batch, garbage, .. } = self;
         let Some(conn) = conns.get_mut(slot).and_then(Option::as_mut) else { return Ok(false) };
         loop {
-            let mut held: Option<(MutexGuard<'_, State>, MutexGuard<'_, Vec<u8>>)> = None;
-            for _ in 0..REQUESTS_PER_LOCK {
-                let out_len = held.as_ref().map_or_else(|| lock(&conn.outbox.bytes).len(), |(_, out)| out.len());
-                if conn.unsent(out_len) > WRITE_HIGH_WATER {
-                    return Ok(true);
+            // Requests left by a batch that reached the high-water mark go first.
+            batch.extend(conn.pending.drain(..));
+            let mut broken = None;
+            while batch.len() < REQUESTS_PER_LOCK {
+                match decode_request(&conn.rbuf[conn.rstart..], conn.validated, &shared.limits) {
+                    Ok(Some((request, used))) => {
+                        conn.rstart += used;
+                        match request {
+                            Request::Validate { .. } => conn.validated = true,
+                            request => batch.push(request),
+                        }
+                    }
+                    Ok(None) => break,
+                    // The requests before the bad one are handled; then the connection closes.
+                    Err(error) => {
+                        broken = Some(Close::Protocol(error.to_string()));
+                        break;
+                    }
                 }
-                let decoded = decode_request(&conn.rbuf[conn.rstart..], conn.validated, &shared.limits)
-                    .map_err(|e| Close::Protocol(e.to_string()))?;
-                let Some((request, used)) = decoded else { return Ok(false) };
-                conn.rstart += used;
-                if let Request::Validate { .. } = request {
-                    conn.validated = true;
-                    continue;
+            }
+            let full = batch.len() == REQUESTS_PER_LOCK;
+            let mut backlogged = false;
+            if !batch.is_empty() {
+                let mut state = lock(&shared.state);
+                let mut out = lock(&conn.outbox.bytes);
+                let mut requests = batch.drain(..);
+                for request in requests.by_ref() {
+                    if conn.wbuf.len() - conn.wstart + out.len() > WRITE_HIGH_WATER {
+                        conn.pending.push_back(request);
+                        backlogged = true;
+                        break;
+                    }
+                    let mut me =
+                        Requester { outbox: &conn.outbox, out: &mut out, woken: &mut *woken, garbage: &mut *garbage };
+                    if let Err(reason) = state.handle(&mut me, &shared.limits, request) {
+                        broken = Some(reason);
+                        break;
+                    }
                 }
-                let (state, out) = held.get_or_insert_with(|| (lock(&shared.state), lock(&conn.outbox.bytes)));
-                let mut me = Requester { outbox: &conn.outbox, out, woken: &mut *woken };
-                state.handle(&mut me, &shared.limits, request)?;
+                conn.pending.extend(requests);
+            }
+            garbage.clear();
+            match (broken, backlogged) {
+                (Some(reason), _) => return Err(reason),
+                (None, true) => return Ok(true),
+                (None, false) if !full => return Ok(false),
+                (None, false) => {}
             }
         }
     }
