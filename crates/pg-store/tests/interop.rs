@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pg_store::{FileStore, Store, TcpStore};
+use pg_store::{FileStore, Store, TcpStore, TcpStoreOptions};
 
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -129,9 +129,24 @@ c = s.clone(); assert c.get("py_key") == b"py_value"; ok("clone")
 #[test]
 fn pytorch_client_against_our_server() {
     let Some(python) = python("pytorch_client_against_our_server") else { return };
-    let store = TcpStore::serve(0, Duration::from_secs(20)).unwrap();
+    // One server thread, and three: PyTorch's client and its clone then sit on different threads.
+    for threads in [1, 3] {
+        pytorch_client_against_our_server_on(&python, threads);
+    }
+}
+
+fn pytorch_client_against_our_server_on(python: &str, threads: usize) {
+    let options = TcpStoreOptions {
+        port: 0,
+        is_server: true,
+        wait_workers: false,
+        timeout: Duration::from_secs(20),
+        server_threads: threads,
+        ..TcpStoreOptions::default()
+    };
+    let store = TcpStore::new("127.0.0.1", options).unwrap();
     store.set("rust_key", b"rust_value").unwrap();
-    let mut child = spawn(&python, PYTORCH_CLIENT, &[store.port().to_string()]);
+    let mut child = spawn(python, PYTORCH_CLIENT, &[store.port().to_string()]);
     let stdout = child.stdout.take().unwrap();
     let (success, out, err) = finish(child, stdout);
     println!("{out}");
