@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pg_store::{FileStore, Store, TcpStore, TcpStoreOptions};
+use pg_store::{FileStore, Store, TcpStore};
 
 const CHILD_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -136,15 +136,7 @@ fn pytorch_client_against_our_server() {
 }
 
 fn pytorch_client_against_our_server_on(python: &str, threads: usize) {
-    let options = TcpStoreOptions {
-        port: 0,
-        is_server: true,
-        wait_workers: false,
-        timeout: Duration::from_secs(20),
-        server_threads: threads,
-        ..TcpStoreOptions::default()
-    };
-    let store = TcpStore::new("127.0.0.1", options).unwrap();
+    let store = TcpStore::serve_on_threads(0, Duration::from_secs(20), threads).unwrap();
     store.set("rust_key", b"rust_value").unwrap();
     let mut child = spawn(python, PYTORCH_CLIENT, &[store.port().to_string()]);
     let stdout = child.stdout.take().unwrap();

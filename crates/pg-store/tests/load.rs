@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_store::{Store, TcpStore, TcpStoreOptions};
+use pg_store::{Store, TcpStore};
 
 const CLIENTS: usize = 1024;
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,15 +33,7 @@ fn a_thousand_clients_lose_nothing_on_four_server_threads() {
 
 fn a_thousand_clients_lose_nothing_on(threads: usize) {
     ensure_descriptors();
-    let options = TcpStoreOptions {
-        port: 0,
-        is_server: true,
-        wait_workers: false,
-        timeout: TIMEOUT,
-        server_threads: threads,
-        ..TcpStoreOptions::default()
-    };
-    let host = Arc::new(TcpStore::new("127.0.0.1", options).unwrap());
+    let host = Arc::new(TcpStore::serve_on_threads(0, TIMEOUT, threads).unwrap());
     assert_eq!(host.server().unwrap().threads(), threads);
     let port = host.port();
     let clients: Vec<_> = (0..CLIENTS)

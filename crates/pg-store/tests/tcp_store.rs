@@ -21,15 +21,7 @@ fn server() -> TcpStore {
 }
 
 fn server_with(threads: usize) -> TcpStore {
-    let options = TcpStoreOptions {
-        port: 0,
-        is_server: true,
-        wait_workers: false,
-        timeout: TIMEOUT,
-        server_threads: threads,
-        ..TcpStoreOptions::default()
-    };
-    let store = TcpStore::new("127.0.0.1", options).expect("server starts");
+    let store = TcpStore::serve_on_threads(0, TIMEOUT, threads).expect("server starts");
     assert_eq!(store.server().unwrap().threads(), threads);
     store
 }

@@ -290,10 +290,20 @@ impl TcpStore {
     /// Hosts a server and returns a client of it (PyTorch's `TCPStore(host, port, is_master=True)` without
     /// worker counting).
     pub fn serve(port: u16, timeout: Duration) -> Result<Self, StoreError> {
-        Self::new(
-            "127.0.0.1",
-            TcpStoreOptions { port, is_server: true, wait_workers: false, timeout, ..TcpStoreOptions::default() },
-        )
+        Self::serve_on_threads(port, timeout, 0)
+    }
+
+    /// As [`TcpStore::serve`], with `threads` server event-loop threads (0 picks [`super::default_threads`]).
+    pub fn serve_on_threads(port: u16, timeout: Duration, threads: usize) -> Result<Self, StoreError> {
+        let options = TcpStoreOptions {
+            port,
+            is_server: true,
+            wait_workers: false,
+            timeout,
+            server_threads: threads,
+            ..TcpStoreOptions::default()
+        };
+        Self::new("127.0.0.1", options)
     }
 
     fn connect_with(
