@@ -869,7 +869,12 @@ impl EventLoop {
                 Ok(0) => return Err(Close::Eof),
                 Ok(n) => {
                     conn.rbuf.extend_from_slice(&self.scratch[..n]);
-                    self.shared.counters.peak_buffered.fetch_max(unparsed + n, Ordering::Relaxed);
+                    // Read first: every loop reads this counter, and a write on every read would make its
+                    // cache line travel between the loops' CPUs.
+                    let peak = &self.shared.counters.peak_buffered;
+                    if unparsed + n > peak.load(Ordering::Relaxed) {
+                        peak.fetch_max(unparsed + n, Ordering::Relaxed);
+                    }
                     drained = short_read_drains && n < READ_CHUNK;
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
