@@ -7,15 +7,16 @@ use crate::interop::workspace_root;
 
 const HELP: &str = "\
 cargo xtask bench store [--python PATH] [--clients 1,8,64,1024] [--ops N] [--reps R] [--only set,get,add,wait-wakeup]
-                        [--pgstore-threads N] [--pgstore-busy-poll-us N] [--out DIR]
+                        [--pgstore-threads N] [--pgstore-busy-poll-us N] [--pgstore-coalesce-us N] [--out DIR]
 
 Measures set, get, add and wait-wakeup (p50/p99 latency, throughput) with each client count against
 `pgstore serve` and, when a Python with torch is found, PyTorch's TCPStore server, in one run.
 Python: --python, else target/interop-venv/bin/python (made by `cargo xtask interop`), else python3;
 without torch only our server is measured, and the results say so.
 Each configuration runs R times (default 3), the servers taking turns to go first; N operations per run
-(default 10000). --only measures a subset of the operations. --pgstore-threads and --pgstore-busy-poll-us
-are passed to `pgstore serve` as --threads and --busy-poll-us (default: its own defaults for this machine).
+(default 10000). --only measures a subset of the operations. --pgstore-threads, --pgstore-busy-poll-us and
+--pgstore-coalesce-us are passed to `pgstore serve` as --threads, --busy-poll-us and --coalesce-us (default: its
+own defaults for this machine).
 Results: bench/results/store.json and bench/results/store.md (or --out DIR).
 ";
 
@@ -42,9 +43,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
         match arg.as_str() {
             "--python" => python = Some(value),
             "--out" => out = value,
-            "--clients" | "--ops" | "--reps" | "--only" | "--pgstore-threads" | "--pgstore-busy-poll-us" => {
-                forwarded.extend([arg.clone(), value])
-            }
+            "--clients"
+            | "--ops"
+            | "--reps"
+            | "--only"
+            | "--pgstore-threads"
+            | "--pgstore-busy-poll-us"
+            | "--pgstore-coalesce-us" => forwarded.extend([arg.clone(), value]),
             other => return Err(format!("unknown argument {other}\n\n{HELP}")),
         }
     }

@@ -17,7 +17,8 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 const OPS: [&str; 4] = ["set", "get", "add", "wait-wakeup"];
 
 /// The flags `cargo xtask bench store` forwards to this program (the twin of its list in `xtask/src/bench_store.rs`).
-const FORWARDED: [&str; 6] = ["--clients", "--ops", "--reps", "--only", "--pgstore-threads", "--pgstore-busy-poll-us"];
+const FORWARDED: [&str; 7] =
+    ["--clients", "--ops", "--reps", "--only", "--pgstore-threads", "--pgstore-busy-poll-us", "--pgstore-coalesce-us"];
 
 struct Options {
     pgstore: String,
@@ -32,6 +33,8 @@ struct Options {
     pgstore_threads: Option<usize>,
     /// `pgstore serve --busy-poll-us` (default: pgstore's own default for this machine).
     pgstore_busy_poll_us: Option<u64>,
+    /// `pgstore serve --coalesce-us` (default: off).
+    pgstore_coalesce_us: Option<u64>,
 }
 
 fn parse() -> Result<Options, String> {
@@ -45,6 +48,7 @@ fn parse() -> Result<Options, String> {
         only: OPS.to_vec(),
         pgstore_threads: None,
         pgstore_busy_poll_us: None,
+        pgstore_coalesce_us: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -80,6 +84,10 @@ fn parse() -> Result<Options, String> {
             "--pgstore-busy-poll-us" => {
                 options.pgstore_busy_poll_us =
                     Some(value()?.parse().map_err(|_| "--pgstore-busy-poll-us: bad number".to_owned())?)
+            }
+            "--pgstore-coalesce-us" => {
+                options.pgstore_coalesce_us =
+                    Some(value()?.parse().map_err(|_| "--pgstore-coalesce-us: bad number".to_owned())?)
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -435,6 +443,9 @@ fn main() {
             if let Some(micros) = options.pgstore_busy_poll_us {
                 c.args(["--busy-poll-us", &micros.to_string()]);
             }
+            if let Some(micros) = options.pgstore_coalesce_us {
+                c.args(["--coalesce-us", &micros.to_string()]);
+            }
             c
         },
         "pgstore: listening on ",
@@ -496,6 +507,8 @@ fn main() {
     let threads = options.pgstore_threads.unwrap_or_else(pg_store::tcp::default_threads);
     let _ = writeln!(json, "  \"pgstore_busy_poll_us\": {busy_poll_us},");
     let _ = writeln!(json, "  \"pgstore_threads\": {threads},");
+    let coalesce_us = options.pgstore_coalesce_us.unwrap_or(0);
+    let _ = writeln!(json, "  \"pgstore_coalesce_us\": {coalesce_us},");
     let _ = writeln!(json, "  \"results\": [");
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
@@ -534,6 +547,12 @@ fn main() {
         "- pgstore's event-loop threads: {threads} (its default on this machine: {}, one per 8 CPUs from 1 to 4; PyTorch's libuv server has one).",
         pg_store::tcp::default_threads()
     );
+    if coalesce_us > 0 {
+        let _ = writeln!(
+            md,
+            "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`, off by default)."
+        );
+    }
     let _ = writeln!(
         md,
         "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time; {} operations per run (at least 20 per client; ten times as many for `set`).",

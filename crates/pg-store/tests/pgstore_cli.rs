@@ -75,3 +75,24 @@ fn serve_runs_a_server_that_clients_can_use() {
     child.wait().unwrap();
     assert_eq!((code, out.as_str()), (0, "3\n"), "{err}");
 }
+
+/// `pgstore serve` with a bad option value exits with status 2 and names the option; it never starts.
+fn check_bad_serve_option(option: &str, value: &str) {
+    let output = Command::new(env!("CARGO_BIN_EXE_pgstore"))
+        .args(["serve", "--port", "0", option, value])
+        .output()
+        .expect("pgstore runs");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{option} {value}: {err}");
+    assert!(err.contains(&format!("{option} {value}")), "{option} {value}: {err}");
+}
+
+#[test]
+fn serve_rejects_bad_option_values() {
+    check_bad_serve_option("--threads", "0");
+    check_bad_serve_option("--threads", "many");
+    check_bad_serve_option("--coalesce-us", "-1");
+    check_bad_serve_option("--coalesce-us", "2000000");
+    check_bad_serve_option("--busy-poll-us", "soon");
+    check_bad_serve_option("--port", "70000");
+}

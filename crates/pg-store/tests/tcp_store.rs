@@ -471,3 +471,67 @@ fn a_busy_polling_server_serves_every_operation_and_wakes_waiters_on(threads: us
     assert!(a.delete_key("k").unwrap());
     assert_eq!(server.stats().protocol_errors, 0);
 }
+
+/// Sends `request` and then a PING on one connection: the first bytes back are the ping's nonce exactly when
+/// the request has no reply.
+fn check_reply_presence(port: u16, request: Request) {
+    let mut stream = validated(port);
+    let expects_reply = request.has_reply();
+    send(&mut stream, &request);
+    send(&mut stream, &Request::Ping { nonce: 0x5A5A_5A5A });
+    let first = read_n(&mut stream, 4);
+    assert_eq!(first == 0x5A5A_5A5Au32.to_le_bytes(), !expects_reply, "{request:?}: reply {first:?}");
+}
+
+#[test]
+fn fire_and_forget_requests_get_no_reply_and_the_others_do() {
+    let store = server();
+    let port = store.port();
+    let kv = |k: &[u8]| (k.to_vec(), b"0".to_vec());
+    check_reply_presence(port, Request::Set { key: b"/a".to_vec(), value: b"1".to_vec() });
+    check_reply_presence(port, Request::Append { key: b"/a".to_vec(), value: b"2".to_vec() });
+    check_reply_presence(port, Request::MultiSet { pairs: vec![kv(b"/m1"), kv(b"/m2")] });
+    check_reply_presence(port, Request::QueuePush { key: b"/q".to_vec(), value: b"x".to_vec() });
+    check_reply_presence(port, Request::Get { key: b"/a".to_vec() });
+    check_reply_presence(port, Request::Add { key: b"/n".to_vec(), delta: 1 });
+    check_reply_presence(port, Request::Check { keys: vec![b"/a".to_vec()] });
+    check_reply_presence(port, Request::Wait { keys: vec![b"/a".to_vec()] });
+    check_reply_presence(port, Request::GetNumKeys);
+    check_reply_presence(port, Request::QueueLen { key: b"/q".to_vec() });
+}
+
+/// A stream of SETs on a server that reads such streams late: nothing is lost or reordered, a waiter on
+/// another connection is woken by a SET inside the stream, and the reads did wait (`coalesced_reads`).
+fn check_coalescing(threads: usize, coalesce: Duration) {
+    let server =
+        TcpStoreServer::start(ServerOptions { port: 0, threads, coalesce, ..ServerOptions::default() }).unwrap();
+    let port = server.port();
+    let setter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    let waiter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    // Three SETs, each read on its own (the other connection sees it before the next is sent): the first two
+    // make the connection a stream, so the third waits for the timer when coalescing is on.
+    for key in ["s/1", "s/2", "s/3"] {
+        setter.set(key, b"1").unwrap();
+        assert_eq!(waiter.get(key).unwrap(), b"1");
+    }
+    let waiting = std::thread::spawn(move || waiter.get("k/1500"));
+    for i in 0..3000 {
+        setter.set(&format!("k/{}", i % 2000), i.to_string().as_bytes()).unwrap();
+    }
+    assert_eq!(setter.get("k/1999").unwrap(), b"1999", "the first request with a reply sees the whole stream");
+    assert_eq!(setter.get("k/0").unwrap(), b"2000", "later SETs of a key win");
+    assert_eq!(setter.num_keys().unwrap(), 2003);
+    assert_eq!(waiting.join().unwrap().unwrap(), b"1500");
+    let stats = server.stats();
+    assert_eq!(stats.protocol_errors, 0);
+    assert_eq!(stats.coalesced_reads > 0, !coalesce.is_zero(), "{threads} threads, {coalesce:?}: {stats:?}");
+}
+
+#[test]
+fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
+    for threads in THREADS {
+        check_coalescing(threads, Duration::ZERO);
+        check_coalescing(threads, Duration::from_micros(50));
+        check_coalescing(threads, Duration::from_millis(2));
+    }
+}

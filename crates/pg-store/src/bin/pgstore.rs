@@ -10,13 +10,15 @@ const HELP: &str = "\
 pgstore: a TCP store (wire-compatible with PyTorch's TCPStore) and a client for a live one
 
 Usage:
-  pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N]
+  pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N]
                                            run a server until stopped (port 0 picks a free one); after
                                            each burst of requests it polls N us before sleeping, which
                                            answers the next request without a wake-up (default 50 on a
                                            machine with 4 or more CPUs, else 0: never); N event-loop
                                            threads serve the connections (default one per 8 CPUs,
-                                           1 to 4; PyTorch's server has one)
+                                           1 to 4; PyTorch's server has one); --coalesce-us N reads a
+                                           stream of SETs N us late, several at a time (experimental;
+                                           default 0: off)
   pgstore [--addr HOST:PORT] [--timeout S] <command>
 
 Commands (keys are the user keys PyTorch's clients see; they go over the wire with a leading '/'):
@@ -57,6 +59,7 @@ struct Args {
     port: Option<String>,
     busy_poll_us: Option<String>,
     threads: Option<String>,
+    coalesce_us: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -68,6 +71,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         port: None,
         busy_poll_us: None,
         threads: None,
+        coalesce_us: None,
     };
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
@@ -78,6 +82,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--port" => &mut parsed.port,
             "--busy-poll-us" => &mut parsed.busy_poll_us,
             "--threads" => &mut parsed.threads,
+            "--coalesce-us" => &mut parsed.coalesce_us,
             "--" => {
                 parsed.positional.extend(iter.by_ref().cloned());
                 break;
@@ -190,7 +195,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
 
 fn serve(args: &Args) -> Result<ExitCode, String> {
     if args.positional.len() != 1 {
-        return Err("usage: pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N]".into());
+        return Err(
+            "usage: pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N]".into()
+        );
     }
     let port = match &args.port {
         None => DEFAULT_PORT,
@@ -209,7 +216,15 @@ fn serve(args: &Args) -> Result<ExitCode, String> {
             _ => return Err(format!("--threads {text}: expected 1 to 256")),
         },
     };
-    let options = ServerOptions { host: args.host.clone(), port, busy_poll, threads, ..ServerOptions::default() };
+    let coalesce = match &args.coalesce_us {
+        None => Duration::ZERO,
+        Some(text) => match text.parse() {
+            Ok(micros @ 0..=1_000_000) => Duration::from_micros(micros),
+            _ => return Err(format!("--coalesce-us {text}: expected 0 to 1000000 microseconds")),
+        },
+    };
+    let options =
+        ServerOptions { host: args.host.clone(), port, busy_poll, threads, coalesce, ..ServerOptions::default() };
     let server = TcpStoreServer::start(options).map_err(|e| e.to_string())?;
     println!("pgstore: listening on {}", server.local_addr());
     server.join();

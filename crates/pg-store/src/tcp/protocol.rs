@@ -163,6 +163,21 @@ pub enum Request {
     Barrier { key: Vec<u8>, world_size: i64 },
 }
 
+impl Request {
+    /// Whether the server answers this request. SET, APPEND, MULTI_SET, QUEUE_PUSH and VALIDATE get no reply
+    /// (fire-and-forget); WAIT and BARRIER get theirs when they are released.
+    pub fn has_reply(&self) -> bool {
+        !matches!(
+            self,
+            Request::Validate { .. }
+                | Request::Set { .. }
+                | Request::Append { .. }
+                | Request::MultiSet { .. }
+                | Request::QueuePush { .. }
+        )
+    }
+}
+
 /// Why a request could not be decoded; the server closes the connection with this as the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {

@@ -29,6 +29,10 @@ use crate::StoreError;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
+const COALESCE_TIMER: Token = Token(usize::MAX - 3);
+/// How many batches of fire-and-forget requests in a row make a connection a stream that
+/// [`ServerOptions::coalesce`] reads late.
+const STREAM_BATCHES: u8 = 2;
 /// How many bytes one `read` call takes from a socket.
 const READ_CHUNK: usize = 64 * 1024;
 /// Above this many unsent reply bytes, the server stops reading a connection until the peer reads.
@@ -56,6 +60,13 @@ pub struct ServerOptions {
     /// How many event-loop threads serve the connections (new connections are dealt out in turn); 0 means
     /// [`default_threads`]. PyTorch's libuv server has one.
     pub threads: usize,
+    /// Receive coalescing (experimental, zero turns it off, the default): a connection whose last batches
+    /// held only fire-and-forget requests (a stream of SETs) is read this long after its data arrives, so that
+    /// one read takes several requests. Each read of a drained socket makes the kernel acknowledge what it
+    /// read, and on loopback the sender processes that acknowledgement inside its next send: reading a SET
+    /// stream less often makes its sender faster. The first request with a reply after such a stream waits up
+    /// to this long.
+    pub coalesce: Duration,
 }
 
 /// The default of [`ServerOptions::busy_poll`] on a machine with a CPU to spare.
@@ -91,6 +102,7 @@ impl Default for ServerOptions {
             limits: Limits::default(),
             busy_poll: default_busy_poll(),
             threads: 0,
+            coalesce: Duration::ZERO,
         }
     }
 }
@@ -102,6 +114,7 @@ struct Counters {
     accepted: AtomicU64,
     protocol_errors: AtomicU64,
     peak_buffered: AtomicUsize,
+    coalesced_reads: AtomicU64,
 }
 
 /// A snapshot of the server's counters.
@@ -115,6 +128,8 @@ pub struct ServerStats {
     pub protocol_errors: u64,
     /// The most bytes of unparsed requests one connection ever held.
     pub peak_buffered: usize,
+    /// Readable events whose read waited for the receive-coalescing timer ([`ServerOptions::coalesce`]).
+    pub coalesced_reads: u64,
 }
 
 /// A running TCP store server; dropping it (or [`TcpStoreServer::shutdown`]) stops it and closes every
@@ -151,6 +166,7 @@ impl TcpStoreServer {
             counters: Counters::default(),
             limits: options.limits,
             busy_poll: options.busy_poll,
+            coalesce: options.coalesce,
             next_conn_id: AtomicU64::new(0),
         });
         let mut listener = Some(listener);
@@ -169,6 +185,9 @@ impl TcpStoreServer {
                 woken: Vec::new(),
                 batch: Vec::with_capacity(REQUESTS_PER_LOCK),
                 garbage: Vec::new(),
+                timer: None,
+                timer_armed: false,
+                deferred: Vec::new(),
             };
             let name = match index {
                 0 => "pg_tcpstore".to_owned(),
@@ -211,6 +230,7 @@ impl TcpStoreServer {
             accepted: counters.accepted.load(Ordering::Relaxed),
             protocol_errors: counters.protocol_errors.load(Ordering::Relaxed),
             peak_buffered: counters.peak_buffered.load(Ordering::Relaxed),
+            coalesced_reads: counters.coalesced_reads.load(Ordering::Relaxed),
         }
     }
 
@@ -292,6 +312,7 @@ struct Shared {
     counters: Counters,
     limits: Limits,
     busy_poll: Duration,
+    coalesce: Duration,
     next_conn_id: AtomicU64,
 }
 
@@ -644,6 +665,10 @@ struct Conn {
     validated: bool,
     /// Decoded requests that wait behind unsent replies.
     pending: VecDeque<Request>,
+    /// How many batches in a row held only fire-and-forget requests (saturating).
+    stream_batches: u8,
+    /// Whether the connection is on its loop's deferred list.
+    deferred: bool,
     outbox: Arc<Outbox>,
 }
 
@@ -674,6 +699,11 @@ struct EventLoop {
     batch: Vec<Request>,
     /// Keys and values replaced under the state lock, freed after it (a scratch list).
     garbage: Vec<Vec<u8>>,
+    /// The timer of receive coalescing (with [`ServerOptions::coalesce`]).
+    timer: Option<rustix::fd::OwnedFd>,
+    timer_armed: bool,
+    /// Connections whose reading waits for the timer: (slot, connection id).
+    deferred: Vec<(usize, u64)>,
 }
 
 impl EventLoop {
@@ -683,6 +713,9 @@ impl EventLoop {
                 tracing::error!(%error, "TCP store server cannot register its listener");
                 return;
             }
+        }
+        if !self.shared.coalesce.is_zero() {
+            self.timer = self.start_timer();
         }
         let mut events = Events::with_capacity(1024);
         // Until when the loop polls without blocking: set after every batch of events that sent a reply.
@@ -712,6 +745,8 @@ impl EventLoop {
                 match event.token() {
                     LISTENER => self.accept(),
                     WAKER => self.read_inbox(),
+                    COALESCE_TIMER => self.read_deferred(),
+                    Token(slot) if event.is_readable() && self.defers(slot, event) => {}
                     // A peer that closed its side must be read to the end now: no later event will say so.
                     Token(slot) => self.drive(slot, !event.is_read_closed() && !event.is_error()),
                 }
@@ -721,6 +756,74 @@ impl EventLoop {
             }
         }
         self.shared.counters.open_connections.store(0, Ordering::Relaxed);
+    }
+
+    /// Creates and registers the receive-coalescing timer; without one, connections are read at once.
+    fn start_timer(&mut self) -> Option<rustix::fd::OwnedFd> {
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        let created = timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC);
+        let timer = created
+            .map_err(io::Error::from)
+            .and_then(|timer| {
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&timer);
+                self.poll.registry().register(&mut mio::unix::SourceFd(&fd), COALESCE_TIMER, Interest::READABLE)?;
+                Ok(timer)
+            })
+            .inspect_err(|error| tracing::warn!(%error, "TCP store server: no receive-coalescing timer"));
+        timer.ok()
+    }
+
+    /// Whether a readable connection that streams fire-and-forget requests waits for the coalescing timer
+    /// (it is then on the deferred list).
+    fn defers(&mut self, slot: usize, event: &mio::event::Event) -> bool {
+        let Some(timer) = &self.timer else { return false };
+        if event.is_read_closed() || event.is_error() {
+            return false;
+        }
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { return false };
+        if conn.stream_batches < STREAM_BATCHES || conn.wstart < conn.wbuf.len() {
+            return false;
+        }
+        if !conn.deferred {
+            conn.deferred = true;
+            self.deferred.push((slot, conn.outbox.id));
+            self.shared.counters.coalesced_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        if !self.timer_armed {
+            use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+            let after = self.shared.coalesce;
+            let when = Itimerspec {
+                it_interval: Timespec { tv_sec: 0, tv_nsec: 0 },
+                it_value: Timespec { tv_sec: after.as_secs() as _, tv_nsec: after.subsec_nanos().max(1) as _ },
+            };
+            if timerfd_settime(timer, TimerfdTimerFlags::empty(), &when).is_err() {
+                // No timer, no waiting: read everything deferred now.
+                self.read_deferred();
+                return true;
+            }
+            self.timer_armed = true;
+        }
+        true
+    }
+
+    /// Reads the connections that waited for the coalescing timer.
+    fn read_deferred(&mut self) {
+        if let Some(timer) = &self.timer {
+            let mut expirations = [0u8; 8];
+            let _ = rustix::io::read(timer, &mut expirations);
+        }
+        self.timer_armed = false;
+        let deferred = std::mem::take(&mut self.deferred);
+        for &(slot, id) in &deferred {
+            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { continue };
+            if conn.outbox.id == id {
+                conn.deferred = false;
+                self.drive(slot, true);
+            }
+        }
+        // Keep the list's allocation.
+        self.deferred = deferred;
+        self.deferred.clear();
     }
 
     fn accept(&mut self) {
@@ -779,6 +882,8 @@ impl EventLoop {
             wstart: 0,
             validated: false,
             pending: VecDeque::new(),
+            stream_batches: 0,
+            deferred: false,
             outbox,
         });
         self.shared.counters.open_connections.fetch_add(1, Ordering::Relaxed);
@@ -914,6 +1019,12 @@ impl EventLoop {
                 }
             }
             let full = batch.len() == REQUESTS_PER_LOCK;
+            if !batch.is_empty() {
+                conn.stream_batches = match batch.iter().any(Request::has_reply) {
+                    true => 0,
+                    false => conn.stream_batches.saturating_add(1),
+                };
+            }
             let mut backlogged = false;
             if !batch.is_empty() {
                 let mut state = lock(&shared.state);
