@@ -535,3 +535,60 @@ fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
         check_coalescing(threads, Duration::from_millis(2));
     }
 }
+
+/// Waiters that time out and cancel while SETs on other connections (on other server threads) release them:
+/// every wait ends released or timed out, every connection stays in step (a ping after each wait), and the
+/// server reports no protocol error.
+#[test]
+fn cancel_races_across_server_threads_leave_every_connection_in_step() {
+    const KEYS: usize = 4;
+    let server = TcpStoreServer::start(ServerOptions { port: 0, threads: 3, ..ServerOptions::default() }).unwrap();
+    let port = server.port();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let setters: Vec<_> = (0..2)
+        .map(|s| {
+            let stop = Arc::clone(&stop);
+            let store = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+            std::thread::spawn(move || {
+                let mut i = s;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let key = format!("race/{}", i % KEYS);
+                    store.set(&key, b"1").unwrap();
+                    store.delete_key(&key).unwrap();
+                    // Round trips pace the setter, so that the keys are absent most of the time and a good
+                    // share of the waits time out, some of them as a SET releases them.
+                    for _ in 0..300 {
+                        store.ping().unwrap();
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let waiters: Vec<_> = (0..8)
+        .map(|w| {
+            let store = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+            std::thread::spawn(move || {
+                let (mut released, mut timed_out) = (0, 0);
+                for i in 0..150 {
+                    let key = format!("race/{}", (w + i) % KEYS);
+                    match store.wait(&[&key], Some(Duration::from_micros(300))) {
+                        Ok(()) => released += 1,
+                        Err(error) if error.is_timeout() => timed_out += 1,
+                        Err(error) => panic!("waiter {w}, wait {i}: {error}"),
+                    }
+                    store.ping().unwrap_or_else(|e| panic!("waiter {w} out of step after wait {i}: {e}"));
+                }
+                (released, timed_out)
+            })
+        })
+        .collect();
+    let outcomes: Vec<(usize, usize)> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for setter in setters {
+        setter.join().unwrap();
+    }
+    eprintln!("released, timed out per waiter: {outcomes:?}");
+    assert!(outcomes.iter().all(|(released, timed_out)| released + timed_out == 150), "{outcomes:?}");
+    assert_eq!(server.stats().protocol_errors, 0);
+}
