@@ -3,6 +3,7 @@
 mod client;
 pub mod protocol;
 mod server;
+mod state;
 
 pub use client::{TcpStore, TcpStoreOptions, INIT_KEY};
 pub use server::{

@@ -11,20 +11,19 @@
 //! the `WAIT_CANCELED` of a `CANCEL_WAIT` handled after it. Only the thread that owns a connection reads or
 //! writes its socket; a thread that appends to another thread's connection asks the owner to send.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::protocol::{
-    decode_request, parse_stoll, Limits, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING, WAIT_CANCELED,
-};
+use super::protocol::{decode_request, Limits, Request};
+use super::state::{lock, Close, Outbox, Requester, State};
 use crate::StoreError;
 
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -300,10 +299,6 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(TcpListener::from_std(listener))
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// What every event loop of one server shares.
 struct Shared {
     state: Mutex<State>,
@@ -347,309 +342,6 @@ struct Inbox {
     accepted: Vec<(TcpStream, SocketAddr)>,
     /// This loop's connections whose outboxes another loop appended to: (slot, connection id).
     to_flush: Vec<(usize, u64)>,
-}
-
-/// The part of a connection that every thread reaches: its outgoing bytes, appended under the state lock and
-/// sent by the owning loop only.
-struct Outbox {
-    id: u64,
-    owner: usize,
-    slot: usize,
-    bytes: Mutex<Vec<u8>>,
-}
-
-/// The store proper, behind the server's one mutex.
-#[derive(Default)]
-struct State {
-    values: HashMap<Vec<u8>, Vec<u8>>,
-    queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
-    /// Connections waiting on each key (one entry per registration), by connection id.
-    waiters: HashMap<Vec<u8>, Vec<u64>>,
-    /// Connections blocked in a barrier, by barrier key.
-    barrier_waiters: HashMap<Vec<u8>, Vec<u64>>,
-    /// Every connection with a pending wait or barrier.
-    blocked: HashMap<u64, Blocked>,
-}
-
-/// A connection in a wait or a barrier: the only connections another one's request sends bytes to.
-struct Blocked {
-    outbox: Arc<Outbox>,
-    /// How many key registrations of a `WAIT` are still pending.
-    awaited: usize,
-    /// The keys this connection is registered on, one entry per registration.
-    waiting_on: Vec<Vec<u8>>,
-    /// The barrier this connection is blocked in.
-    barrier: Option<Vec<u8>>,
-}
-
-impl Blocked {
-    fn new(outbox: &Arc<Outbox>) -> Self {
-        Self { outbox: Arc::clone(outbox), awaited: 0, waiting_on: Vec::new(), barrier: None }
-    }
-}
-
-/// The connection whose request is being handled, with its outbox locked.
-struct Requester<'a> {
-    outbox: &'a Arc<Outbox>,
-    out: &'a mut Vec<u8>,
-    /// Other connections whose outboxes got bytes: their owners must send them.
-    woken: &'a mut Vec<Arc<Outbox>>,
-    /// Replaced keys and values, to free once the state lock is released.
-    garbage: &'a mut Vec<Vec<u8>>,
-}
-
-impl Requester<'_> {
-    fn reply(&mut self, bytes: &[u8]) {
-        self.out.extend_from_slice(bytes);
-    }
-
-    fn reply_bytes(&mut self, bytes: &[u8]) {
-        self.out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        self.out.extend_from_slice(bytes);
-    }
-}
-
-/// Why a connection ends.
-enum Close {
-    Eof,
-    Io(io::Error),
-    Protocol(String),
-}
-
-impl State {
-    fn has_key(&self, key: &[u8]) -> bool {
-        self.values.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
-    }
-
-    fn handle(&mut self, me: &mut Requester<'_>, limits: &Limits, request: Request) -> Result<(), Close> {
-        match request {
-            // The event loop marks the connection validated before anything reaches the state.
-            Request::Validate { .. } => {}
-            Request::Ping { nonce } => me.reply(&nonce.to_le_bytes()),
-            Request::Set { key, value } => {
-                // Waking first saves a copy of the key: a woken client's next request is handled only after
-                // this one, when the value is in place.
-                self.wake_all(me, &key);
-                self.put(me, key, value);
-            }
-            Request::CompareSet { key, expected, desired } => {
-                let reply = match self.values.get(&key) {
-                    None if expected.is_empty() => {
-                        self.values.insert(key.clone(), desired.clone());
-                        self.wake_all(me, &key);
-                        desired
-                    }
-                    None => expected,
-                    Some(current) if *current == expected => {
-                        self.values.insert(key.clone(), desired.clone());
-                        self.wake_all(me, &key);
-                        desired
-                    }
-                    Some(current) => current.clone(),
-                };
-                me.reply_bytes(&reply);
-            }
-            Request::Get { key } => {
-                // PyTorch's libuv server answers a missing key with an empty value.
-                me.reply_bytes(self.values.get(&key).map_or(&[][..], Vec::as_slice));
-            }
-            Request::Add { key, delta } => {
-                let sum = self.add(me, &key, delta)?;
-                me.reply(&sum.to_le_bytes());
-            }
-            Request::Check { keys } => {
-                let ready = keys.iter().all(|key| self.has_key(key));
-                me.reply(&[if ready { CHECK_READY } else { CHECK_NOT_READY }]);
-            }
-            Request::Wait { keys } => {
-                let missing: Vec<Vec<u8>> = keys.into_iter().filter(|key| !self.has_key(key)).collect();
-                if missing.is_empty() {
-                    me.reply(&[STOP_WAITING]);
-                } else {
-                    let id = me.outbox.id;
-                    let blocked = self.blocked.entry(id).or_insert_with(|| Blocked::new(me.outbox));
-                    blocked.awaited += missing.len();
-                    for key in missing {
-                        self.waiters.entry(key.clone()).or_default().push(id);
-                        blocked.waiting_on.push(key);
-                    }
-                }
-            }
-            Request::GetNumKeys => {
-                let count = i64::try_from(self.values.len()).unwrap_or(i64::MAX);
-                me.reply(&count.to_le_bytes());
-            }
-            Request::DeleteKey { key } => {
-                let deleted = i64::from(self.values.remove(&key).is_some());
-                me.reply(&deleted.to_le_bytes());
-            }
-            Request::Append { key, value } => {
-                self.values.entry(key.clone()).or_default().extend_from_slice(&value);
-                self.wake_all(me, &key);
-            }
-            Request::MultiGet { keys } => {
-                let reply_len: usize = keys.iter().map(|key| 8 + self.values.get(key).map_or(0, Vec::len)).sum();
-                if reply_len > limits.max_reply_len {
-                    return Err(Close::Protocol(format!(
-                        "MULTI_GET reply of {reply_len} bytes exceeds the limit of {}",
-                        limits.max_reply_len
-                    )));
-                }
-                for key in keys {
-                    me.reply_bytes(self.values.get(&key).map_or(&[][..], Vec::as_slice));
-                }
-            }
-            Request::MultiSet { pairs } => {
-                for (key, value) in pairs {
-                    self.wake_all(me, &key);
-                    self.put(me, key, value);
-                }
-            }
-            Request::CancelWait => {
-                self.unregister(me.outbox.id);
-                me.reply(&[WAIT_CANCELED]);
-            }
-            Request::QueuePush { key, value } => {
-                self.queues.entry(key.clone()).or_default().push_back(value);
-                self.wake_one(me, &key);
-            }
-            Request::QueuePop { key } => {
-                let queue = self.queues.get_mut(&key);
-                let len = queue.as_ref().map_or(0, |q| q.len());
-                let value = queue.and_then(VecDeque::pop_front);
-                me.reply(&i64::try_from(len).unwrap_or(i64::MAX).to_le_bytes());
-                if let Some(value) = value {
-                    me.reply_bytes(&value);
-                }
-                if self.queues.get(&key).is_some_and(VecDeque::is_empty) {
-                    self.queues.remove(&key);
-                }
-            }
-            Request::QueueLen { key } => {
-                let len = self.queues.get(&key).map_or(0, VecDeque::len);
-                me.reply(&i64::try_from(len).unwrap_or(i64::MAX).to_le_bytes());
-            }
-            Request::ListKeys => {
-                me.reply(&i64::try_from(self.values.len()).unwrap_or(i64::MAX).to_le_bytes());
-                for key in self.values.keys() {
-                    me.reply_bytes(key);
-                }
-            }
-            Request::Barrier { key, world_size } => {
-                let arrived = self.add(me, &key, 1)?;
-                if arrived >= world_size {
-                    me.reply(&[STOP_WAITING]);
-                    for other in self.barrier_waiters.remove(&key).unwrap_or_default() {
-                        if let Some(blocked) = self.blocked.get_mut(&other) {
-                            blocked.barrier = None;
-                        }
-                        self.send(me, other, &[STOP_WAITING]);
-                    }
-                } else {
-                    let id = me.outbox.id;
-                    self.barrier_waiters.entry(key.clone()).or_default().push(id);
-                    self.blocked.entry(id).or_insert_with(|| Blocked::new(me.outbox)).barrier = Some(key);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Sets `key` to `value`; what it replaces is freed after the state lock is released.
-    fn put(&mut self, me: &mut Requester<'_>, key: Vec<u8>, value: Vec<u8>) {
-        match self.values.get_mut(&key) {
-            Some(slot) => me.garbage.extend([std::mem::replace(slot, value), key]),
-            None => {
-                self.values.insert(key, value);
-            }
-        }
-    }
-
-    fn add(&mut self, me: &mut Requester<'_>, key: &[u8], delta: i64) -> Result<i64, Close> {
-        let current = match self.values.get(key) {
-            None => 0,
-            Some(value) => parse_stoll(value).ok_or_else(|| {
-                Close::Protocol(format!("ADD on key {:?} whose value is not a decimal integer", show(key)))
-            })?,
-        };
-        let sum = current
-            .checked_add(delta)
-            .ok_or_else(|| Close::Protocol(format!("ADD of {delta} to {current} on key {:?} overflows", show(key))))?;
-        self.values.insert(key.to_vec(), sum.to_string().into_bytes());
-        self.wake_all(me, key);
-        Ok(sum)
-    }
-
-    /// Counts one arrival for every connection waiting on `key` and answers those whose waits are complete.
-    fn wake_all(&mut self, me: &mut Requester<'_>, key: &[u8]) {
-        if self.waiters.is_empty() {
-            return;
-        }
-        if let Some(ids) = self.waiters.remove(key) {
-            for id in ids {
-                self.arrived(me, id, key);
-            }
-        }
-    }
-
-    /// Counts one arrival for the first connection waiting on `key` (a queue push feeds one pop).
-    fn wake_one(&mut self, me: &mut Requester<'_>, key: &[u8]) {
-        let Some(ids) = self.waiters.get_mut(key) else { return };
-        let id = ids.remove(0);
-        if ids.is_empty() {
-            self.waiters.remove(key);
-        }
-        self.arrived(me, id, key);
-    }
-
-    fn arrived(&mut self, me: &mut Requester<'_>, id: u64, key: &[u8]) {
-        let Some(blocked) = self.blocked.get_mut(&id) else { return };
-        if let Some(at) = blocked.waiting_on.iter().position(|k| k == key) {
-            blocked.waiting_on.swap_remove(at);
-        }
-        blocked.awaited = blocked.awaited.saturating_sub(1);
-        if blocked.awaited == 0 {
-            self.send(me, id, &[STOP_WAITING]);
-        }
-    }
-
-    /// Appends `bytes` to connection `id`'s outbox (the requester's own, or a blocked connection's), and
-    /// forgets the connection once it is blocked in nothing.
-    fn send(&mut self, me: &mut Requester<'_>, id: u64, bytes: &[u8]) {
-        let Some(blocked) = self.blocked.get(&id) else { return };
-        if id == me.outbox.id {
-            me.reply(bytes);
-        } else {
-            lock(&blocked.outbox.bytes).extend_from_slice(bytes);
-            me.woken.push(Arc::clone(&blocked.outbox));
-        }
-        if blocked.awaited == 0 && blocked.barrier.is_none() {
-            self.blocked.remove(&id);
-        }
-    }
-
-    /// Drops every wait and barrier registration of a connection.
-    fn unregister(&mut self, id: u64) {
-        let Some(blocked) = self.blocked.remove(&id) else { return };
-        for key in blocked.waiting_on {
-            if let Some(ids) = self.waiters.get_mut(&key) {
-                if let Some(at) = ids.iter().position(|&other| other == id) {
-                    ids.remove(at);
-                }
-                if ids.is_empty() {
-                    self.waiters.remove(&key);
-                }
-            }
-        }
-        if let Some(key) = blocked.barrier {
-            if let Some(ids) = self.barrier_waiters.get_mut(&key) {
-                ids.retain(|&other| other != id);
-                if ids.is_empty() {
-                    self.barrier_waiters.remove(&key);
-                }
-            }
-        }
-    }
 }
 
 /// A connection, owned by one event loop.
@@ -1100,9 +792,4 @@ fn flush(conn: &mut Conn) -> Result<bool, Close> {
             Err(error) => return Err(Close::Io(error)),
         }
     }
-}
-
-/// A key for a log line: text when it is UTF-8, escaped bytes otherwise.
-fn show(key: &[u8]) -> String {
-    String::from_utf8_lossy(key).into_owned()
 }
