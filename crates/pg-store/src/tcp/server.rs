@@ -711,19 +711,17 @@ impl EventLoop {
                 }
             }
             let full = batch.len() == REQUESTS_PER_LOCK;
+            let mut backlogged = false;
             if !batch.is_empty() {
                 conn.stream_batches = match batch.iter().any(Request::has_reply) {
                     true => 0,
                     false => conn.stream_batches.saturating_add(1),
                 };
-            }
-            let mut backlogged = false;
-            if !batch.is_empty() {
                 let mut state = lock(&shared.state);
                 let mut out = lock(&conn.outbox.bytes);
                 let mut requests = batch.drain(..);
                 for request in requests.by_ref() {
-                    if conn.wbuf.len() - conn.wstart + out.len() > WRITE_HIGH_WATER {
+                    if conn.unsent(out.len()) > WRITE_HIGH_WATER {
                         conn.pending.push_back(request);
                         backlogged = true;
                         break;
