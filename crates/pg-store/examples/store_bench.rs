@@ -16,9 +16,9 @@ use pg_store::{Store, TcpStore};
 const TIMEOUT: Duration = Duration::from_secs(120);
 const OPS: [&str; 4] = ["set", "get", "add", "wait-wakeup"];
 
-/// The flags `cargo xtask bench store` forwards to this program (the twin of its list in `xtask/src/bench_store.rs`).
-const FORWARDED: [&str; 7] =
-    ["--clients", "--ops", "--reps", "--only", "--pgstore-threads", "--pgstore-busy-poll-us", "--pgstore-coalesce-us"];
+/// Flags that say where things are rather than what is measured: the reproducing command leaves them out
+/// (`cargo xtask bench store` finds the binaries and Python itself).
+const LOCATIONS: [&str; 3] = ["--pgstore", "--python", "--out"];
 
 struct Options {
     pgstore: String,
@@ -484,12 +484,12 @@ fn main() {
     let pytorch = torch_version
         .clone()
         .map_or("not measured (no Python with torch)".to_owned(), |v| format!("torch {v}, libuv TCPStore server"));
-    // The arguments `cargo xtask bench store` forwards, so that the command shown reproduces this run.
+    // Every measuring flag, so that the command shown reproduces this run.
     let mut command = "cargo xtask bench store".to_owned();
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
         if let [flag, value] = pair {
-            if FORWARDED.contains(&flag.as_str()) {
+            if !LOCATIONS.contains(&flag.as_str()) {
                 let _ = write!(command, " {flag} {value}");
             }
         }
