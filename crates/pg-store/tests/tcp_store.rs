@@ -52,6 +52,23 @@ fn expect_closed(stream: &mut TcpStream) {
     }
 }
 
+/// A one-connection server played by `script` on a thread, after it has checked and answered the client's
+/// handshake (VALIDATE, then PING); returns its port and the thread.
+fn scripted_server(script: impl FnOnce(TcpStream) + Send + 'static) -> (u16, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let thread = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut handshake = [0; 10];
+        socket.read_exact(&mut handshake).unwrap();
+        assert_eq!(handshake[..5], [0x00, 0xCE, 0xF7, 0x85, 0x3C]);
+        assert_eq!(handshake[5], 13, "PING follows VALIDATE");
+        socket.write_all(&handshake[6..10]).unwrap();
+        script(socket);
+    });
+    (port, thread)
+}
+
 fn validated(port: u16) -> TcpStream {
     let mut stream = raw(port);
     send(&mut stream, &Request::Validate { magic: VALIDATION_MAGIC });
@@ -191,16 +208,8 @@ fn cancel_wait_after_the_keys_arrived_gets_stop_waiting_then_wait_canceled_on(th
 
 #[test]
 fn the_client_handles_stop_waiting_racing_its_cancel() {
-    // A scripted server: it answers the handshake, holds the WAIT, and answers CANCEL_WAIT with both bytes.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let script = std::thread::spawn(move || {
-        let (mut socket, _) = listener.accept().unwrap();
-        let mut handshake = [0; 10];
-        socket.read_exact(&mut handshake).unwrap();
-        assert_eq!(handshake[..5], [0x00, 0xCE, 0xF7, 0x85, 0x3C]);
-        assert_eq!(handshake[5], 13, "PING follows VALIDATE");
-        socket.write_all(&handshake[6..10]).unwrap();
+    // A scripted server: it holds the WAIT, and answers CANCEL_WAIT with both bytes.
+    let (port, script) = scripted_server(|mut socket| {
         let mut wait = [0; 1 + 8 + 8 + 2];
         socket.read_exact(&mut wait).unwrap();
         assert_eq!(wait[0], 6, "WAIT");
@@ -388,13 +397,7 @@ fn a_client_that_reads_its_replies_late_gets_them_all_on(threads: usize) {
 
 #[test]
 fn a_server_that_announces_a_huge_value_and_dies_is_a_network_error() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let script = std::thread::spawn(move || {
-        let (mut socket, _) = listener.accept().unwrap();
-        let mut handshake = [0; 10];
-        socket.read_exact(&mut handshake).unwrap();
-        socket.write_all(&handshake[6..10]).unwrap();
+    let (port, script) = scripted_server(|mut socket| {
         // WAIT {"/k"}: 1 + 8 + 8 + 2 bytes; answer STOP_WAITING.
         let mut wait = [0; 19];
         socket.read_exact(&mut wait).unwrap();
