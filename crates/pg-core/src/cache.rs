@@ -76,7 +76,7 @@ impl<B: Backend> InputReady<B> {
     }
 }
 
-/// A cache entry: a handle to the communicator, its stream and its input-ready event.
+/// A cache entry: a handle to the communicator, its stream and its input-ready events.
 pub(crate) type CommEntry<B> = Arc<CommShared<B>>;
 
 /// The cache proper: guarded by the group's mutex, never held across a communicator's creation.
