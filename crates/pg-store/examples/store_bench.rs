@@ -33,7 +33,7 @@ struct Options {
     pgstore_threads: Option<usize>,
     /// `pgstore serve --busy-poll-us` (default: pgstore's own default for this machine).
     pgstore_busy_poll_us: Option<u64>,
-    /// `pgstore serve --coalesce-us` (default: off).
+    /// `pgstore serve --coalesce-us` (default: pgstore's own default for this machine).
     pgstore_coalesce_us: Option<u64>,
 }
 
@@ -158,6 +158,30 @@ struct Measurement {
     server_cpu_us_per_op: f64,
     p50_us: f64,
     p99_us: f64,
+    /// The mean latency: unlike the percentiles, it counts the rare long stalls (a client thread that loses
+    /// its CPU), which decide the throughput of a fast operation.
+    mean_us: f64,
+    /// Per 1,000 operations: the client threads' sleeps and preemptions, and the server's threads' sleeps.
+    client_sleeps_per_kop: f64,
+    client_preemptions_per_kop: f64,
+    server_sleeps_per_kop: f64,
+    /// The slowest client's time over the mean client's, averaged over the runs.
+    client_spread: f64,
+    /// TCP segments the machine sent per operation (requests, replies and acknowledgements).
+    segments_per_op: f64,
+}
+
+/// What the runs of one server for one measurement add up to.
+#[derive(Default)]
+struct Tally {
+    latencies: Vec<Duration>,
+    rates: Vec<f64>,
+    seconds: f64,
+    ops: usize,
+    cpu_ticks: u64,
+    server_sleeps: u64,
+    segments: u64,
+    clients: ClientCounts,
 }
 
 impl Measurement {
@@ -172,9 +196,67 @@ fn percentile(sorted: &[Duration], p: usize) -> f64 {
     sorted.get(at).map_or(0.0, |d| d.as_secs_f64() * 1e6)
 }
 
-/// Runs `work` on every client at once; returns every latency and the wall time from the first start to
-/// the last end.
-fn drive<F>(clients: &[Arc<TcpStore>], work: F) -> (Vec<Duration>, f64)
+/// What the client threads of one run went through besides their latencies.
+#[derive(Clone, Copy, Default)]
+struct ClientCounts {
+    /// Context switches of the client threads while they worked: voluntary ones are sleeps (a send that
+    /// waited for buffer space, a reply that was not there yet), involuntary ones are preemptions.
+    voluntary: u64,
+    involuntary: u64,
+    /// The slowest client's time over the mean client's time (1.0: every client took as long).
+    spread: f64,
+}
+
+impl std::ops::AddAssign for ClientCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.voluntary += other.voluntary;
+        self.involuntary += other.involuntary;
+        self.spread += other.spread;
+    }
+}
+
+/// The calling thread's context switches so far (voluntary, involuntary), from `/proc/thread-self/status`.
+fn thread_switches() -> (u64, u64) {
+    switches_in(&std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default())
+}
+
+/// The context switches in the text of a `/proc/.../status` file.
+fn switches_in(status: &str) -> (u64, u64) {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("voluntary_ctxt_switches:"), field("nonvoluntary_ctxt_switches:"))
+}
+
+/// The voluntary context switches of every thread of process `pid` so far: how often its threads slept.
+fn process_sleeps(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(Result::ok)
+        .map(|task| switches_in(&std::fs::read_to_string(task.path().join("status")).unwrap_or_default()).0)
+        .sum()
+}
+
+/// The TCP segments this machine has sent so far (data and acknowledgements), from `/proc/net/snmp`.
+fn tcp_segments_sent() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
+    let mut tcp = snmp.lines().filter(|line| line.starts_with("Tcp:"));
+    let (Some(names), Some(values)) = (tcp.next(), tcp.next()) else { return 0 };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "OutSegs")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs `work` on every client at once; returns every latency, the wall time from the first start to the
+/// last end, and what the client threads went through.
+fn drive<F>(clients: &[Arc<TcpStore>], work: F) -> (Vec<Duration>, f64, ClientCounts)
 where
     F: Fn(usize, &TcpStore, &mut Vec<Duration>) + Send + Sync + 'static,
 {
@@ -190,9 +272,12 @@ where
                 .spawn(move || {
                     let mut latencies = Vec::new();
                     start_line.wait();
+                    let switches = thread_switches();
                     let start = Instant::now();
                     work(index, &client, &mut latencies);
-                    (start, Instant::now(), latencies)
+                    let end = Instant::now();
+                    let after = thread_switches();
+                    (start, end, latencies, (after.0 - switches.0, after.1 - switches.1))
                 })
                 .expect("spawn a client thread")
         })
@@ -200,17 +285,25 @@ where
     let mut all = Vec::new();
     let mut first = None::<Instant>;
     let mut last = None::<Instant>;
+    let mut counts = ClientCounts::default();
+    let (mut longest, mut total) = (0.0f64, 0.0f64);
     for thread in threads {
-        let (start, end, latencies) = thread.join().expect("client thread");
+        let (start, end, latencies, (voluntary, involuntary)) = thread.join().expect("client thread");
         first = Some(first.map_or(start, |f| f.min(start)));
         last = Some(last.map_or(end, |l| l.max(end)));
         all.extend(latencies);
+        counts.voluntary += voluntary;
+        counts.involuntary += involuntary;
+        let took = (end - start).as_secs_f64();
+        longest = longest.max(took);
+        total += took;
     }
+    counts.spread = if total > 0.0 { longest / (total / clients.len() as f64) } else { 1.0 };
     let seconds = match (first, last) {
         (Some(first), Some(last)) => (last - first).as_secs_f64(),
         _ => 0.0,
     };
-    (all, seconds)
+    (all, seconds, counts)
 }
 
 fn timed(latencies: &mut Vec<Duration>, op: impl FnOnce()) {
@@ -226,35 +319,35 @@ fn run_op(
     connections: &[Arc<TcpStore>],
     port: u16,
     per_client: usize,
-) -> (Vec<Duration>, f64, usize) {
+) -> (Vec<Duration>, f64, usize, ClientCounts) {
     let clients = connections.len();
     let value = Arc::new(vec![b'v'; 64]);
     match op {
         "set" => {
-            let (latencies, seconds) = drive(connections, move |c, s, lat| {
+            let (latencies, seconds, counts) = drive(connections, move |c, s, lat| {
                 for i in 0..per_client {
                     timed(lat, || s.set(&format!("set/{c}/{}", i % 64), &value).expect("set"));
                 }
                 // SET has no reply: one round trip proves the server has handled every set.
                 s.check(&["nothing"]).expect("check");
             });
-            (latencies, seconds, clients * per_client)
+            (latencies, seconds, clients * per_client, counts)
         }
         "get" => {
             for (c, s) in connections.iter().enumerate() {
                 s.set(&format!("get/{c}"), &value).expect("set");
             }
-            let (latencies, seconds) = drive(connections, move |c, s, lat| {
+            let (latencies, seconds, counts) = drive(connections, move |c, s, lat| {
                 let key = format!("get/{c}");
                 for _ in 0..per_client {
                     timed(lat, || assert_eq!(s.get(&key).expect("get").len(), 64));
                 }
             });
-            (latencies, seconds, clients * per_client)
+            (latencies, seconds, clients * per_client, counts)
         }
         "add" => {
             let base = connections[0].add("add/counter", 0).expect("add");
-            let (latencies, seconds) = drive(connections, move |_, s, lat| {
+            let (latencies, seconds, counts) = drive(connections, move |_, s, lat| {
                 for _ in 0..per_client {
                     timed(lat, || {
                         s.add("add/counter", 1).expect("add");
@@ -263,7 +356,7 @@ fn run_op(
             });
             let total = connections[0].add("add/counter", 0).expect("add") - base;
             assert_eq!(total as usize, clients * per_client, "{server}: lost adds");
-            (latencies, seconds, clients * per_client)
+            (latencies, seconds, clients * per_client, counts)
         }
         _ => wait_wakeup(connections, port, clients),
     }
@@ -309,9 +402,7 @@ fn measure(
         .collect();
     let mut results = Vec::new();
     for &op in ops {
-        let mut runs: Vec<(Vec<Duration>, Vec<f64>, f64, usize)> =
-            vec![(Vec::new(), Vec::new(), 0.0, 0); servers.len()];
-        let mut cpu = vec![0u64; servers.len()];
+        let mut tallies: Vec<Tally> = (0..servers.len()).map(|_| Tally::default()).collect();
         for rep in 0..reps {
             // The servers take turns going first, so that neither always runs on the heels of the other.
             let order: Vec<usize> = match rep % 2 {
@@ -320,22 +411,29 @@ fn measure(
             };
             for index in order {
                 let Server { name: server, port, pid } = servers[index];
-                let before = cpu_ticks(pid);
+                let (cpu_before, sleeps_before, segments_before) =
+                    (cpu_ticks(pid), process_sleeps(pid), tcp_segments_sent());
                 // A SET has no reply and costs little: ten times as many make a run long enough to time.
                 let count = if op == "set" { per_client * 10 } else { per_client };
-                let (latencies, seconds, ops) = run_op(server, op, &pools[index], port, count);
-                cpu[index] += cpu_ticks(pid).saturating_sub(before);
-                let run = &mut runs[index];
-                run.0.extend(latencies);
-                run.1.push(ops as f64 / seconds);
-                run.2 += seconds;
-                run.3 += ops;
+                let (latencies, seconds, ops, counts) = run_op(server, op, &pools[index], port, count);
+                let tally = &mut tallies[index];
+                tally.cpu_ticks += cpu_ticks(pid).saturating_sub(cpu_before);
+                tally.server_sleeps += process_sleeps(pid).saturating_sub(sleeps_before);
+                tally.segments += tcp_segments_sent().saturating_sub(segments_before);
+                tally.latencies.extend(latencies);
+                tally.rates.push(ops as f64 / seconds);
+                tally.seconds += seconds;
+                tally.ops += ops;
+                tally.clients += counts;
             }
         }
-        for ((server, (mut latencies, mut rates, seconds, ops)), cpu) in servers.iter().zip(runs).zip(cpu) {
+        for (server, tally) in servers.iter().zip(tallies) {
+            let Tally { mut latencies, mut rates, seconds, ops, cpu_ticks, server_sleeps, segments, clients: counts } =
+                tally;
             let server = server.name;
             latencies.sort_unstable();
             rates.sort_by(f64::total_cmp);
+            let per_kop = |count: u64| count as f64 * 1000.0 / ops.max(1) as f64;
             let m = Measurement {
                 server,
                 op,
@@ -343,16 +441,28 @@ fn measure(
                 ops,
                 seconds,
                 rates,
-                server_cpu_us_per_op: cpu as f64 / ticks_per_second * 1e6 / ops as f64,
+                server_cpu_us_per_op: cpu_ticks as f64 / ticks_per_second * 1e6 / ops as f64,
                 p50_us: percentile(&latencies, 50),
                 p99_us: percentile(&latencies, 99),
+                mean_us: latencies.iter().map(Duration::as_secs_f64).sum::<f64>() * 1e6 / latencies.len().max(1) as f64,
+                client_sleeps_per_kop: per_kop(counts.voluntary),
+                client_preemptions_per_kop: per_kop(counts.involuntary),
+                client_spread: counts.spread / reps.max(1) as f64,
+                server_sleeps_per_kop: per_kop(server_sleeps),
+                segments_per_op: segments as f64 / ops.max(1) as f64,
             };
             eprintln!(
-                "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us  server CPU {:>6.2} us/op",
+                "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us  mean {:>8.2} us  server CPU {:>6.2} us/op  per 1k ops: client sleeps {:.1}, preemptions {:.1}, server sleeps {:.1}; spread {:.2}; segments/op {:.2}",
                 m.throughput(),
                 m.p50_us,
                 m.p99_us,
-                m.server_cpu_us_per_op
+                m.mean_us,
+                m.server_cpu_us_per_op,
+                m.client_sleeps_per_kop,
+                m.client_preemptions_per_kop,
+                m.server_sleeps_per_kop,
+                m.client_spread,
+                m.segments_per_op
             );
             results.push(m);
         }
@@ -362,7 +472,7 @@ fn measure(
 
 /// Every client waits for a key that one setter sets; latency is from the moment the set is sent to the
 /// moment each waiter's `wait` returns.
-fn wait_wakeup(connections: &[Arc<TcpStore>], port: u16, clients: usize) -> (Vec<Duration>, f64, usize) {
+fn wait_wakeup(connections: &[Arc<TcpStore>], port: u16, clients: usize) -> (Vec<Duration>, f64, usize, ClientCounts) {
     let rounds = (2000 / clients).max(10);
     let setter = TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("setter connects");
     let stamp = format!("{:?}", Instant::now());
@@ -391,8 +501,8 @@ fn wait_wakeup(connections: &[Arc<TcpStore>], port: u16, clients: usize) -> (Vec
         set_at.lock().unwrap()[round] = Some(Instant::now());
         setter.set(&format!("ww/{stamp}/go/{round}"), b"1").expect("set");
     }
-    let (latencies, seconds) = run.join().expect("waiters");
-    (latencies, seconds, clients * rounds)
+    let (latencies, seconds, counts) = run.join().expect("waiters");
+    (latencies, seconds, clients * rounds, counts)
 }
 
 fn machine() -> String {
@@ -507,13 +617,14 @@ fn main() {
     let threads = options.pgstore_threads.unwrap_or_else(pg_store::tcp::default_threads);
     let _ = writeln!(json, "  \"pgstore_busy_poll_us\": {busy_poll_us},");
     let _ = writeln!(json, "  \"pgstore_threads\": {threads},");
-    let coalesce_us = options.pgstore_coalesce_us.unwrap_or(0);
+    let coalesce_us =
+        options.pgstore_coalesce_us.map_or_else(|| pg_store::tcp::default_coalesce().as_micros(), u128::from);
     let _ = writeln!(json, "  \"pgstore_coalesce_us\": {coalesce_us},");
     let _ = writeln!(json, "  \"results\": [");
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
             json,
-            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"server_cpu_us_per_op\": {:.3}, \"p50_us\": {:.2}, \"p99_us\": {:.2}}}{}",
+            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"server_cpu_us_per_op\": {:.3}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"mean_us\": {:.3}, \"client_sleeps_per_kop\": {:.2}, \"client_preemptions_per_kop\": {:.2}, \"client_spread\": {:.3}, \"server_sleeps_per_kop\": {:.2}, \"segments_per_op\": {:.3}}}{}",
             json_string(m.server),
             json_string(m.op),
             m.clients,
@@ -524,6 +635,12 @@ fn main() {
             m.server_cpu_us_per_op,
             m.p50_us,
             m.p99_us,
+            m.mean_us,
+            m.client_sleeps_per_kop,
+            m.client_preemptions_per_kop,
+            m.client_spread,
+            m.server_sleeps_per_kop,
+            m.segments_per_op,
             if i + 1 < results.len() { "," } else { "" }
         );
     }
@@ -544,27 +661,26 @@ fn main() {
     );
     let _ = writeln!(
         md,
-        "- pgstore's event-loop threads: {threads} (its default on this machine: {}, one per 8 CPUs from 1 to 4; PyTorch's libuv server has one).",
+        "- pgstore's event-loop threads: {threads} (its default on this machine: {}, one per 8 CPUs from 1 to 2; PyTorch's libuv server has one).",
         pg_store::tcp::default_threads()
     );
-    if coalesce_us > 0 {
-        let _ = writeln!(
-            md,
-            "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`, off by default)."
-        );
-    }
     let _ = writeln!(
         md,
-        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time; {} operations per run (at least 20 per client; ten times as many for `set`).",
+        "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`; its default on this machine: {} us, 20 with 4 or more CPUs, else off).",
+        pg_store::tcp::default_coalesce().as_micros()
+    );
+    let _ = writeln!(
+        md,
+        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, and the slowest client's time over the mean; {} operations per run (at least 20 per client; ten times as many for `set`).",
         options.reps, options.total_ops
     );
     let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
     let _ = writeln!(md, "- `set`: SET has no reply, so its latency is the client's send time; its throughput includes one closing round trip per client. `get` is WAIT then GET (two round trips), as PyTorch's client does. `add`: every client adds to one counter (checked exact). `wait-wakeup`: every client waits on one key that another client sets; latency runs from the moment the set is sent to each `wait` returning (a waiter whose WAIT reaches the server after the set is answered at once).\n");
     let _ = writeln!(
         md,
-        "| op | clients | pg-store ops/s | PyTorch ops/s | pg-store p50 / p99 (µs) | PyTorch p50 / p99 (µs) | server CPU µs/op, pg-store / PyTorch |"
+        "| op | clients | pg-store ops/s | PyTorch ops/s | pg-store p50 / p99 (µs) | PyTorch p50 / p99 (µs) | server CPU µs/op, pg-store / PyTorch | TCP segments/op, pg-store / PyTorch |"
     );
-    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for &op in &options.only {
         for &clients in &options.clients {
             let find = |server: &str| results.iter().find(|m| m.server == server && m.op == op && m.clients == clients);
@@ -572,17 +688,20 @@ fn main() {
             let theirs = find("pytorch");
             let rate = |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.0}", m.throughput()));
             let cpu = |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.2}", m.server_cpu_us_per_op));
+            let segments = |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.2}", m.segments_per_op));
             let lat =
                 |m: Option<&Measurement>| m.map_or("-".to_owned(), |m| format!("{:.1} / {:.1}", m.p50_us, m.p99_us));
             let _ = writeln!(
                 md,
-                "| {op} | {clients} | {} | {} | {} | {} | {} / {} |",
+                "| {op} | {clients} | {} | {} | {} | {} | {} / {} | {} / {} |",
                 rate(ours),
                 rate(theirs),
                 lat(ours),
                 lat(theirs),
                 cpu(ours),
-                cpu(theirs)
+                cpu(theirs),
+                segments(ours),
+                segments(theirs)
             );
         }
     }

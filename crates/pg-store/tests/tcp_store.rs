@@ -505,9 +505,11 @@ fn fire_and_forget_requests_get_no_reply_and_the_others_do() {
 
 /// A stream of SETs on a server that reads such streams late: nothing is lost or reordered, a waiter on
 /// another connection is woken by a SET inside the stream, and the reads did wait (`coalesced_reads`).
-fn check_coalescing(threads: usize, coalesce: Duration) {
+/// With busy polling the loop polls until the deferred reads are due; without, a timer wakes it.
+fn check_coalescing(threads: usize, coalesce: Duration, busy_poll: Duration) {
     let server =
-        TcpStoreServer::start(ServerOptions { port: 0, threads, coalesce, ..ServerOptions::default() }).unwrap();
+        TcpStoreServer::start(ServerOptions { port: 0, threads, coalesce, busy_poll, ..ServerOptions::default() })
+            .unwrap();
     let port = server.port();
     let setter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
     let waiter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
@@ -527,15 +529,21 @@ fn check_coalescing(threads: usize, coalesce: Duration) {
     assert_eq!(waiting.join().unwrap().unwrap(), b"1500");
     let stats = server.stats();
     assert_eq!(stats.protocol_errors, 0);
-    assert_eq!(stats.coalesced_reads > 0, !coalesce.is_zero(), "{threads} threads, {coalesce:?}: {stats:?}");
+    assert_eq!(
+        stats.coalesced_reads > 0,
+        !coalesce.is_zero(),
+        "{threads} threads, {coalesce:?}, busy polling {busy_poll:?}: {stats:?}"
+    );
 }
 
 #[test]
 fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
     for threads in THREADS {
-        check_coalescing(threads, Duration::ZERO);
-        check_coalescing(threads, Duration::from_micros(50));
-        check_coalescing(threads, Duration::from_millis(2));
+        for busy_poll in [Duration::ZERO, Duration::from_micros(50)] {
+            check_coalescing(threads, Duration::ZERO, busy_poll);
+            check_coalescing(threads, Duration::from_micros(50), busy_poll);
+            check_coalescing(threads, Duration::from_millis(2), busy_poll);
+        }
     }
 }
 

@@ -16,9 +16,9 @@ Usage:
                                            answers the next request without a wake-up (default 50 on a
                                            machine with 4 or more CPUs, else 0: never); N event-loop
                                            threads serve the connections (default one per 8 CPUs,
-                                           1 to 4; PyTorch's server has one); --coalesce-us N reads a
-                                           stream of SETs N us late, several at a time (experimental;
-                                           default 0: off)
+                                           1 to 2; PyTorch's server has one); --coalesce-us N reads a
+                                           stream of SETs N us late, several at a time (default 20
+                                           on a machine with 4 or more CPUs, else 0: off)
   pgstore [--addr HOST:PORT] [--timeout S] <command>
 
 Commands (keys are the user keys PyTorch's clients see; they go over the wire with a leading '/'):
@@ -217,7 +217,7 @@ fn serve(args: &Args) -> Result<ExitCode, String> {
         },
     };
     let coalesce = match &args.coalesce_us {
-        None => Duration::ZERO,
+        None => pg_store::tcp::default_coalesce(),
         Some(text) => match text.parse() {
             Ok(micros @ 0..=1_000_000) => Duration::from_micros(micros),
             _ => return Err(format!("--coalesce-us {text}: expected 0 to 1000000 microseconds")),
