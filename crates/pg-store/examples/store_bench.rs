@@ -666,7 +666,7 @@ fn main() {
     );
     let _ = writeln!(
         md,
-        "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`; its default on this machine: {} us, 20 with 4 or more CPUs, else off).",
+        "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`; its default on this machine: {} us, 50 with 4 or more CPUs, else off).",
         pg_store::tcp::default_coalesce().as_micros()
     );
     let _ = writeln!(

@@ -72,7 +72,7 @@ pub struct ServerOptions {
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
 /// The default of [`ServerOptions::coalesce`] on a machine with a CPU to spare.
-pub const DEFAULT_COALESCE: Duration = Duration::from_micros(20);
+pub const DEFAULT_COALESCE: Duration = Duration::from_micros(50);
 
 /// The most event-loop threads [`default_threads`] picks. More threads answer requests with replies faster
 /// still, but they also read and acknowledge streams of fire-and-forget SETs sooner, and a sender whose
@@ -203,8 +203,7 @@ impl TcpStoreServer {
                 garbage: Vec::new(),
                 timer: None,
                 timer_armed: false,
-                read_deferred_at: None,
-                deferred: Vec::new(),
+                deferred: VecDeque::new(),
             };
             let name = match index {
                 0 => "pg_tcpstore".to_owned(),
@@ -412,11 +411,9 @@ struct EventLoop {
     /// The timer of receive coalescing (with [`ServerOptions::coalesce`]).
     timer: Option<rustix::fd::OwnedFd>,
     timer_armed: bool,
-    /// With busy polling on, when the deferred connections are read: the loop polls without blocking until
-    /// then instead of sleeping on the timer.
-    read_deferred_at: Option<Instant>,
-    /// Connections whose reading waits for the timer: (slot, connection id).
-    deferred: Vec<(usize, u64)>,
+    /// Connections out of the poll, in the order their reads fall due: (slot, connection id, due). Without a
+    /// timer (busy polling on) the loop polls without blocking while any is waiting.
+    deferred: VecDeque<(usize, u64, Instant)>,
 }
 
 impl EventLoop {
@@ -434,17 +431,15 @@ impl EventLoop {
         // Until when the loop polls without blocking: set after every batch of events that sent a reply.
         let mut spin_until: Option<Instant> = None;
         while !self.shared.stop.load(Ordering::SeqCst) {
-            if let Some(at) = self.read_deferred_at {
-                let now = Instant::now();
-                if now >= at {
-                    self.read_deferred();
-                    // A stream's next request is due soon: a thread that slept now would be woken by its
-                    // sender, which pays for the wake-up inside its send.
-                    spin_until = Some(now + self.shared.busy_poll);
-                }
+            let polls_for_streams = self.timer.is_none() && !self.deferred.is_empty();
+            if polls_for_streams && self.deferred.front().is_some_and(|&(_, _, due)| Instant::now() >= due) {
+                self.read_due();
+                // A stream's next request is due soon: a thread that slept now would be woken by its sender,
+                // which pays for the wake-up inside its send.
+                spin_until = Some(Instant::now() + self.shared.busy_poll);
             }
             let timeout = match spin_until {
-                _ if self.read_deferred_at.is_some() => Some(Duration::ZERO),
+                _ if polls_for_streams => Some(Duration::ZERO),
                 Some(until) if Instant::now() < until => Some(Duration::ZERO),
                 Some(_) => {
                     // The window is over: an idle loop reads no clock until the next reply starts one.
@@ -468,7 +463,7 @@ impl EventLoop {
                 match event.token() {
                     LISTENER => self.accept(),
                     WAKER => self.read_inbox(),
-                    COALESCE_TIMER => self.read_deferred(),
+                    COALESCE_TIMER => self.read_due(),
                     Token(slot) if event.is_readable() && self.defers(slot, event) => {}
                     // A peer that closed its side must be read to the end now: no later event will say so.
                     Token(slot) => self.drive(slot, !event.is_read_closed() && !event.is_error()),
@@ -510,45 +505,54 @@ impl EventLoop {
         if conn.stream_batches < STREAM_BATCHES || conn.wstart < conn.wbuf.len() {
             return false;
         }
-        if !conn.deferred {
-            // Out of the poll until the timer: more data from the sender then wakes nothing here, and the
-            // sender's send does not have to wake this thread.
-            if self.poll.registry().deregister(&mut conn.stream).is_err() {
-                return false;
-            }
-            conn.deferred = true;
-            self.deferred.push((slot, conn.outbox.id));
-            self.shared.counters.coalesced_reads.fetch_add(1, Ordering::Relaxed);
+        if conn.deferred {
+            return true;
         }
-        if spins {
-            self.read_deferred_at.get_or_insert_with(|| Instant::now() + self.shared.coalesce);
-        } else if let Some(timer) = self.timer.as_ref().filter(|_| !self.timer_armed) {
-            use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
-            let after = self.shared.coalesce;
-            let when = Itimerspec {
-                it_interval: Timespec { tv_sec: 0, tv_nsec: 0 },
-                it_value: Timespec { tv_sec: after.as_secs() as _, tv_nsec: after.subsec_nanos().max(1) as _ },
-            };
-            if timerfd_settime(timer, TimerfdTimerFlags::empty(), &when).is_err() {
-                // No timer, no waiting: read everything deferred now.
-                self.read_deferred();
-                return true;
-            }
-            self.timer_armed = true;
+        // Out of the poll until its read is due: more data from the sender then wakes nothing here, and the
+        // sender's send does not have to wake this thread.
+        if self.poll.registry().deregister(&mut conn.stream).is_err() {
+            return false;
+        }
+        conn.deferred = true;
+        self.deferred.push_back((slot, conn.outbox.id, Instant::now() + self.shared.coalesce));
+        self.shared.counters.coalesced_reads.fetch_add(1, Ordering::Relaxed);
+        if !self.timer_armed && !self.arm_timer(self.shared.coalesce) {
+            // No timer, no waiting: read what is deferred now.
+            self.read_due();
         }
         true
     }
 
-    /// Reads the connections that waited for the coalescing timer.
-    fn read_deferred(&mut self) {
+    /// Arms the coalescing timer (when the loop has one) to fire `after` from now; false when it cannot.
+    fn arm_timer(&mut self, after: Duration) -> bool {
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        let Some(timer) = &self.timer else { return true };
+        let when = Itimerspec {
+            it_interval: Timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: Timespec { tv_sec: after.as_secs() as _, tv_nsec: after.subsec_nanos().max(1) as _ },
+        };
+        self.timer_armed = timerfd_settime(timer, TimerfdTimerFlags::empty(), &when).is_ok();
+        self.timer_armed
+    }
+
+    /// Reads the deferred connections whose reads are due (or fall due within a quarter of the interval, so
+    /// that one wake-up serves several) and puts them back in the poll; re-arms the timer for the next one.
+    fn read_due(&mut self) {
         if let Some(timer) = &self.timer {
             let mut expirations = [0u8; 8];
             let _ = rustix::io::read(timer, &mut expirations);
         }
         self.timer_armed = false;
-        self.read_deferred_at = None;
-        let deferred = std::mem::take(&mut self.deferred);
-        for &(slot, id) in &deferred {
+        let mut horizon = Instant::now() + self.shared.coalesce / 4;
+        while let Some(&(slot, id, due)) = self.deferred.front() {
+            if due > horizon {
+                if self.arm_timer(due.saturating_duration_since(Instant::now())) {
+                    break;
+                }
+                // No timer, no waiting: read every deferred connection now.
+                horizon = due;
+            }
+            self.deferred.pop_front();
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { continue };
             if conn.outbox.id != id {
                 continue;
@@ -564,9 +568,6 @@ impl EventLoop {
                 self.close(slot, Close::Io(error));
             }
         }
-        // Keep the list's allocation.
-        self.deferred = deferred;
-        self.deferred.clear();
     }
 
     fn accept(&mut self) {
