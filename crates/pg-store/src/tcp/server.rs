@@ -79,7 +79,8 @@ pub const DEFAULT_COALESCE: Duration = Duration::from_micros(50);
 /// segments are acknowledged at once sends each SET as its own segment, through the whole loopback path,
 /// where a sender that waits for acknowledgements appends SETs to one queued segment for a fraction of the
 /// cost (measured on a 32-core host with 8 senders: 0.05 segments per SET with 1 thread, as with PyTorch's
-/// server, 0.22 with 2, 0.24 to 0.43 with 4, and the throughput followed).
+/// server, 0.12 to 0.41 with 2, 0.24 to 0.43 with 4; `bench/results/store-session10/`). Two threads keep most
+/// of the gain on requests with replies and lose less on SET floods than four.
 pub const MAX_DEFAULT_THREADS: usize = 2;
 
 /// The number of CPUs this process may use.
