@@ -169,6 +169,11 @@ struct Measurement {
     client_spread: f64,
     /// TCP segments the machine sent per operation (requests, replies and acknowledgements).
     segments_per_op: f64,
+    /// The clients' congestion windows (packets) after the runs: median and largest, and the share still in
+    /// their initial slow start (`/proc/net/tcp`; 0 where it cannot be read).
+    client_cwnd_p50: u32,
+    client_cwnd_max: u32,
+    client_slow_start_share: f64,
 }
 
 /// What the runs of one server for one measurement add up to.
@@ -182,6 +187,8 @@ struct Tally {
     server_sleeps: u64,
     segments: u64,
     clients: ClientCounts,
+    /// The clients' congestion windows after each run, and whether each was in its initial slow start.
+    cwnds: Vec<(u32, bool)>,
 }
 
 impl Measurement {
@@ -252,6 +259,31 @@ fn tcp_segments_sent() -> u64 {
         .find(|(name, _)| *name == "OutSegs")
         .and_then(|(_, value)| value.parse().ok())
         .unwrap_or(0)
+}
+
+/// The congestion windows of this machine's established IPv4 TCP connections to `port` (the clients' side),
+/// from `/proc/net/tcp`, with whether each is still in its initial slow start (ssthresh shown as -1).
+fn client_cwnds(port: u16) -> Vec<(u32, bool)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let remote = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl, local, remote, state, tx:rx, tr:when, retransmits, uid, timeout, inode, refcount, pointer,
+            // rto, ato, quick/pingpong, snd_cwnd, ssthresh.
+            let (Some(rem), Some(&"01"), Some(cwnd), Some(ssthresh)) =
+                (fields.get(2), fields.get(3), fields.get(15), fields.get(16))
+            else {
+                return None;
+            };
+            if !rem.ends_with(&remote) {
+                return None;
+            }
+            Some((cwnd.parse().ok()?, *ssthresh == "-1"))
+        })
+        .collect()
 }
 
 /// Runs `work` on every client at once; returns every latency, the wall time from the first start to the
@@ -425,11 +457,23 @@ fn measure(
                 tally.seconds += seconds;
                 tally.ops += ops;
                 tally.clients += counts;
+                tally.cwnds.extend(client_cwnds(port));
             }
         }
         for (server, tally) in servers.iter().zip(tallies) {
-            let Tally { mut latencies, mut rates, seconds, ops, cpu_ticks, server_sleeps, segments, clients: counts } =
-                tally;
+            let Tally {
+                mut latencies,
+                mut rates,
+                seconds,
+                ops,
+                cpu_ticks,
+                server_sleeps,
+                segments,
+                clients: counts,
+                mut cwnds,
+            } = tally;
+            cwnds.sort_unstable();
+            let in_slow_start = cwnds.iter().filter(|&&(_, slow)| slow).count();
             let server = server.name;
             latencies.sort_unstable();
             rates.sort_by(f64::total_cmp);
@@ -450,9 +494,12 @@ fn measure(
                 client_spread: counts.spread / reps.max(1) as f64,
                 server_sleeps_per_kop: per_kop(server_sleeps),
                 segments_per_op: segments as f64 / ops.max(1) as f64,
+                client_cwnd_p50: cwnds.get(cwnds.len() / 2).map_or(0, |&(cwnd, _)| cwnd),
+                client_cwnd_max: cwnds.last().map_or(0, |&(cwnd, _)| cwnd),
+                client_slow_start_share: in_slow_start as f64 / cwnds.len().max(1) as f64,
             };
             eprintln!(
-                "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us  mean {:>8.2} us  server CPU {:>6.2} us/op  per 1k ops: client sleeps {:.1}, preemptions {:.1}, server sleeps {:.1}; spread {:.2}; segments/op {:.2}",
+                "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us  mean {:>8.2} us  server CPU {:>6.2} us/op  per 1k ops: client sleeps {:.1}, preemptions {:.1}, server sleeps {:.1}; spread {:.2}; segments/op {:.2}; client cwnd p50 {} max {}",
                 m.throughput(),
                 m.p50_us,
                 m.p99_us,
@@ -462,7 +509,9 @@ fn measure(
                 m.client_preemptions_per_kop,
                 m.server_sleeps_per_kop,
                 m.client_spread,
-                m.segments_per_op
+                m.segments_per_op,
+                m.client_cwnd_p50,
+                m.client_cwnd_max
             );
             results.push(m);
         }
@@ -624,7 +673,7 @@ fn main() {
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
             json,
-            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"server_cpu_us_per_op\": {:.3}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"mean_us\": {:.3}, \"client_sleeps_per_kop\": {:.2}, \"client_preemptions_per_kop\": {:.2}, \"client_spread\": {:.3}, \"server_sleeps_per_kop\": {:.2}, \"segments_per_op\": {:.3}}}{}",
+            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"server_cpu_us_per_op\": {:.3}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"mean_us\": {:.3}, \"client_sleeps_per_kop\": {:.2}, \"client_preemptions_per_kop\": {:.2}, \"client_spread\": {:.3}, \"server_sleeps_per_kop\": {:.2}, \"segments_per_op\": {:.3}, \"client_cwnd_p50\": {}, \"client_cwnd_max\": {}, \"client_slow_start_share\": {:.2}}}{}",
             json_string(m.server),
             json_string(m.op),
             m.clients,
@@ -641,6 +690,9 @@ fn main() {
             m.client_spread,
             m.server_sleeps_per_kop,
             m.segments_per_op,
+            m.client_cwnd_p50,
+            m.client_cwnd_max,
+            m.client_slow_start_share,
             if i + 1 < results.len() { "," } else { "" }
         );
     }
@@ -671,7 +723,7 @@ fn main() {
     );
     let _ = writeln!(
         md,
-        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, and the slowest client's time over the mean; {} operations per run (at least 20 per client; ten times as many for `set`).",
+        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, the slowest client's time over the mean, and the clients' TCP congestion windows after the runs (`/proc/net/tcp`); {} operations per run (at least 20 per client; ten times as many for `set`).",
         options.reps, options.total_ops
     );
     let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
