@@ -547,6 +547,56 @@ fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
     }
 }
 
+/// Streaming connections that close while their reads wait: every SET they sent is applied, and connections
+/// opened after them (which may reuse their slots while the stale waits are still queued) work normally.
+fn check_streams_closing_while_deferred(threads: usize, busy_poll: Duration) {
+    let coalesce = Duration::from_millis(2);
+    let server =
+        TcpStoreServer::start(ServerOptions { port: 0, threads, coalesce, busy_poll, ..ServerOptions::default() })
+            .unwrap();
+    let port = server.port();
+    let observer = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    for round in 0..4 {
+        let streams: Vec<TcpStore> =
+            (0..threads * 2).map(|_| TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap()).collect();
+        for (s, stream) in streams.iter().enumerate() {
+            // Two SETs the observer sees one by one make the connection a stream; the rest wait for the timer.
+            for i in 0..2 {
+                stream.set(&format!("r{round}/s{s}/{i}"), b"1").unwrap();
+                observer.wait(&[&format!("r{round}/s{s}/{i}")], Some(TIMEOUT)).unwrap();
+            }
+            for i in 2..200 {
+                stream.set(&format!("r{round}/s{s}/{i}"), i.to_string().as_bytes()).unwrap();
+            }
+        }
+        // Closed with SETs unread on the server.
+        drop(streams);
+        for s in 0..threads * 2 {
+            observer.wait(&[&format!("r{round}/s{s}/199")], Some(TIMEOUT)).unwrap();
+            assert_eq!(observer.get(&format!("r{round}/s{s}/150")).unwrap(), b"150");
+        }
+        // The server notices each end of stream once the deferred read is done: only the observer stays.
+        let start = std::time::Instant::now();
+        while server.stats().open_connections != 1 {
+            assert!(start.elapsed() < TIMEOUT, "closed streams stay open: {:?}", server.stats());
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!(observer.num_keys().unwrap(), 4 * threads as i64 * 2 * 200, "every SET applied");
+    let stats = server.stats();
+    assert_eq!(stats.protocol_errors, 0);
+    assert!(stats.coalesced_reads > 0, "{threads} threads, busy polling {busy_poll:?}: {stats:?}");
+}
+
+#[test]
+fn streams_that_close_while_their_reads_wait_lose_nothing() {
+    for threads in THREADS {
+        for busy_poll in [Duration::ZERO, Duration::from_micros(50)] {
+            check_streams_closing_while_deferred(threads, busy_poll);
+        }
+    }
+}
+
 /// Waiters that time out and cancel while SETs on other connections (on other server threads) release them:
 /// every wait ends released or timed out, every connection stays in step (a ping after each wait), and the
 /// server reports no protocol error.
