@@ -309,7 +309,7 @@ where
                     work(index, &client, &mut latencies);
                     let end = Instant::now();
                     let after = thread_switches();
-                    (start, end, latencies, (after.0 - switches.0, after.1 - switches.1))
+                    (start, end, latencies, (after.0.saturating_sub(switches.0), after.1.saturating_sub(switches.1)))
                 })
                 .expect("spawn a client thread")
         })
