@@ -29,6 +29,9 @@ use crate::StoreError;
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
 const COALESCE_TIMER: Token = Token(usize::MAX - 3);
+/// What a connection is registered for, edge-triggered: a writable event comes only after a send found the
+/// socket full, so it costs nothing while replies fit.
+const CONNECTION_INTEREST: Interest = Interest::READABLE.add(Interest::WRITABLE);
 /// How many batches of fire-and-forget requests in a row make a connection a stream that
 /// [`ServerOptions::coalesce`] reads late.
 const STREAM_BATCHES: u8 = 2;
@@ -145,7 +148,7 @@ pub struct ServerStats {
     pub protocol_errors: u64,
     /// The most bytes of unparsed requests one connection ever held.
     pub peak_buffered: usize,
-    /// Readable events whose read waited for the receive-coalescing timer ([`ServerOptions::coalesce`]).
+    /// Times a streaming connection left the poll to be read late ([`ServerOptions::coalesce`]).
     pub coalesced_reads: u64,
 }
 
@@ -492,8 +495,8 @@ impl EventLoop {
         timer.ok()
     }
 
-    /// Whether a readable connection that streams fire-and-forget requests waits for the coalescing timer
-    /// (it is then on the deferred list).
+    /// Whether a readable connection that streams fire-and-forget requests is to be read late (it then leaves
+    /// the poll for the deferred list).
     fn defers(&mut self, slot: usize, event: &mio::event::Event) -> bool {
         let spins = !self.shared.busy_poll.is_zero();
         if self.shared.coalesce.is_zero() || (!spins && self.timer.is_none()) {
@@ -563,9 +566,7 @@ impl EventLoop {
             // Registering reports whatever is ready at that moment, so data that arrived after the read above
             // raises an event (which starts the next wait if the connection still streams).
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { continue };
-            if let Err(error) =
-                self.poll.registry().register(&mut conn.stream, Token(slot), Interest::READABLE | Interest::WRITABLE)
-            {
+            if let Err(error) = self.poll.registry().register(&mut conn.stream, Token(slot), CONNECTION_INTEREST) {
                 self.close(slot, Close::Io(error));
             }
         }
@@ -607,11 +608,7 @@ impl EventLoop {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        // Edge-triggered readiness for both directions: a writable event comes only after a send found the
-        // socket full, so it costs nothing while replies fit.
-        if let Err(error) =
-            self.poll.registry().register(&mut stream, Token(slot), Interest::READABLE | Interest::WRITABLE)
-        {
+        if let Err(error) = self.poll.registry().register(&mut stream, Token(slot), CONNECTION_INTEREST) {
             tracing::warn!(%peer, %error, "TCP store server cannot register a connection");
             self.free.push(slot);
             return;
