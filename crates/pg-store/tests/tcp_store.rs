@@ -503,18 +503,21 @@ fn fire_and_forget_requests_get_no_reply_and_the_others_do() {
     check_reply_presence(port, Request::QueueLen { key: b"/q".to_vec() });
 }
 
+/// A server on `threads` threads that reads streams of SETs `coalesce` late, busy polling for `busy_poll`.
+fn coalescing_server(threads: usize, coalesce: Duration, busy_poll: Duration) -> TcpStoreServer {
+    TcpStoreServer::start(ServerOptions { port: 0, threads, coalesce, busy_poll, ..ServerOptions::default() }).unwrap()
+}
+
 /// A stream of SETs on a server that reads such streams late: nothing is lost or reordered, a waiter on
 /// another connection is woken by a SET inside the stream, and the reads did wait (`coalesced_reads`).
 /// With busy polling the loop polls until the deferred reads are due; without, a timer wakes it.
 fn check_coalescing(threads: usize, coalesce: Duration, busy_poll: Duration) {
-    let server =
-        TcpStoreServer::start(ServerOptions { port: 0, threads, coalesce, busy_poll, ..ServerOptions::default() })
-            .unwrap();
+    let server = coalescing_server(threads, coalesce, busy_poll);
     let port = server.port();
     let setter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
     let waiter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
     // Three SETs, each read on its own (the other connection sees it before the next is sent): the first two
-    // make the connection a stream, so the third waits for the timer when coalescing is on.
+    // make the connection a stream, so the third is read late when coalescing is on.
     for key in ["s/1", "s/2", "s/3"] {
         setter.set(key, b"1").unwrap();
         assert_eq!(waiter.get(key).unwrap(), b"1");
@@ -547,20 +550,17 @@ fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
     }
 }
 
-/// Streaming connections that close while their reads wait: every SET they sent is applied, and connections
-/// opened after them (which may reuse their slots while the stale waits are still queued) work normally.
+/// Streaming connections that close while their reads wait: every SET they sent is applied, every connection
+/// closes, and connections opened after them (which may reuse their slots) work normally.
 fn check_streams_closing_while_deferred(threads: usize, busy_poll: Duration) {
-    let coalesce = Duration::from_millis(2);
-    let server =
-        TcpStoreServer::start(ServerOptions { port: 0, threads, coalesce, busy_poll, ..ServerOptions::default() })
-            .unwrap();
+    let server = coalescing_server(threads, Duration::from_millis(2), busy_poll);
     let port = server.port();
     let observer = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
     for round in 0..4 {
         let streams: Vec<TcpStore> =
             (0..threads * 2).map(|_| TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap()).collect();
         for (s, stream) in streams.iter().enumerate() {
-            // Two SETs the observer sees one by one make the connection a stream; the rest wait for the timer.
+            // Two SETs the observer sees one by one make the connection a stream; the rest are read late.
             for i in 0..2 {
                 stream.set(&format!("r{round}/s{s}/{i}"), b"1").unwrap();
                 observer.wait(&[&format!("r{round}/s{s}/{i}")], Some(TIMEOUT)).unwrap();
