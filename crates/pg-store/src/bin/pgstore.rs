@@ -203,28 +203,24 @@ fn serve(args: &Args) -> Result<ExitCode, String> {
         None => DEFAULT_PORT,
         Some(text) => text.parse().map_err(|_| format!("--port {text}: expected 0..=65535"))?,
     };
-    let busy_poll = match &args.busy_poll_us {
-        None => pg_store::tcp::default_busy_poll(),
-        Some(text) => {
-            Duration::from_micros(text.parse().map_err(|_| format!("--busy-poll-us {text}: expected microseconds"))?)
-        }
-    };
-    let threads = match &args.threads {
-        None => 0,
-        Some(text) => match text.parse() {
+    // Options not given keep the server's own defaults for this machine.
+    let mut options = ServerOptions { host: args.host.clone(), port, ..ServerOptions::default() };
+    if let Some(text) = &args.busy_poll_us {
+        let micros = text.parse().map_err(|_| format!("--busy-poll-us {text}: expected microseconds"))?;
+        options.busy_poll = Duration::from_micros(micros);
+    }
+    if let Some(text) = &args.threads {
+        options.threads = match text.parse() {
             Ok(n @ 1..=256) => n,
             _ => return Err(format!("--threads {text}: expected 1 to 256")),
-        },
-    };
-    let coalesce = match &args.coalesce_us {
-        None => pg_store::tcp::default_coalesce(),
-        Some(text) => match text.parse() {
+        };
+    }
+    if let Some(text) = &args.coalesce_us {
+        options.coalesce = match text.parse() {
             Ok(micros @ 0..=1_000_000) => Duration::from_micros(micros),
             _ => return Err(format!("--coalesce-us {text}: expected 0 to 1000000 microseconds")),
-        },
-    };
-    let options =
-        ServerOptions { host: args.host.clone(), port, busy_poll, threads, coalesce, ..ServerOptions::default() };
+        };
+    }
     let server = TcpStoreServer::start(options).map_err(|e| e.to_string())?;
     println!("pgstore: listening on {}", server.local_addr());
     server.join();
