@@ -366,6 +366,54 @@ fn a_value_split_across_many_writes_is_reassembled() {
     assert_eq!(store.get("big").unwrap(), value);
 }
 
+/// One pipelined stream of SETs that replace one key's value by values of `sizes` in turn, each followed by a
+/// GET of it: every GET sees the value set just before it, whether the server replaced it in place, grew it or
+/// shrank it. With `behind_a_big_reply`, the stream opens with a GET whose 5 MiB reply passes the server's
+/// high-water mark, so that the requests after it wait (copied out of the receive buffer) until it is sent.
+fn check_replacements(threads: usize, sizes: &[usize], behind_a_big_reply: bool) {
+    let store = server_with(threads);
+    let big: Vec<u8> = (0..5 << 20).map(|i| (i % 249) as u8).collect();
+    store.set("big", &big).unwrap();
+    store.ping().unwrap();
+    let mut stream = validated(store.port());
+    let values: Vec<Vec<u8>> =
+        sizes.iter().enumerate().map(|(n, &len)| (0..len).map(|i| (i * 7 + n) as u8).collect()).collect();
+    let rounds = 4;
+    let mut bytes = Vec::new();
+    if behind_a_big_reply {
+        bytes.extend(encode_request(&Request::Get { key: b"/big".to_vec() }));
+    }
+    for _ in 0..rounds {
+        for value in &values {
+            bytes.extend(encode_request(&Request::Set { key: b"/k".to_vec(), value: value.clone() }));
+            bytes.extend(encode_request(&Request::Get { key: b"/k".to_vec() }));
+        }
+    }
+    // Written from another thread: the server stops reading while its replies wait to be read.
+    let mut writer = stream.try_clone().unwrap();
+    let writing = std::thread::spawn(move || writer.write_all(&bytes).unwrap());
+    if behind_a_big_reply {
+        assert_eq!(read_n(&mut stream, 8), (big.len() as u64).to_le_bytes());
+        assert!(read_n(&mut stream, big.len()) == big, "the big reply reads back intact");
+    }
+    for round in 0..rounds {
+        for (value, &size) in values.iter().zip(sizes) {
+            assert_eq!(read_n(&mut stream, 8), (size as u64).to_le_bytes(), "round {round}, size {size}");
+            assert!(read_n(&mut stream, size) == *value, "round {round}: the {size}-byte value reads back intact");
+        }
+    }
+    writing.join().unwrap();
+}
+
+#[test]
+fn replaced_values_of_every_size_read_back_in_order() {
+    for threads in THREADS {
+        check_replacements(threads, &[64, 64, 10, 200, 0, 130, 8 * 1024, 3, 64], false);
+        check_replacements(threads, &[64, 64, 10, 200, 0, 130, 8 * 1024, 3, 64], true);
+        check_replacements(threads, &[1 << 20, 64, 2 << 20, 2 << 20, 1, 1 << 20], false);
+    }
+}
+
 #[test]
 fn a_client_that_reads_its_replies_late_gets_them_all() {
     for threads in THREADS {

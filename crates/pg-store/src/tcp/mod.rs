@@ -1,6 +1,7 @@
 //! The TCP store: a server and a client that speak PyTorch's TCPStore protocol byte for byte.
 
 mod client;
+mod key_hash;
 pub mod protocol;
 mod server;
 mod state;

@@ -5,6 +5,7 @@
 //! There is no framing and no request id: requests and replies on one connection are strictly ordered.
 
 use std::fmt;
+use std::ops::Range;
 
 /// The value of the `VALIDATE` message that must open every connection.
 pub const VALIDATION_MAGIC: u32 = 0x3C85_F7CE;
@@ -291,23 +292,39 @@ impl<'a> Cursor<'a> {
         Ok(())
     }
 
-    fn key(&mut self) -> Result<Vec<u8>, Stop> {
+    /// Where the next bytes field lies in the buffer, once its length passed `max` and the message limit.
+    fn field(
+        &mut self,
+        max: usize,
+        too_long: impl FnOnce(Command, u64, usize) -> DecodeError,
+    ) -> Result<Range<usize>, Stop> {
         let len = self.u64()?;
-        if len > self.limits.max_key_len as u64 {
-            return Err(DecodeError::KeyTooLong { command: self.command, len, max: self.limits.max_key_len }.into());
-        }
-        self.check_total(len)?;
-        Ok(self.take(len as usize)?.to_vec())
-    }
-
-    fn value(&mut self) -> Result<Vec<u8>, Stop> {
-        let len = self.u64()?;
-        if len > self.limits.max_value_len as u64 {
-            return Err(DecodeError::ValueTooLong { command: self.command, len, max: self.limits.max_value_len }.into());
+        if len > max as u64 {
+            return Err(too_long(self.command, len, max).into());
         }
         self.check_total(len)?;
         // The length is checked against what is buffered before anything is copied.
-        Ok(self.take(usize::try_from(len).map_err(|_| Stop::Incomplete)?)?.to_vec())
+        let start = self.pos;
+        self.take(usize::try_from(len).map_err(|_| Stop::Incomplete)?)?;
+        Ok(start..self.pos)
+    }
+
+    fn key_range(&mut self) -> Result<Range<usize>, Stop> {
+        self.field(self.limits.max_key_len, |command, len, max| DecodeError::KeyTooLong { command, len, max })
+    }
+
+    fn value_range(&mut self) -> Result<Range<usize>, Stop> {
+        self.field(self.limits.max_value_len, |command, len, max| DecodeError::ValueTooLong { command, len, max })
+    }
+
+    fn key(&mut self) -> Result<Vec<u8>, Stop> {
+        let range = self.key_range()?;
+        Ok(self.buf[range].to_vec())
+    }
+
+    fn value(&mut self) -> Result<Vec<u8>, Stop> {
+        let range = self.value_range()?;
+        Ok(self.buf[range].to_vec())
     }
 
     fn count(&mut self) -> Result<usize, Stop> {
@@ -341,6 +358,62 @@ impl<'a> Cursor<'a> {
 /// A declared length above a limit is an error as soon as its length field arrives, so a caller that
 /// buffers only until this returns never holds more than `limits.max_message_len` bytes of one request.
 pub fn decode_request(buf: &[u8], validated: bool, limits: &Limits) -> Result<Option<(Request, usize)>, DecodeError> {
+    Ok(decode_framed(buf, validated, limits)?.map(|(framed, used)| (framed.into_request(buf), used)))
+}
+
+/// A decoded request whose hot commands name their key and value by where they lie in the decoded buffer
+/// instead of copying them out: a server that replaces a value in place then allocates nothing for a SET.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Framed {
+    /// `SET`: the key's and the value's bytes in the buffer.
+    Set {
+        /// Where the key lies.
+        key: Range<usize>,
+        /// Where the value lies.
+        value: Range<usize>,
+    },
+    /// `GET`: the key's bytes in the buffer.
+    Get {
+        /// Where the key lies.
+        key: Range<usize>,
+    },
+    /// Any other request, decoded whole.
+    Owned(Request),
+}
+
+impl Framed {
+    /// Whether the server answers this request (see [`Request::has_reply`]).
+    pub fn has_reply(&self) -> bool {
+        match self {
+            Framed::Set { .. } => false,
+            Framed::Get { .. } => true,
+            Framed::Owned(request) => request.has_reply(),
+        }
+    }
+
+    /// The request with its bytes copied out of `buf`, the buffer it was decoded from.
+    pub fn into_request(self, buf: &[u8]) -> Request {
+        match self {
+            Framed::Set { key, value } => Request::Set { key: buf[key].to_vec(), value: buf[value].to_vec() },
+            Framed::Get { key } => Request::Get { key: buf[key].to_vec() },
+            Framed::Owned(request) => request,
+        }
+    }
+
+    /// The same request with its positions moved `by` bytes further into the buffer.
+    pub fn shifted(self, by: usize) -> Framed {
+        let shift = |range: Range<usize>| range.start + by..range.end + by;
+        match self {
+            Framed::Set { key, value } => Framed::Set { key: shift(key), value: shift(value) },
+            Framed::Get { key } => Framed::Get { key: shift(key) },
+            owned @ Framed::Owned(_) => owned,
+        }
+    }
+}
+
+/// Decodes the request at the start of `buf` as [`decode_request`] does, leaving a `SET`'s or a `GET`'s bytes
+/// where they are; the positions in [`Framed`] are relative to `buf`.
+pub fn decode_framed(buf: &[u8], validated: bool, limits: &Limits) -> Result<Option<(Framed, usize)>, DecodeError> {
     let Some(&byte) = buf.first() else { return Ok(None) };
     let Some(command) = Command::from_byte(byte) else {
         return Err(if validated { DecodeError::UnknownCommand(byte) } else { DecodeError::NotValidated(byte) });
@@ -349,8 +422,13 @@ pub fn decode_request(buf: &[u8], validated: bool, limits: &Limits) -> Result<Op
         return Err(DecodeError::NotValidated(byte));
     }
     let mut cursor = Cursor { buf, pos: 1, limits, command };
-    match decode_body(&mut cursor, command) {
-        Ok(request) => Ok(Some((request, cursor.pos))),
+    let framed = match command {
+        Command::Set => cursor.key_range().and_then(|key| Ok(Framed::Set { key, value: cursor.value_range()? })),
+        Command::Get => cursor.key_range().map(|key| Framed::Get { key }),
+        command => decode_body(&mut cursor, command).map(Framed::Owned),
+    };
+    match framed {
+        Ok(framed) => Ok(Some((framed, cursor.pos))),
         Err(Stop::Incomplete) => Ok(None),
         Err(Stop::Bad(error)) => Err(error),
     }
@@ -569,6 +647,34 @@ mod tests {
         let bad = encode_request(&Request::Validate { magic: 1 });
         assert_eq!(decode_request(&bad, false, &limits()), Err(DecodeError::BadMagic(1)));
         assert_eq!(decode_request(&[19], true, &limits()), Err(DecodeError::UnknownCommand(19)));
+    }
+
+    /// Decodes `request` framed behind `offset` bytes of other data and checks the positions it names.
+    fn check_framed(request: Request, offset: usize, expected: impl Fn(&[u8]) -> Framed) {
+        let mut buf = vec![0xAA; offset];
+        buf.extend(encode_request(&request));
+        let (framed, used) = decode_framed(&buf[offset..], true, &limits()).unwrap().unwrap();
+        assert_eq!(used, buf.len() - offset);
+        let framed = framed.shifted(offset);
+        assert_eq!(framed, expected(&buf));
+        assert_eq!(framed.into_request(&buf), request);
+    }
+
+    #[test]
+    fn framed_requests_name_their_bytes_in_the_buffer() {
+        // A SET's key starts after the command byte and its length: 1 + 8.
+        check_framed(Request::Set { key: b"/k".to_vec(), value: b"v1".to_vec() }, 0, |_| Framed::Set {
+            key: 9..11,
+            value: 19..21,
+        });
+        check_framed(Request::Set { key: b"/key".to_vec(), value: vec![] }, 5, |_| Framed::Set {
+            key: 14..18,
+            value: 26..26,
+        });
+        check_framed(Request::Get { key: b"/g".to_vec() }, 3, |_| Framed::Get { key: 12..14 });
+        check_framed(Request::Add { key: b"/a".to_vec(), delta: 2 }, 1, |buf| {
+            Framed::Owned(decode_request(&buf[1..], true, &limits()).unwrap().unwrap().0)
+        });
     }
 
     #[test]

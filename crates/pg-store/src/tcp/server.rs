@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::protocol::{decode_request, Limits, Request};
+use super::protocol::{decode_framed, Framed, Limits, Request};
 use super::state::{lock, Close, Outbox, Requester, State};
 use crate::StoreError;
 
@@ -408,8 +408,9 @@ struct EventLoop {
     next_owner: usize,
     /// Other connections that handling a request appended to (a scratch list).
     woken: Vec<Arc<Outbox>>,
-    /// Requests decoded for one hold of the state lock (a scratch list).
-    batch: Vec<Request>,
+    /// Requests decoded for one hold of the state lock (a scratch list); their positions are in the
+    /// connection's receive buffer.
+    batch: Vec<Framed>,
     /// Keys and values replaced under the state lock, freed after it (a scratch list).
     garbage: Vec<Vec<u8>>,
     /// The timer of receive coalescing (with [`ServerOptions::coalesce`]).
@@ -741,14 +742,17 @@ impl EventLoop {
         let Some(conn) = conns.get_mut(slot).and_then(Option::as_mut) else { return Ok(false) };
         loop {
             // Requests left by a batch that reached the high-water mark go first.
-            batch.extend(conn.pending.drain(..));
+            batch.extend(conn.pending.drain(..).map(Framed::Owned));
             let mut broken = None;
             while batch.len() < REQUESTS_PER_LOCK {
-                match decode_request(&conn.rbuf[conn.rstart..], conn.validated, &shared.limits) {
+                // A SET's or GET's bytes stay in the buffer (which does not change until the batch is handled) and
+                // are named by their positions in it.
+                match decode_framed(&conn.rbuf[conn.rstart..], conn.validated, &shared.limits) {
                     Ok(Some((request, used))) => {
+                        let request = request.shifted(conn.rstart);
                         conn.rstart += used;
                         match request {
-                            Request::Validate { .. } => conn.validated = true,
+                            Framed::Owned(Request::Validate { .. }) => conn.validated = true,
                             request => batch.push(request),
                         }
                     }
@@ -763,7 +767,7 @@ impl EventLoop {
             let full = batch.len() == REQUESTS_PER_LOCK;
             let mut backlogged = false;
             if !batch.is_empty() {
-                conn.stream_batches = match batch.iter().any(Request::has_reply) {
+                conn.stream_batches = match batch.iter().any(Framed::has_reply) {
                     true => 0,
                     false => conn.stream_batches.saturating_add(1),
                 };
@@ -772,18 +776,18 @@ impl EventLoop {
                 let mut requests = batch.drain(..);
                 for request in requests.by_ref() {
                     if conn.unsent(out.len()) > WRITE_HIGH_WATER {
-                        conn.pending.push_back(request);
+                        conn.pending.push_back(request.into_request(&conn.rbuf));
                         backlogged = true;
                         break;
                     }
                     let mut me =
                         Requester { outbox: &conn.outbox, out: &mut out, woken: &mut *woken, garbage: &mut *garbage };
-                    if let Err(reason) = state.handle(&mut me, &shared.limits, request) {
+                    if let Err(reason) = state.handle_framed(&mut me, &shared.limits, request, &conn.rbuf) {
                         broken = Some(reason);
                         break;
                     }
                 }
-                conn.pending.extend(requests);
+                conn.pending.extend(requests.map(|request| request.into_request(&conn.rbuf)));
             }
             garbage.clear();
             match (broken, backlogged) {

@@ -5,7 +5,10 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::protocol::{parse_stoll, Limits, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING, WAIT_CANCELED};
+use super::key_hash::KeyHash;
+use super::protocol::{
+    parse_stoll, Framed, Limits, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING, WAIT_CANCELED,
+};
 
 /// Locks `mutex`, going on through poisoning: a panicking thread leaves the store usable.
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -27,12 +30,12 @@ pub(super) struct Outbox {
 /// The store proper, behind the server's one mutex.
 #[derive(Default)]
 pub(super) struct State {
-    values: HashMap<Vec<u8>, Vec<u8>>,
-    queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
+    values: HashMap<Vec<u8>, Vec<u8>, KeyHash>,
+    queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>, KeyHash>,
     /// Connections waiting on each key (one entry per registration), by connection id.
-    waiters: HashMap<Vec<u8>, Vec<u64>>,
+    waiters: HashMap<Vec<u8>, Vec<u64>, KeyHash>,
     /// Connections blocked in a barrier, by barrier key.
-    barrier_waiters: HashMap<Vec<u8>, Vec<u64>>,
+    barrier_waiters: HashMap<Vec<u8>, Vec<u64>, KeyHash>,
     /// Every connection with a pending wait or barrier.
     blocked: HashMap<u64, Blocked>,
 }
@@ -86,6 +89,39 @@ pub(super) enum Close {
 impl State {
     fn has_key(&self, key: &[u8]) -> bool {
         self.values.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
+    }
+
+    /// Handles one request of `me`'s connection, decoded from `buf`: a SET that replaces a value at most twice
+    /// its size reuses the old value's memory, and a GET or a SET of a known key copies no key.
+    pub(super) fn handle_framed(
+        &mut self,
+        me: &mut Requester<'_>,
+        limits: &Limits,
+        request: Framed,
+        buf: &[u8],
+    ) -> Result<(), Close> {
+        match request {
+            Framed::Set { key, value } => {
+                let (key, value) = (&buf[key], &buf[value]);
+                self.wake_all(me, key);
+                match self.values.get_mut(key) {
+                    Some(current)
+                        if value.len() <= current.capacity() && current.capacity() <= 2 * value.len().max(64) =>
+                    {
+                        current.clear();
+                        current.extend_from_slice(value);
+                    }
+                    Some(current) => me.garbage.push(std::mem::replace(current, value.to_vec())),
+                    None => {
+                        self.values.insert(key.to_vec(), value.to_vec());
+                    }
+                }
+            }
+            // PyTorch's libuv server answers a missing key with an empty value.
+            Framed::Get { key } => me.reply_bytes(self.values.get(&buf[key]).map_or(&[][..], Vec::as_slice)),
+            Framed::Owned(request) => return self.handle(me, limits, request),
+        }
+        Ok(())
     }
 
     /// Handles one request of `me`'s connection.
