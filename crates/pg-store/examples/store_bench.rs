@@ -8,6 +8,7 @@
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,8 @@ struct Options {
     pgstore_busy_poll_us: Option<u64>,
     /// `pgstore serve --coalesce-us` (default: pgstore's own default for this machine).
     pgstore_coalesce_us: Option<u64>,
+    /// Whether servers and clients run on fixed CPUs (`--pin-cpus on`), see [`pin_server`].
+    pin_cpus: bool,
 }
 
 fn parse() -> Result<Options, String> {
@@ -49,6 +52,7 @@ fn parse() -> Result<Options, String> {
         pgstore_threads: None,
         pgstore_busy_poll_us: None,
         pgstore_coalesce_us: None,
+        pin_cpus: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -84,6 +88,13 @@ fn parse() -> Result<Options, String> {
             "--pgstore-busy-poll-us" => {
                 options.pgstore_busy_poll_us =
                     Some(value()?.parse().map_err(|_| "--pgstore-busy-poll-us: bad number".to_owned())?)
+            }
+            "--pin-cpus" => {
+                options.pin_cpus = match value()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => return Err(format!("--pin-cpus {other}: expected on or off")),
+                }
             }
             "--pgstore-coalesce-us" => {
                 options.pgstore_coalesce_us =
@@ -286,6 +297,48 @@ fn client_cwnds(port: u16) -> Vec<(u32, bool)> {
         .collect()
 }
 
+/// With `--pin-cpus on`, the servers' threads share the first `SERVER_CPUS` CPUs and client thread `i` runs
+/// alone on CPU `SERVER_CPUS + i` (modulo the rest), so that every run places its threads the same way.
+const SERVER_CPUS: usize = 4;
+static PIN_CPUS: AtomicBool = AtomicBool::new(false);
+
+fn cpu_count() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+fn cpu_set(cpus: impl IntoIterator<Item = usize>) -> rustix::thread::CpuSet {
+    let mut set = rustix::thread::CpuSet::new();
+    for cpu in cpus {
+        set.set(cpu);
+    }
+    set
+}
+
+/// Pins every thread of server process `pid` to the server CPUs (threads it starts later inherit that).
+fn pin_server(pid: u32) {
+    let set = cpu_set(0..SERVER_CPUS);
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    for task in tasks {
+        let name = task.file_name();
+        let Some(tid) = name.to_string_lossy().parse::<i32>().ok().and_then(rustix::process::Pid::from_raw) else {
+            continue;
+        };
+        if let Err(error) = rustix::thread::sched_setaffinity(Some(tid), &set) {
+            eprintln!("store_bench: cannot pin server {pid}'s thread {tid:?}: {error}");
+        }
+    }
+}
+
+/// Pins the calling client thread (the `index`-th client) to its CPU, when pinning is on.
+fn pin_client(index: usize) {
+    if PIN_CPUS.load(Ordering::Relaxed) {
+        let cpu = SERVER_CPUS + index % (cpu_count() - SERVER_CPUS);
+        if let Err(error) = rustix::thread::sched_setaffinity(None, &cpu_set([cpu])) {
+            eprintln!("store_bench: cannot pin client {index} to CPU {cpu}: {error}");
+        }
+    }
+}
+
 /// Runs `work` on every client at once; returns every latency, the wall time from the first start to the
 /// last end, and what the client threads went through.
 fn drive<F>(clients: &[Arc<TcpStore>], work: F) -> (Vec<Duration>, f64, ClientCounts)
@@ -302,6 +355,7 @@ where
             std::thread::Builder::new()
                 .stack_size(256 * 1024)
                 .spawn(move || {
+                    pin_client(index);
                     let mut latencies = Vec::new();
                     start_line.wait();
                     let switches = thread_switches();
@@ -627,6 +681,14 @@ fn main() {
     if let Some(theirs) = &theirs {
         servers.push(Server { name: "pytorch", port: theirs.port, pid: theirs.child.id() });
     }
+    if options.pin_cpus {
+        if cpu_count() > SERVER_CPUS {
+            servers.iter().for_each(|server| pin_server(server.pid));
+            PIN_CPUS.store(true, Ordering::Relaxed);
+        } else {
+            eprintln!("store_bench: --pin-cpus needs more than {SERVER_CPUS} CPUs; running unpinned");
+        }
+    }
     let mut results = Vec::new();
     for &clients in &options.clients {
         results.extend(measure(&servers, &options.only, clients, options.total_ops, options.reps));
@@ -669,6 +731,8 @@ fn main() {
     let coalesce_us =
         options.pgstore_coalesce_us.map_or_else(|| pg_store::tcp::default_coalesce().as_micros(), u128::from);
     let _ = writeln!(json, "  \"pgstore_coalesce_us\": {coalesce_us},");
+    let pinned = PIN_CPUS.load(Ordering::Relaxed);
+    let _ = writeln!(json, "  \"pin_cpus\": {pinned},");
     let _ = writeln!(json, "  \"results\": [");
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
@@ -721,6 +785,14 @@ fn main() {
         "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`; its default on this machine: {} us, 50 with 4 or more CPUs, else off).",
         pg_store::tcp::default_coalesce().as_micros()
     );
+    if pinned {
+        let _ = writeln!(
+            md,
+            "- CPUs pinned (`--pin-cpus on`): both servers' threads on CPUs 0-{}, client thread i alone on CPU {} + i (modulo the rest).",
+            SERVER_CPUS - 1,
+            SERVER_CPUS
+        );
+    }
     let _ = writeln!(
         md,
         "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, the slowest client's time over the mean, and the clients' TCP congestion windows after the runs (`/proc/net/tcp`); {} operations per run (at least 20 per client; ten times as many for `set`).",
