@@ -185,6 +185,19 @@ struct Measurement {
     client_cwnd_p50: u32,
     client_cwnd_max: u32,
     client_slow_start_share: f64,
+    /// Every run, in the order they were made.
+    runs: Vec<Run>,
+}
+
+/// One run of one server: what varies from run to run, to tell what a slow run had in common with others.
+#[derive(Clone, Copy)]
+struct Run {
+    ops_per_second: f64,
+    /// Whether this server ran before the other one in this repetition.
+    went_first: bool,
+    segments_per_op: f64,
+    mean_us: f64,
+    client_spread: f64,
 }
 
 /// What the runs of one server for one measurement add up to.
@@ -200,6 +213,7 @@ struct Tally {
     clients: ClientCounts,
     /// The clients' congestion windows after each run, and whether each was in its initial slow start.
     cwnds: Vec<(u32, bool)>,
+    runs: Vec<Run>,
 }
 
 impl Measurement {
@@ -495,7 +509,7 @@ fn measure(
                 0 => (0..servers.len()).collect(),
                 _ => (0..servers.len()).rev().collect(),
             };
-            for index in order {
+            for (position, index) in order.into_iter().enumerate() {
                 let Server { name: server, port, pid } = servers[index];
                 let (cpu_before, sleeps_before, segments_before) =
                     (cpu_ticks(pid), process_sleeps(pid), tcp_segments_sent());
@@ -503,9 +517,18 @@ fn measure(
                 let count = if op == "set" { per_client * 10 } else { per_client };
                 let (latencies, seconds, ops, counts) = run_op(server, op, &pools[index], port, count);
                 let tally = &mut tallies[index];
+                let segments = tcp_segments_sent().saturating_sub(segments_before);
                 tally.cpu_ticks += cpu_ticks(pid).saturating_sub(cpu_before);
                 tally.server_sleeps += process_sleeps(pid).saturating_sub(sleeps_before);
-                tally.segments += tcp_segments_sent().saturating_sub(segments_before);
+                tally.segments += segments;
+                tally.runs.push(Run {
+                    ops_per_second: ops as f64 / seconds,
+                    went_first: position == 0,
+                    segments_per_op: segments as f64 / ops.max(1) as f64,
+                    mean_us: latencies.iter().map(Duration::as_secs_f64).sum::<f64>() * 1e6
+                        / latencies.len().max(1) as f64,
+                    client_spread: counts.spread,
+                });
                 tally.latencies.extend(latencies);
                 tally.rates.push(ops as f64 / seconds);
                 tally.seconds += seconds;
@@ -525,6 +548,7 @@ fn measure(
                 segments,
                 clients: counts,
                 mut cwnds,
+                runs,
             } = tally;
             cwnds.sort_unstable();
             let in_slow_start = cwnds.iter().filter(|&&(_, slow)| slow).count();
@@ -551,6 +575,7 @@ fn measure(
                 client_cwnd_p50: cwnds.get(cwnds.len() / 2).map_or(0, |&(cwnd, _)| cwnd),
                 client_cwnd_max: cwnds.last().map_or(0, |&(cwnd, _)| cwnd),
                 client_slow_start_share: in_slow_start as f64 / cwnds.len().max(1) as f64,
+                runs,
             };
             eprintln!(
                 "{server:>8} {op:>11} clients={clients:<5} ops={ops:<6} {:>10.0} ops/s (median of {reps})  p50 {:>8.1} us  p99 {:>8.1} us  mean {:>8.2} us  server CPU {:>6.2} us/op  per 1k ops: client sleeps {:.1}, preemptions {:.1}, server sleeps {:.1}; spread {:.2}; segments/op {:.2}; client cwnd p50 {} max {}",
@@ -737,7 +762,7 @@ fn main() {
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
             json,
-            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"server_cpu_us_per_op\": {:.3}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"mean_us\": {:.3}, \"client_sleeps_per_kop\": {:.2}, \"client_preemptions_per_kop\": {:.2}, \"client_spread\": {:.3}, \"server_sleeps_per_kop\": {:.2}, \"segments_per_op\": {:.3}, \"client_cwnd_p50\": {}, \"client_cwnd_max\": {}, \"client_slow_start_share\": {:.2}}}{}",
+            "    {{\"server\": {}, \"op\": {}, \"clients\": {}, \"ops\": {}, \"seconds\": {:.6}, \"ops_per_second\": {:.1}, \"runs_ops_per_second\": [{}], \"server_cpu_us_per_op\": {:.3}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"mean_us\": {:.3}, \"client_sleeps_per_kop\": {:.2}, \"client_preemptions_per_kop\": {:.2}, \"client_spread\": {:.3}, \"server_sleeps_per_kop\": {:.2}, \"segments_per_op\": {:.3}, \"client_cwnd_p50\": {}, \"client_cwnd_max\": {}, \"client_slow_start_share\": {:.2}, \"runs\": [{}]}}{}",
             json_string(m.server),
             json_string(m.op),
             m.clients,
@@ -757,6 +782,14 @@ fn main() {
             m.client_cwnd_p50,
             m.client_cwnd_max,
             m.client_slow_start_share,
+            m.runs
+                .iter()
+                .map(|run| format!(
+                    "{{\"ops_per_second\": {:.1}, \"went_first\": {}, \"segments_per_op\": {:.3}, \"mean_us\": {:.3}, \"client_spread\": {:.3}}}",
+                    run.ops_per_second, run.went_first, run.segments_per_op, run.mean_us, run.client_spread
+                ))
+                .collect::<Vec<_>>()
+                .join(", "),
             if i + 1 < results.len() { "," } else { "" }
         );
     }
