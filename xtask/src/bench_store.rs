@@ -8,7 +8,7 @@ use crate::interop::workspace_root;
 const HELP: &str = "\
 cargo xtask bench store [--python PATH] [--clients 1,8,64,1024] [--ops N] [--reps R] [--only set,get,add,wait-wakeup]
                         [--pgstore-threads N] [--pgstore-busy-poll-us N] [--pgstore-coalesce-us N]
-                        [--pin-cpus on|off] [--out DIR]
+                        [--pin-cpus on|off] [--fresh-connections on|off] [--out DIR]
 
 Measures set, get, add and wait-wakeup (p50/p99 latency, throughput) with each client count against
 `pgstore serve` and, when a Python with torch is found, PyTorch's TCPStore server, in one run.
@@ -18,7 +18,8 @@ Each configuration runs R times (default 3), the servers taking turns to go firs
 (default 10000). --only measures a subset of the operations. --pgstore-threads, --pgstore-busy-poll-us and
 --pgstore-coalesce-us are passed to `pgstore serve` as --threads, --busy-poll-us and --coalesce-us (default: its
 own defaults for this machine). --pin-cpus on runs both servers' threads on CPUs 0-3 and each client thread on
-a CPU of its own after those, the same placement in every run.
+a CPU of its own after those, the same placement in every run. --fresh-connections on opens new client
+connections for every run (default: one pool per server and client count for all its runs).
 Results: bench/results/store.json and bench/results/store.md (or --out DIR).
 ";
 
@@ -52,7 +53,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
             | "--pgstore-threads"
             | "--pgstore-busy-poll-us"
             | "--pgstore-coalesce-us"
-            | "--pin-cpus" => forwarded.extend([arg.clone(), value]),
+            | "--pin-cpus"
+            | "--fresh-connections" => forwarded.extend([arg.clone(), value]),
             other => return Err(format!("unknown argument {other}\n\n{HELP}")),
         }
     }

@@ -40,6 +40,17 @@ struct Options {
     pin_cpus: bool,
 }
 
+/// With `--fresh-connections on`, every run opens its own client connections (closed after it), so that every
+/// run starts from the same TCP state; by default one pool per server and client count serves all its runs.
+static FRESH_CONNECTIONS: AtomicBool = AtomicBool::new(false);
+
+/// `clients` new connections to the server on `port`.
+fn connect_pool(port: u16, clients: usize) -> Vec<Arc<TcpStore>> {
+    (0..clients)
+        .map(|_| Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server")))
+        .collect()
+}
+
 fn parse() -> Result<Options, String> {
     let mut options = Options {
         pgstore: String::new(),
@@ -89,6 +100,14 @@ fn parse() -> Result<Options, String> {
                 options.pgstore_busy_poll_us =
                     Some(value()?.parse().map_err(|_| "--pgstore-busy-poll-us: bad number".to_owned())?)
             }
+            "--fresh-connections" => FRESH_CONNECTIONS.store(
+                match value()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => return Err(format!("--fresh-connections {other}: expected on or off")),
+                },
+                Ordering::Relaxed,
+            ),
             "--pin-cpus" => {
                 options.pin_cpus = match value()?.as_str() {
                     "on" => true,
@@ -492,14 +511,11 @@ fn measure(
 ) -> Vec<Measurement> {
     let per_client = (total_ops / clients).max(20);
     let ticks_per_second = clock_ticks();
-    let pools: Vec<Vec<Arc<TcpStore>>> = servers
-        .iter()
-        .map(|&Server { port, .. }| {
-            (0..clients)
-                .map(|_| Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server")))
-                .collect()
-        })
-        .collect();
+    let fresh = FRESH_CONNECTIONS.load(Ordering::Relaxed);
+    let pools: Vec<Vec<Arc<TcpStore>>> = match fresh {
+        true => vec![Vec::new(); servers.len()],
+        false => servers.iter().map(|server| connect_pool(server.port, clients)).collect(),
+    };
     let mut results = Vec::new();
     for &op in ops {
         let mut tallies: Vec<Tally> = (0..servers.len()).map(|_| Tally::default()).collect();
@@ -515,7 +531,9 @@ fn measure(
                     (cpu_ticks(pid), process_sleeps(pid), tcp_segments_sent());
                 // A SET has no reply and costs little: ten times as many make a run long enough to time.
                 let count = if op == "set" { per_client * 10 } else { per_client };
-                let (latencies, seconds, ops, counts) = run_op(server, op, &pools[index], port, count);
+                let own_pool = if fresh { connect_pool(port, clients) } else { Vec::new() };
+                let pool = if fresh { &own_pool } else { &pools[index] };
+                let (latencies, seconds, ops, counts) = run_op(server, op, pool, port, count);
                 let tally = &mut tallies[index];
                 let segments = tcp_segments_sent().saturating_sub(segments_before);
                 tally.cpu_ticks += cpu_ticks(pid).saturating_sub(cpu_before);
@@ -758,6 +776,8 @@ fn main() {
     let _ = writeln!(json, "  \"pgstore_coalesce_us\": {coalesce_us},");
     let pinned = PIN_CPUS.load(Ordering::Relaxed);
     let _ = writeln!(json, "  \"pin_cpus\": {pinned},");
+    let fresh = FRESH_CONNECTIONS.load(Ordering::Relaxed);
+    let _ = writeln!(json, "  \"fresh_connections\": {fresh},");
     let _ = writeln!(json, "  \"results\": [");
     for (i, m) in results.iter().enumerate() {
         let _ = writeln!(
@@ -817,6 +837,15 @@ fn main() {
         md,
         "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`; its default on this machine: {} us, 50 with 4 or more CPUs, else off).",
         pg_store::tcp::default_coalesce().as_micros()
+    );
+    let _ = writeln!(
+        md,
+        "- Client connections: {}.",
+        if fresh {
+            "new ones for every run (`--fresh-connections on`), so that every run starts from the same TCP state"
+        } else {
+            "one pool per server and client count, used by all of its runs in turn (a run's place in the order is its connections' age)"
+        }
     );
     if pinned {
         let _ = writeln!(
