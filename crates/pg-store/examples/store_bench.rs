@@ -38,11 +38,20 @@ struct Options {
     pgstore_coalesce_us: Option<u64>,
     /// Whether servers and clients run on fixed CPUs (`--pin-cpus on`), see [`pin_server`].
     pin_cpus: bool,
+    /// With `--fresh-connections on`, every run opens its own client connections (closed after it), so that
+    /// every run starts from the same TCP state; by default one pool per server and client count serves all of
+    /// its runs.
+    fresh_connections: bool,
 }
 
-/// With `--fresh-connections on`, every run opens its own client connections (closed after it), so that every
-/// run starts from the same TCP state; by default one pool per server and client count serves all its runs.
-static FRESH_CONNECTIONS: AtomicBool = AtomicBool::new(false);
+/// The value of an `on|off` flag.
+fn on_off(flag: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("{flag} {other}: expected on or off")),
+    }
+}
 
 /// `clients` new connections to the server on `port`.
 fn connect_pool(port: u16, clients: usize) -> Vec<Arc<TcpStore>> {
@@ -64,6 +73,7 @@ fn parse() -> Result<Options, String> {
         pgstore_busy_poll_us: None,
         pgstore_coalesce_us: None,
         pin_cpus: false,
+        fresh_connections: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -100,21 +110,8 @@ fn parse() -> Result<Options, String> {
                 options.pgstore_busy_poll_us =
                     Some(value()?.parse().map_err(|_| "--pgstore-busy-poll-us: bad number".to_owned())?)
             }
-            "--fresh-connections" => FRESH_CONNECTIONS.store(
-                match value()?.as_str() {
-                    "on" => true,
-                    "off" => false,
-                    other => return Err(format!("--fresh-connections {other}: expected on or off")),
-                },
-                Ordering::Relaxed,
-            ),
-            "--pin-cpus" => {
-                options.pin_cpus = match value()?.as_str() {
-                    "on" => true,
-                    "off" => false,
-                    other => return Err(format!("--pin-cpus {other}: expected on or off")),
-                }
-            }
+            "--fresh-connections" => options.fresh_connections = on_off(arg, &value()?)?,
+            "--pin-cpus" => options.pin_cpus = on_off(arg, &value()?)?,
             "--pgstore-coalesce-us" => {
                 options.pgstore_coalesce_us =
                     Some(value()?.parse().map_err(|_| "--pgstore-coalesce-us: bad number".to_owned())?)
@@ -431,6 +428,11 @@ fn timed(latencies: &mut Vec<Duration>, op: impl FnOnce()) {
     latencies.push(start.elapsed());
 }
 
+/// The mean of `latencies` in microseconds (0 for none).
+fn mean_us(latencies: &[Duration]) -> f64 {
+    latencies.iter().map(Duration::as_secs_f64).sum::<f64>() * 1e6 / latencies.len().max(1) as f64
+}
+
 /// One run of one operation by every client; returns the latencies, the wall time and the operation count.
 fn run_op(
     server: &str,
@@ -502,16 +504,10 @@ fn clock_ticks() -> f64 {
 
 /// Measures every operation with `clients` clients on every server, the servers taking turns to go first, so that
 /// both see the same background load; the throughput reported is the median of `reps` runs.
-fn measure(
-    servers: &[Server],
-    ops: &[&'static str],
-    clients: usize,
-    total_ops: usize,
-    reps: usize,
-) -> Vec<Measurement> {
+fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measurement> {
+    let Options { only: ref ops, total_ops, reps, fresh_connections: fresh, .. } = *options;
     let per_client = (total_ops / clients).max(20);
     let ticks_per_second = clock_ticks();
-    let fresh = FRESH_CONNECTIONS.load(Ordering::Relaxed);
     let pools: Vec<Vec<Arc<TcpStore>>> = match fresh {
         true => vec![Vec::new(); servers.len()],
         false => servers.iter().map(|server| connect_pool(server.port, clients)).collect(),
@@ -531,8 +527,14 @@ fn measure(
                     (cpu_ticks(pid), process_sleeps(pid), tcp_segments_sent());
                 // A SET has no reply and costs little: ten times as many make a run long enough to time.
                 let count = if op == "set" { per_client * 10 } else { per_client };
-                let own_pool = if fresh { connect_pool(port, clients) } else { Vec::new() };
-                let pool = if fresh { &own_pool } else { &pools[index] };
+                let own_pool;
+                let pool = match fresh {
+                    true => {
+                        own_pool = connect_pool(port, clients);
+                        &own_pool
+                    }
+                    false => &pools[index],
+                };
                 let (latencies, seconds, ops, counts) = run_op(server, op, pool, port, count);
                 let tally = &mut tallies[index];
                 let segments = tcp_segments_sent().saturating_sub(segments_before);
@@ -543,8 +545,7 @@ fn measure(
                     ops_per_second: ops as f64 / seconds,
                     went_first: position == 0,
                     segments_per_op: segments as f64 / ops.max(1) as f64,
-                    mean_us: latencies.iter().map(Duration::as_secs_f64).sum::<f64>() * 1e6
-                        / latencies.len().max(1) as f64,
+                    mean_us: mean_us(&latencies),
                     client_spread: counts.spread,
                 });
                 tally.latencies.extend(latencies);
@@ -584,7 +585,7 @@ fn measure(
                 server_cpu_us_per_op: cpu_ticks as f64 / ticks_per_second * 1e6 / ops as f64,
                 p50_us: percentile(&latencies, 50),
                 p99_us: percentile(&latencies, 99),
-                mean_us: latencies.iter().map(Duration::as_secs_f64).sum::<f64>() * 1e6 / latencies.len().max(1) as f64,
+                mean_us: mean_us(&latencies),
                 client_sleeps_per_kop: per_kop(counts.voluntary),
                 client_preemptions_per_kop: per_kop(counts.involuntary),
                 client_spread: counts.spread / reps.max(1) as f64,
@@ -734,7 +735,7 @@ fn main() {
     }
     let mut results = Vec::new();
     for &clients in &options.clients {
-        results.extend(measure(&servers, &options.only, clients, options.total_ops, options.reps));
+        results.extend(measure(&servers, &options, clients));
     }
     drop(ours);
     drop(theirs);
@@ -776,7 +777,7 @@ fn main() {
     let _ = writeln!(json, "  \"pgstore_coalesce_us\": {coalesce_us},");
     let pinned = PIN_CPUS.load(Ordering::Relaxed);
     let _ = writeln!(json, "  \"pin_cpus\": {pinned},");
-    let fresh = FRESH_CONNECTIONS.load(Ordering::Relaxed);
+    let fresh = options.fresh_connections;
     let _ = writeln!(json, "  \"fresh_connections\": {fresh},");
     let _ = writeln!(json, "  \"results\": [");
     for (i, m) in results.iter().enumerate() {

@@ -422,20 +422,18 @@ pub fn decode_framed(buf: &[u8], validated: bool, limits: &Limits) -> Result<Opt
         return Err(DecodeError::NotValidated(byte));
     }
     let mut cursor = Cursor { buf, pos: 1, limits, command };
-    let framed = match command {
-        Command::Set => cursor.key_range().and_then(|key| Ok(Framed::Set { key, value: cursor.value_range()? })),
-        Command::Get => cursor.key_range().map(|key| Framed::Get { key }),
-        command => decode_body(&mut cursor, command).map(Framed::Owned),
-    };
-    match framed {
+    match decode_body(&mut cursor, command) {
         Ok(framed) => Ok(Some((framed, cursor.pos))),
         Err(Stop::Incomplete) => Ok(None),
         Err(Stop::Bad(error)) => Err(error),
     }
 }
 
-fn decode_body(c: &mut Cursor<'_>, command: Command) -> Result<Request, Stop> {
-    Ok(match command {
+fn decode_body(c: &mut Cursor<'_>, command: Command) -> Result<Framed, Stop> {
+    let request = match command {
+        // The hot commands leave their bytes in the buffer.
+        Command::Set => return Ok(Framed::Set { key: c.key_range()?, value: c.value_range()? }),
+        Command::Get => return Ok(Framed::Get { key: c.key_range()? }),
         Command::Validate => {
             let magic = c.u32()?;
             if magic != VALIDATION_MAGIC {
@@ -443,9 +441,7 @@ fn decode_body(c: &mut Cursor<'_>, command: Command) -> Result<Request, Stop> {
             }
             Request::Validate { magic }
         }
-        Command::Set => Request::Set { key: c.key()?, value: c.value()? },
         Command::CompareSet => Request::CompareSet { key: c.key()?, expected: c.value()?, desired: c.value()? },
-        Command::Get => Request::Get { key: c.key()? },
         Command::Add => Request::Add { key: c.key()?, delta: c.i64()? },
         Command::Check => Request::Check { keys: c.keys()? },
         Command::Wait => Request::Wait { keys: c.keys()? },
@@ -468,7 +464,8 @@ fn decode_body(c: &mut Cursor<'_>, command: Command) -> Result<Request, Stop> {
         Command::QueueLen => Request::QueueLen { key: c.key()? },
         Command::ListKeys => Request::ListKeys,
         Command::Barrier => Request::Barrier { key: c.key()?, world_size: c.i64()? },
-    })
+    };
+    Ok(Framed::Owned(request))
 }
 
 /// Builds one or more requests into a byte buffer, exactly as PyTorch's client lays them out.

@@ -91,21 +91,23 @@ fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// [`DEFAULT_BUSY_POLL`] when this machine has four or more CPUs, else zero.
-pub fn default_busy_poll() -> Duration {
+/// `interval` on a machine with a CPU to spare (four or more), else zero (off).
+fn with_a_cpu_to_spare(interval: Duration) -> Duration {
     match cpus() {
-        4.. => DEFAULT_BUSY_POLL,
+        4.. => interval,
         _ => Duration::ZERO,
     }
+}
+
+/// [`DEFAULT_BUSY_POLL`] when this machine has four or more CPUs, else zero.
+pub fn default_busy_poll() -> Duration {
+    with_a_cpu_to_spare(DEFAULT_BUSY_POLL)
 }
 
 /// [`DEFAULT_COALESCE`] when this machine has four or more CPUs (where busy polling is on by default and a
 /// loop waits for a coalesced read without sleeping), else zero.
 pub fn default_coalesce() -> Duration {
-    match cpus() {
-        4.. => DEFAULT_COALESCE,
-        _ => Duration::ZERO,
-    }
+    with_a_cpu_to_spare(DEFAULT_COALESCE)
 }
 
 /// One event-loop thread per eight CPUs, from 1 to [`MAX_DEFAULT_THREADS`]: the clients of a busy store

@@ -104,21 +104,9 @@ impl State {
             Framed::Set { key, value } => {
                 let (key, value) = (&buf[key], &buf[value]);
                 self.wake_all(me, key);
-                match self.values.get_mut(key) {
-                    Some(current)
-                        if value.len() <= current.capacity() && current.capacity() <= 2 * value.len().max(64) =>
-                    {
-                        current.clear();
-                        current.extend_from_slice(value);
-                    }
-                    Some(current) => me.garbage.push(std::mem::replace(current, value.to_vec())),
-                    None => {
-                        self.values.insert(key.to_vec(), value.to_vec());
-                    }
-                }
+                self.put_copy(me, key, value);
             }
-            // PyTorch's libuv server answers a missing key with an empty value.
-            Framed::Get { key } => me.reply_bytes(self.values.get(&buf[key]).map_or(&[][..], Vec::as_slice)),
+            Framed::Get { key } => self.reply_value(me, &buf[key]),
             Framed::Owned(request) => return self.handle(me, limits, request),
         }
         Ok(())
@@ -153,10 +141,7 @@ impl State {
                 };
                 me.reply_bytes(&reply);
             }
-            Request::Get { key } => {
-                // PyTorch's libuv server answers a missing key with an empty value.
-                me.reply_bytes(self.values.get(&key).map_or(&[][..], Vec::as_slice));
-            }
+            Request::Get { key } => self.reply_value(me, &key),
             Request::Add { key, delta } => {
                 let sum = self.add(me, &key, delta)?;
                 me.reply(&sum.to_le_bytes());
@@ -200,7 +185,7 @@ impl State {
                     )));
                 }
                 for key in keys {
-                    me.reply_bytes(self.values.get(&key).map_or(&[][..], Vec::as_slice));
+                    self.reply_value(me, &key);
                 }
             }
             Request::MultiSet { pairs } => {
@@ -257,6 +242,26 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Answers with `key`'s value; PyTorch's libuv server answers a missing key with an empty value.
+    fn reply_value(&self, me: &mut Requester<'_>, key: &[u8]) {
+        me.reply_bytes(self.values.get(key).map_or(&[][..], Vec::as_slice));
+    }
+
+    /// Sets `key` to a copy of `value`, into the old value's memory when that holds it and is at most twice its
+    /// size (or 128 bytes); a replaced value is freed after the state lock is released.
+    fn put_copy(&mut self, me: &mut Requester<'_>, key: &[u8], value: &[u8]) {
+        match self.values.get_mut(key) {
+            Some(current) if value.len() <= current.capacity() && current.capacity() <= 2 * value.len().max(64) => {
+                current.clear();
+                current.extend_from_slice(value);
+            }
+            Some(current) => me.garbage.push(std::mem::replace(current, value.to_vec())),
+            None => {
+                self.values.insert(key.to_vec(), value.to_vec());
+            }
+        }
     }
 
     /// Sets `key` to `value`; what it replaces is freed after the state lock is released.
