@@ -14,12 +14,13 @@ Measures set, get, add and wait-wakeup (p50/p99 latency, throughput) with each c
 `pgstore serve` and, when a Python with torch is found, PyTorch's TCPStore server, in one run.
 Python: --python, else target/interop-venv/bin/python (made by `cargo xtask interop`), else python3;
 without torch only our server is measured, and the results say so.
-Each configuration runs R times (default 3), the servers taking turns to go first; N operations per run
+Each configuration runs R times (default 5), the servers taking turns to go first; N operations per run
 (default 10000). --only measures a subset of the operations. --pgstore-threads, --pgstore-busy-poll-us and
 --pgstore-coalesce-us are passed to `pgstore serve` as --threads, --busy-poll-us and --coalesce-us (default: its
 own defaults for this machine). --pin-cpus on runs both servers' threads on CPUs 0-3 and each client thread on
-a CPU of its own after those, the same placement in every run. --fresh-connections on opens new client
-connections for every run (default: one pool per server and client count for all its runs).
+a CPU of its own after those, the same placement in every run. Every run opens new client connections
+(--fresh-connections on, the default), so that runs are independent samples; --fresh-connections off keeps one
+pool per server and client count for all its runs (a run's place in the order is then its connections' age).
 Results: bench/results/store.json and bench/results/store.md (or --out DIR).
 ";
 

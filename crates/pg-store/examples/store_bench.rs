@@ -38,9 +38,12 @@ struct Options {
     pgstore_coalesce_us: Option<u64>,
     /// Whether servers and clients run on fixed CPUs (`--pin-cpus on`), see [`pin_server`].
     pin_cpus: bool,
-    /// With `--fresh-connections on`, every run opens its own client connections (closed after it), so that
-    /// every run starts from the same TCP state; by default one pool per server and client count serves all of
-    /// its runs.
+    /// Whether every run opens its own client connections (closed after it; the default, `--fresh-connections
+    /// on`), so that every run starts from the same TCP state and the runs are independent samples. With
+    /// `--fresh-connections off`, one pool per server and client count serves all of its runs in turn: a run's
+    /// place in the order is then its connections' age, and on a SET flood both servers slow down run after run
+    /// as the clients' congestion control settles (`bench/results/store-session12/`), so that the median
+    /// depends on how many runs were asked for.
     fresh_connections: bool,
 }
 
@@ -67,13 +70,13 @@ fn parse() -> Result<Options, String> {
         out: "bench/results".into(),
         clients: vec![1, 8, 64, 1024],
         total_ops: 10_000,
-        reps: 3,
+        reps: 5,
         only: OPS.to_vec(),
         pgstore_threads: None,
         pgstore_busy_poll_us: None,
         pgstore_coalesce_us: None,
         pin_cpus: false,
-        fresh_connections: false,
+        fresh_connections: true,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
@@ -836,7 +839,7 @@ fn main() {
     );
     let _ = writeln!(
         md,
-        "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`; its default on this machine: {} us, 50 with 4 or more CPUs, else off).",
+        "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`; its default on this machine: {} us, 200 with 4 or more CPUs, else off).",
         pg_store::tcp::default_coalesce().as_micros()
     );
     let _ = writeln!(

@@ -598,6 +598,42 @@ fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
     }
 }
 
+/// SETs that come further apart than a stream's longest pause (here 4 ms: twice the coalescing interval) are
+/// read at once however many arrive in a row: a rank setting its rendezvous keys one by one is not made to wait
+/// for coalescing. Each SET is seen on another connection before the pause that precedes the next, so that the
+/// server handles them apart.
+fn check_spaced_sets_are_not_coalesced(threads: usize, busy_poll: Duration) {
+    let server = coalescing_server(threads, Duration::from_millis(2), busy_poll);
+    let port = server.port();
+    let setter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    let observer = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    for i in 0..5 {
+        let key = format!("spaced/{i}");
+        setter.set(&key, b"1").unwrap();
+        observer.wait(&[&key], Some(TIMEOUT)).unwrap();
+        // Spacing, not waiting for anything: the next SET is sent (and handled) at least this much later.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stats = server.stats();
+    assert_eq!(stats.coalesced_reads, 0, "{threads} threads, busy polling {busy_poll:?}: {stats:?}");
+    // The same connection flooding is read late.
+    for i in 0..3000 {
+        setter.set(&format!("flood/{}", i % 100), b"1").unwrap();
+    }
+    assert_eq!(setter.num_keys().unwrap(), 105);
+    let stats = server.stats();
+    assert!(stats.coalesced_reads > 0, "{threads} threads, busy polling {busy_poll:?}: {stats:?}");
+}
+
+#[test]
+fn spaced_sets_are_read_at_once_and_a_flood_late() {
+    for threads in THREADS {
+        for busy_poll in [Duration::ZERO, Duration::from_micros(50)] {
+            check_spaced_sets_are_not_coalesced(threads, busy_poll);
+        }
+    }
+}
+
 /// Streaming connections that close while their reads wait: every SET they sent is applied, every connection
 /// closes, and connections opened after them (which may reuse their slots) work normally.
 fn check_streams_closing_while_deferred(threads: usize, busy_poll: Duration) {

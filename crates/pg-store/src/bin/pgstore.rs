@@ -17,7 +17,7 @@ Usage:
                                            machine with 4 or more CPUs, else 0: never); N event-loop
                                            threads serve the connections (default one per 8 CPUs,
                                            1 to 2; PyTorch's server has one); --coalesce-us N reads a
-                                           stream of SETs N us late, several at a time (default 50
+                                           flood of SETs N us late, many at a time (default 200
                                            on a machine with 4 or more CPUs, else 0: off)
   pgstore [--addr HOST:PORT] [--timeout S] <command>
 

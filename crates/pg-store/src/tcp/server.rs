@@ -32,9 +32,13 @@ const COALESCE_TIMER: Token = Token(usize::MAX - 3);
 /// What a connection is registered for, edge-triggered: a writable event comes only after a send found the
 /// socket full, so it costs nothing while replies fit.
 const CONNECTION_INTEREST: Interest = Interest::READABLE.add(Interest::WRITABLE);
-/// How many batches of fire-and-forget requests in a row make a connection a stream that
-/// [`ServerOptions::coalesce`] reads late.
+/// How many batches of fire-and-forget requests in a row, each less than [`STREAM_GAP`] after the one before,
+/// make a connection a stream that [`ServerOptions::coalesce`] reads late.
 const STREAM_BATCHES: u8 = 2;
+/// The longest pause between two batches of fire-and-forget requests of one stream (or twice the coalescing
+/// interval, when that is longer): a client whose SETs come further apart, as a rank setting its rendezvous keys
+/// does, is read at once, and only a flood waits for coalescing.
+const STREAM_GAP: Duration = Duration::from_millis(1);
 /// How many bytes one `read` call takes from a socket.
 const READ_CHUNK: usize = 64 * 1024;
 /// Above this many unsent reply bytes, the server stops reading a connection until the peer reads.
@@ -63,9 +67,10 @@ pub struct ServerOptions {
     /// [`default_threads`]. PyTorch's libuv server has one.
     pub threads: usize,
     /// Receive coalescing (zero turns it off; the default is [`default_coalesce`]): a connection whose last
-    /// two batches held only fire-and-forget requests (a stream of SETs) leaves the poll and is read this long
-    /// after its data arrived, so that one read takes several requests and the sender's data arrives without
-    /// waking anyone. With busy polling on, the loop keeps polling without blocking until then (a thread
+    /// two batches held only fire-and-forget requests and came less than a millisecond apart (a flood of SETs)
+    /// leaves the poll and is read this long after its data arrived, so that one read takes many requests, the
+    /// sender's data arrives without waking anyone, and the sender's SETs queue in its socket and leave it
+    /// several to a TCP segment. With busy polling on, the loop keeps polling without blocking until then (a thread
     /// that slept would be woken by the sender, which pays for the wake-up inside its send); with it off, a
     /// timer wakes the loop. The first request with a reply after such a stream waits up to this long.
     pub coalesce: Duration,
@@ -74,8 +79,10 @@ pub struct ServerOptions {
 /// The default of [`ServerOptions::busy_poll`] on a machine with a CPU to spare.
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 
-/// The default of [`ServerOptions::coalesce`] on a machine with a CPU to spare.
-pub const DEFAULT_COALESCE: Duration = Duration::from_micros(50);
+/// The default of [`ServerOptions::coalesce`] on a machine with a CPU to spare. Measured with 8 clients
+/// flooding SETs on a 16-core host (`bench/results/store-session12/`): 200 us leaves 0.04 TCP segments per SET
+/// (50 us: 0.12 to 0.16) and gives 5.3 to 6.8 million SETs a second in every run (50 us: 2.2 to 5.3).
+pub const DEFAULT_COALESCE: Duration = Duration::from_micros(200);
 
 /// The most event-loop threads [`default_threads`] picks. More threads answer requests with replies faster
 /// still, but they also read and acknowledge streams of fire-and-forget SETs sooner, and a sender whose
@@ -189,6 +196,7 @@ impl TcpStoreServer {
             limits: options.limits,
             busy_poll: options.busy_poll,
             coalesce: options.coalesce,
+            stream_gap: STREAM_GAP.max(options.coalesce.saturating_mul(2)),
             next_conn_id: AtomicU64::new(0),
         });
         let mut listener = Some(listener);
@@ -331,6 +339,8 @@ struct Shared {
     limits: Limits,
     busy_poll: Duration,
     coalesce: Duration,
+    /// [`STREAM_GAP`] or twice `coalesce`, whichever is longer.
+    stream_gap: Duration,
     next_conn_id: AtomicU64,
 }
 
@@ -380,8 +390,11 @@ struct Conn {
     validated: bool,
     /// Decoded requests that wait behind unsent replies.
     pending: VecDeque<Request>,
-    /// How many batches in a row held only fire-and-forget requests (saturating).
+    /// How many batches in a row held only fire-and-forget requests, each within [`Shared::stream_gap`] of the
+    /// one before (saturating).
     stream_batches: u8,
+    /// When the last batch of fire-and-forget requests was handled (kept only while coalescing is on).
+    last_stream_batch: Option<Instant>,
     /// Whether the connection is on its loop's deferred list.
     deferred: bool,
     outbox: Arc<Outbox>,
@@ -628,6 +641,7 @@ impl EventLoop {
             validated: false,
             pending: VecDeque::new(),
             stream_batches: 0,
+            last_stream_batch: None,
             deferred: false,
             outbox,
         });
@@ -771,7 +785,16 @@ impl EventLoop {
             if !batch.is_empty() {
                 conn.stream_batches = match batch.iter().any(Framed::has_reply) {
                     true => 0,
-                    false => conn.stream_batches.saturating_add(1),
+                    false if shared.coalesce.is_zero() => conn.stream_batches.saturating_add(1),
+                    false => {
+                        let now = Instant::now();
+                        let close = conn.last_stream_batch.is_some_and(|last| now - last <= shared.stream_gap);
+                        conn.last_stream_batch = Some(now);
+                        match close {
+                            true => conn.stream_batches.saturating_add(1),
+                            false => 1,
+                        }
+                    }
                 };
                 let mut state = lock(&shared.state);
                 let mut out = lock(&conn.outbox.bytes);
