@@ -587,15 +587,22 @@ fn check_coalescing(threads: usize, coalesce: Duration, busy_poll: Duration) {
     );
 }
 
-#[test]
-fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
+/// Runs `check` with every thread count of [`THREADS`], with busy polling off and on.
+fn on_every_loop_setup(check: impl Fn(usize, Duration)) {
     for threads in THREADS {
         for busy_poll in [Duration::ZERO, Duration::from_micros(50)] {
-            check_coalescing(threads, Duration::ZERO, busy_poll);
-            check_coalescing(threads, Duration::from_micros(50), busy_poll);
-            check_coalescing(threads, Duration::from_millis(2), busy_poll);
+            check(threads, busy_poll);
         }
     }
+}
+
+#[test]
+fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
+    on_every_loop_setup(|threads, busy_poll| {
+        check_coalescing(threads, Duration::ZERO, busy_poll);
+        check_coalescing(threads, Duration::from_micros(50), busy_poll);
+        check_coalescing(threads, Duration::from_millis(2), busy_poll);
+    });
 }
 
 /// SETs that come further apart than a stream's longest pause (here 4 ms: twice the coalescing interval) are
@@ -627,11 +634,7 @@ fn check_spaced_sets_are_not_coalesced(threads: usize, busy_poll: Duration) {
 
 #[test]
 fn spaced_sets_are_read_at_once_and_a_flood_late() {
-    for threads in THREADS {
-        for busy_poll in [Duration::ZERO, Duration::from_micros(50)] {
-            check_spaced_sets_are_not_coalesced(threads, busy_poll);
-        }
-    }
+    on_every_loop_setup(check_spaced_sets_are_not_coalesced);
 }
 
 /// Streaming connections that close while their reads wait: every SET they sent is applied, every connection
@@ -674,11 +677,7 @@ fn check_streams_closing_while_deferred(threads: usize, busy_poll: Duration) {
 
 #[test]
 fn streams_that_close_while_their_reads_wait_lose_nothing() {
-    for threads in THREADS {
-        for busy_poll in [Duration::ZERO, Duration::from_micros(50)] {
-            check_streams_closing_while_deferred(threads, busy_poll);
-        }
-    }
+    on_every_loop_setup(check_streams_closing_while_deferred);
 }
 
 /// Waiters that time out and cancel while SETs on other connections (on other server threads) release them:
