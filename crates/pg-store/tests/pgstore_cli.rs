@@ -6,17 +6,9 @@ use std::time::Duration;
 
 use pg_store::{Store, TcpStore};
 
+/// `pgstore --addr ADDR --timeout 20` with `args`: (exit code, stdout, stderr).
 fn pgstore(addr: &str, args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_pgstore"))
-        .args(["--addr", addr, "--timeout", "20"])
-        .args(args)
-        .output()
-        .expect("pgstore runs");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    pgstore_alone(&[&["--addr", addr, "--timeout", "20"], args].concat())
 }
 
 #[test]
@@ -50,6 +42,33 @@ fn client_commands_work_on_a_live_store() {
     let (code, _, err) = pgstore(&addr, &["frobnicate"]);
     assert_eq!(code, 2);
     assert!(err.contains("unknown command"), "{err}");
+}
+
+/// `pgstore` with `args` and nothing else: (exit code, stdout, stderr).
+fn pgstore_alone(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_pgstore")).args(args).output().expect("pgstore runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Help wherever it is asked for: printed on stdout, exit code 0, no server contacted.
+fn check_help(args: &[&str]) {
+    let (code, out, err) = pgstore_alone(args);
+    assert_eq!(code, 0, "pgstore {args:?}: {err}");
+    assert!(out.contains("Usage:") && out.contains("pgstore serve [--host H]"), "pgstore {args:?}: {out}");
+}
+
+#[test]
+fn help_is_printed_however_it_is_asked_for() {
+    check_help(&[]);
+    check_help(&["help"]);
+    check_help(&["-h"]);
+    check_help(&["--help"]);
+    check_help(&["serve", "--help"]);
+    check_help(&["--addr", "127.0.0.1:1", "get", "k", "--help"]);
 }
 
 #[test]

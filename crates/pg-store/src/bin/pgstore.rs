@@ -6,11 +6,21 @@ use std::time::Duration;
 use pg_store::tcp::{ServerOptions, TcpStoreServer, DEFAULT_PORT};
 use pg_store::{Store, StoreError, TcpStore};
 
-const HELP: &str = "\
+/// The `serve` usage line, shared by the help text and the error for a malformed `serve`.
+macro_rules! serve_usage {
+    () => {
+        "pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N]"
+    };
+}
+
+const HELP: &str = concat!(
+    "\
 pgstore: a TCP store (wire-compatible with PyTorch's TCPStore) and a client for a live one
 
 Usage:
-  pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N]
+  ",
+    serve_usage!(),
+    "
                                            run a server until stopped (port 0 picks a free one); after
                                            each burst of requests it polls N us before sleeping, which
                                            answers the next request without a wake-up (default 50 on a
@@ -37,7 +47,8 @@ Options:
   --timeout S           seconds for connecting and waiting (default 300; 0 waits forever)
 
 Values and keys that are not printable UTF-8 text are printed with \\xNN escapes.
-";
+",
+);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -53,6 +64,8 @@ fn main() -> ExitCode {
 /// Splits `--name value` options from the positional arguments.
 struct Args {
     positional: Vec<String>,
+    /// `-h` or `--help` anywhere on the line.
+    help: bool,
     addr: Option<String>,
     timeout: Option<String>,
     host: Option<String>,
@@ -65,6 +78,7 @@ struct Args {
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut parsed = Args {
         positional: Vec::new(),
+        help: false,
         addr: None,
         timeout: None,
         host: None,
@@ -87,6 +101,10 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 parsed.positional.extend(iter.by_ref().cloned());
                 break;
             }
+            "-h" | "--help" => {
+                parsed.help = true;
+                continue;
+            }
             option if option.starts_with("--") => return Err(format!("unknown option {option}\n\n{HELP}")),
             _ => {
                 parsed.positional.push(arg.clone());
@@ -104,7 +122,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         print!("{HELP}");
         return Ok(ExitCode::SUCCESS);
     };
-    if matches!(command.as_str(), "-h" | "--help" | "help") {
+    if args.help || command == "help" {
         print!("{HELP}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -195,9 +213,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
 
 fn serve(args: &Args) -> Result<ExitCode, String> {
     if args.positional.len() != 1 {
-        return Err(
-            "usage: pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N]".into()
-        );
+        return Err(concat!("usage: ", serve_usage!()).into());
     }
     let port = match &args.port {
         None => DEFAULT_PORT,
