@@ -209,7 +209,6 @@ struct Measurement {
 }
 
 /// One run of one server: what varies from run to run, to tell what a slow run had in common with others.
-#[derive(Clone, Copy)]
 struct Run {
     ops_per_second: f64,
     /// Whether this server ran before the other one in this repetition.
@@ -217,6 +216,9 @@ struct Run {
     segments_per_op: f64,
     mean_us: f64,
     client_spread: f64,
+    /// Each client's time in seconds, in the order the clients connected (a server that deals connections out
+    /// to its threads in turn gives client `i` to thread `(i + k) % threads`).
+    client_seconds: Vec<f64>,
 }
 
 /// What the runs of one server for one measurement add up to.
@@ -248,7 +250,7 @@ fn percentile(sorted: &[Duration], p: usize) -> f64 {
 }
 
 /// What the client threads of one run went through besides their latencies.
-#[derive(Clone, Copy, Default)]
+#[derive(Default)]
 struct ClientCounts {
     /// Context switches of the client threads while they worked: voluntary ones are sleeps (a send that
     /// waited for buffer space, a reply that was not there yet), involuntary ones are preemptions.
@@ -256,6 +258,8 @@ struct ClientCounts {
     involuntary: u64,
     /// The slowest client's time over the mean client's time (1.0: every client took as long).
     spread: f64,
+    /// Each client's time in seconds, in client order: one run's, which a sum of runs does not keep.
+    client_seconds: Vec<f64>,
 }
 
 impl std::ops::AddAssign for ClientCounts {
@@ -414,6 +418,7 @@ where
         counts.voluntary += voluntary;
         counts.involuntary += involuntary;
         let took = (end - start).as_secs_f64();
+        counts.client_seconds.push(took);
         longest = longest.max(took);
         total += took;
     }
@@ -538,7 +543,7 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                     }
                     false => &pools[index],
                 };
-                let (latencies, seconds, ops, counts) = run_op(server, op, pool, port, count);
+                let (latencies, seconds, ops, mut counts) = run_op(server, op, pool, port, count);
                 let tally = &mut tallies[index];
                 let segments = tcp_segments_sent().saturating_sub(segments_before);
                 tally.cpu_ticks += cpu_ticks(pid).saturating_sub(cpu_before);
@@ -550,6 +555,7 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                     segments_per_op: segments as f64 / ops.max(1) as f64,
                     mean_us: mean_us(&latencies),
                     client_spread: counts.spread,
+                    client_seconds: std::mem::take(&mut counts.client_seconds),
                 });
                 tally.latencies.extend(latencies);
                 tally.rates.push(ops as f64 / seconds);
@@ -809,8 +815,13 @@ fn main() {
             m.runs
                 .iter()
                 .map(|run| format!(
-                    "{{\"ops_per_second\": {:.1}, \"went_first\": {}, \"segments_per_op\": {:.3}, \"mean_us\": {:.3}, \"client_spread\": {:.3}}}",
-                    run.ops_per_second, run.went_first, run.segments_per_op, run.mean_us, run.client_spread
+                    "{{\"ops_per_second\": {:.1}, \"went_first\": {}, \"segments_per_op\": {:.3}, \"mean_us\": {:.3}, \"client_spread\": {:.3}, \"client_seconds\": [{}]}}",
+                    run.ops_per_second,
+                    run.went_first,
+                    run.segments_per_op,
+                    run.mean_us,
+                    run.client_spread,
+                    run.client_seconds.iter().map(|s| format!("{s:.6}")).collect::<Vec<_>>().join(", ")
                 ))
                 .collect::<Vec<_>>()
                 .join(", "),
@@ -861,7 +872,7 @@ fn main() {
     }
     let _ = writeln!(
         md,
-        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, the slowest client's time over the mean, and the clients' TCP congestion windows after the runs (`/proc/net/tcp`); {} operations per run (at least 20 per client; ten times as many for `set`).",
+        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, the slowest client's time over the mean, the clients' TCP congestion windows after the runs (`/proc/net/tcp`), and every run in order (`runs`: its throughput, which server went first, segments per operation, mean latency, spread, and each client's time in the order the clients connected); {} operations per run (at least 20 per client; ten times as many for `set`).",
         options.reps, options.total_ops
     );
     let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
