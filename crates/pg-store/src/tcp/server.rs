@@ -69,10 +69,11 @@ pub struct ServerOptions {
     /// Receive coalescing (zero turns it off; the default is [`default_coalesce`]): a connection whose last
     /// two batches held only fire-and-forget requests and came less than 1 ms apart (or twice this interval,
     /// when that is longer: a flood of SETs) leaves the poll and is read this long after its data arrived, so
-    /// that one read takes many requests, the sender's data arrives without waking anyone, and the sender's SETs
-    /// queue in its socket and leave it several to a TCP segment. With busy polling on, the loop keeps polling without blocking until then (a thread
-    /// that slept would be woken by the sender, which pays for the wake-up inside its send); with it off, a
-    /// timer wakes the loop. The first request with a reply after such a stream waits up to this long.
+    /// that one read takes many requests, the sender's data arrives without waking anyone, and the sender's
+    /// SETs queue in its socket and leave it several to a TCP segment. With busy polling on, the loop keeps
+    /// polling without blocking until then (a thread that slept would be woken by the sender, which pays for
+    /// the wake-up inside its send); with it off, a timer wakes the loop. The first request with a reply after
+    /// such a flood waits up to this long.
     pub coalesce: Duration,
 }
 
