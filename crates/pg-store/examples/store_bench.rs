@@ -231,7 +231,9 @@ struct Tally {
     cpu_ticks: u64,
     server_sleeps: u64,
     segments: u64,
-    clients: ClientCounts,
+    /// The client threads' context switches over the runs: sleeps and preemptions.
+    client_sleeps: u64,
+    client_preemptions: u64,
     /// The clients' congestion windows after each run, and whether each was in its initial slow start.
     cwnds: Vec<(u32, bool)>,
     runs: Vec<Run>,
@@ -256,17 +258,19 @@ struct ClientCounts {
     /// waited for buffer space, a reply that was not there yet), involuntary ones are preemptions.
     voluntary: u64,
     involuntary: u64,
-    /// The slowest client's time over the mean client's time (1.0: every client took as long).
-    spread: f64,
-    /// Each client's time in seconds, in client order: one run's, which a sum of runs does not keep.
+    /// Each client's time in seconds, in client order.
     client_seconds: Vec<f64>,
 }
 
-impl std::ops::AddAssign for ClientCounts {
-    fn add_assign(&mut self, other: Self) {
-        self.voluntary += other.voluntary;
-        self.involuntary += other.involuntary;
-        self.spread += other.spread;
+impl ClientCounts {
+    /// The slowest client's time over the mean client's time (1.0: every client took as long).
+    fn spread(&self) -> f64 {
+        let total: f64 = self.client_seconds.iter().sum();
+        let longest = self.client_seconds.iter().copied().fold(0.0, f64::max);
+        match total > 0.0 {
+            true => longest / (total / self.client_seconds.len() as f64),
+            false => 1.0,
+        }
     }
 }
 
@@ -409,7 +413,6 @@ where
     let mut first = None::<Instant>;
     let mut last = None::<Instant>;
     let mut counts = ClientCounts::default();
-    let (mut longest, mut total) = (0.0f64, 0.0f64);
     for thread in threads {
         let (start, end, latencies, (voluntary, involuntary)) = thread.join().expect("client thread");
         first = Some(first.map_or(start, |f| f.min(start)));
@@ -417,12 +420,8 @@ where
         all.extend(latencies);
         counts.voluntary += voluntary;
         counts.involuntary += involuntary;
-        let took = (end - start).as_secs_f64();
-        counts.client_seconds.push(took);
-        longest = longest.max(took);
-        total += took;
+        counts.client_seconds.push((end - start).as_secs_f64());
     }
-    counts.spread = if total > 0.0 { longest / (total / clients.len() as f64) } else { 1.0 };
     let seconds = match (first, last) {
         (Some(first), Some(last)) => (last - first).as_secs_f64(),
         _ => 0.0,
@@ -543,25 +542,26 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                     }
                     false => &pools[index],
                 };
-                let (latencies, seconds, ops, mut counts) = run_op(server, op, pool, port, count);
+                let (latencies, seconds, ops, counts) = run_op(server, op, pool, port, count);
                 let tally = &mut tallies[index];
                 let segments = tcp_segments_sent().saturating_sub(segments_before);
                 tally.cpu_ticks += cpu_ticks(pid).saturating_sub(cpu_before);
                 tally.server_sleeps += process_sleeps(pid).saturating_sub(sleeps_before);
                 tally.segments += segments;
+                tally.client_sleeps += counts.voluntary;
+                tally.client_preemptions += counts.involuntary;
                 tally.runs.push(Run {
                     ops_per_second: ops as f64 / seconds,
                     went_first: position == 0,
                     segments_per_op: segments as f64 / ops.max(1) as f64,
                     mean_us: mean_us(&latencies),
-                    client_spread: counts.spread,
-                    client_seconds: std::mem::take(&mut counts.client_seconds),
+                    client_spread: counts.spread(),
+                    client_seconds: counts.client_seconds,
                 });
                 tally.latencies.extend(latencies);
                 tally.rates.push(ops as f64 / seconds);
                 tally.seconds += seconds;
                 tally.ops += ops;
-                tally.clients += counts;
                 tally.cwnds.extend(client_cwnds(port));
             }
         }
@@ -574,7 +574,8 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                 cpu_ticks,
                 server_sleeps,
                 segments,
-                clients: counts,
+                client_sleeps,
+                client_preemptions,
                 mut cwnds,
                 runs,
             } = tally;
@@ -595,9 +596,9 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                 p50_us: percentile(&latencies, 50),
                 p99_us: percentile(&latencies, 99),
                 mean_us: mean_us(&latencies),
-                client_sleeps_per_kop: per_kop(counts.voluntary),
-                client_preemptions_per_kop: per_kop(counts.involuntary),
-                client_spread: counts.spread / reps.max(1) as f64,
+                client_sleeps_per_kop: per_kop(client_sleeps),
+                client_preemptions_per_kop: per_kop(client_preemptions),
+                client_spread: runs.iter().map(|run| run.client_spread).sum::<f64>() / runs.len().max(1) as f64,
                 server_sleeps_per_kop: per_kop(server_sleeps),
                 segments_per_op: segments as f64 / ops.max(1) as f64,
                 client_cwnd_p50: cwnds.get(cwnds.len() / 2).map_or(0, |&(cwnd, _)| cwnd),
