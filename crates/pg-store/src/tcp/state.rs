@@ -125,19 +125,16 @@ impl State {
                 self.put(me, key, value);
             }
             Request::CompareSet { key, expected, desired } => {
-                let reply = match self.values.get(&key) {
-                    None if expected.is_empty() => {
+                // A missing key matches an empty expected value, as in PyTorch's server.
+                let current = self.values.get(&key);
+                let reply = match current.map_or(expected.is_empty(), |current| *current == expected) {
+                    true => {
                         self.values.insert(key.clone(), desired.clone());
                         self.wake_all(me, &key);
                         desired
                     }
-                    None => expected,
-                    Some(current) if *current == expected => {
-                        self.values.insert(key.clone(), desired.clone());
-                        self.wake_all(me, &key);
-                        desired
-                    }
-                    Some(current) => current.clone(),
+                    // A mismatch answers with the current value, or with `expected` when there is none.
+                    false => current.cloned().unwrap_or(expected),
                 };
                 me.reply_bytes(&reply);
             }
