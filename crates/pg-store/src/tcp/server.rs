@@ -70,10 +70,9 @@ pub struct ServerOptions {
     /// two batches held only fire-and-forget requests and came less than 1 ms apart (or twice this interval,
     /// when that is longer: a flood of SETs) leaves the poll and is read this long after its data arrived, so
     /// that one read takes many requests, the sender's data arrives without waking anyone, and the sender's
-    /// SETs queue in its socket and leave it several to a TCP segment. With busy polling on, the loop keeps
-    /// polling without blocking until then (a thread that slept would be woken by the sender, which pays for
-    /// the wake-up inside its send); with it off, a timer wakes the loop. The first request with a reply after
-    /// such a flood waits up to this long.
+    /// SETs queue in its socket and leave it several to a TCP segment. Meanwhile the loop sleeps on a timer
+    /// (busy polling too spends no CPU on such a connection: it is out of the poll, so its sender's data wakes
+    /// nothing). The first request with a reply after such a flood waits up to this long.
     pub coalesce: Duration,
 }
 
@@ -432,8 +431,8 @@ struct EventLoop {
     /// The timer of receive coalescing (with [`ServerOptions::coalesce`]).
     timer: Option<rustix::fd::OwnedFd>,
     timer_armed: bool,
-    /// Connections out of the poll, in the order their reads fall due: (slot, connection id, due). Without a
-    /// timer (busy polling on) the loop polls without blocking while any is waiting.
+    /// Connections out of the poll, in the order their reads fall due: (slot, connection id, due); the timer
+    /// wakes the loop for the first.
     deferred: VecDeque<(usize, u64, Instant)>,
 }
 
@@ -445,22 +444,14 @@ impl EventLoop {
                 return;
             }
         }
-        if !self.shared.coalesce.is_zero() && self.shared.busy_poll.is_zero() {
+        if !self.shared.coalesce.is_zero() {
             self.timer = self.start_timer();
         }
         let mut events = Events::with_capacity(1024);
         // Until when the loop polls without blocking: set after every batch of events that sent a reply.
         let mut spin_until: Option<Instant> = None;
         while !self.shared.stop.load(Ordering::SeqCst) {
-            let polls_for_streams = self.timer.is_none() && !self.deferred.is_empty();
-            if polls_for_streams && self.deferred.front().is_some_and(|&(_, _, due)| Instant::now() >= due) {
-                self.read_due();
-                // A stream's next request is due soon: a thread that slept now would be woken by its sender,
-                // which pays for the wake-up inside its send.
-                spin_until = Some(Instant::now() + self.shared.busy_poll);
-            }
             let timeout = match spin_until {
-                _ if polls_for_streams => Some(Duration::ZERO),
                 Some(until) if Instant::now() < until => Some(Duration::ZERO),
                 Some(_) => {
                     // The window is over: an idle loop reads no clock until the next reply starts one.
@@ -515,8 +506,7 @@ impl EventLoop {
     /// Whether a readable connection that streams fire-and-forget requests is to be read late (it then leaves
     /// the poll for the deferred list).
     fn defers(&mut self, slot: usize, event: &mio::event::Event) -> bool {
-        let spins = !self.shared.busy_poll.is_zero();
-        if self.shared.coalesce.is_zero() || (!spins && self.timer.is_none()) {
+        if self.shared.coalesce.is_zero() || self.timer.is_none() {
             return false;
         }
         if event.is_read_closed() || event.is_error() {
@@ -547,7 +537,7 @@ impl EventLoop {
     /// Arms the coalescing timer (when the loop has one) to fire `after` from now; false when it cannot.
     fn arm_timer(&mut self, after: Duration) -> bool {
         use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
-        let Some(timer) = &self.timer else { return true };
+        let Some(timer) = &self.timer else { return false };
         let when = Itimerspec {
             it_interval: Timespec { tv_sec: 0, tv_nsec: 0 },
             it_value: Timespec { tv_sec: after.as_secs() as _, tv_nsec: after.subsec_nanos().max(1) as _ },
