@@ -56,11 +56,41 @@ fn on_off(flag: &str, value: &str) -> Result<bool, String> {
     }
 }
 
+/// One server's client connections, in the order they connected.
+#[derive(Default)]
+struct Pool {
+    connections: Vec<Arc<TcpStore>>,
+    /// Each connection's local port (0 where it could not be told), to find its TCP state after a run; told
+    /// apart in `/proc/net/tcp` as the connection that was not there before, for up to
+    /// [`MAX_TRACED_CLIENTS`] clients.
+    local_ports: Vec<u16>,
+}
+
+/// The most clients whose connections are told apart (each connection reads `/proc/net/tcp` once).
+const MAX_TRACED_CLIENTS: usize = 64;
+
 /// `clients` new connections to the server on `port`.
-fn connect_pool(port: u16, clients: usize) -> Vec<Arc<TcpStore>> {
-    (0..clients)
-        .map(|_| Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server")))
-        .collect()
+fn connect_pool(port: u16, clients: usize) -> Pool {
+    let traced = clients <= MAX_TRACED_CLIENTS;
+    let mut seen: Vec<u16> = match traced {
+        true => client_sockets(port).iter().map(|socket| socket.local_port).collect(),
+        false => Vec::new(),
+    };
+    let mut pool = Pool::default();
+    for _ in 0..clients {
+        let connection = TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server");
+        pool.connections.push(Arc::new(connection));
+        let new: Vec<u16> = match traced {
+            true => client_sockets(port).iter().map(|socket| socket.local_port).filter(|p| !seen.contains(p)).collect(),
+            false => Vec::new(),
+        };
+        pool.local_ports.push(match new[..] {
+            [only] => only,
+            _ => 0,
+        });
+        seen.extend(new);
+    }
+    pool
 }
 
 fn parse() -> Result<Options, String> {
@@ -219,6 +249,11 @@ struct Run {
     /// Each client's time in seconds, in the order the clients connected (a server that deals connections out
     /// to its threads in turn gives client `i` to thread `(i + k) % threads`).
     client_seconds: Vec<f64>,
+    /// The part of each client's time spent inside its timed operations, in the same order.
+    client_op_seconds: Vec<f64>,
+    /// Each client's TCP congestion window after the run, in the same order (0 where it was not found): a
+    /// sender whose window grew sends more of its requests as segments of their own.
+    client_cwnds: Vec<u32>,
 }
 
 /// What the runs of one server for one measurement add up to.
@@ -260,6 +295,9 @@ struct ClientCounts {
     involuntary: u64,
     /// Each client's time in seconds, in client order.
     client_seconds: Vec<f64>,
+    /// The part of each client's time spent inside its timed operations (for SET: sending, without the round
+    /// trip that ends the run), in client order.
+    client_op_seconds: Vec<f64>,
 }
 
 impl ClientCounts {
@@ -313,9 +351,16 @@ fn tcp_segments_sent() -> u64 {
         .unwrap_or(0)
 }
 
-/// The congestion windows of this machine's established IPv4 TCP connections to `port` (the clients' side),
-/// from `/proc/net/tcp`, with whether each is still in its initial slow start (ssthresh shown as -1).
-fn client_cwnds(port: u16) -> Vec<(u32, bool)> {
+/// The client side of an established TCP connection to a server, from `/proc/net/tcp`.
+struct ClientSocket {
+    local_port: u16,
+    cwnd: u32,
+    /// Whether the connection is still in its initial slow start (ssthresh shown as -1).
+    slow_start: bool,
+}
+
+/// This machine's established IPv4 TCP connections to `port` (the clients' side), from `/proc/net/tcp`.
+fn client_sockets(port: u16) -> Vec<ClientSocket> {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
     let remote = format!(":{port:04X}");
     table
@@ -325,15 +370,16 @@ fn client_cwnds(port: u16) -> Vec<(u32, bool)> {
             let fields: Vec<&str> = line.split_whitespace().collect();
             // sl, local, remote, state, tx:rx, tr:when, retransmits, uid, timeout, inode, refcount, pointer,
             // rto, ato, quick/pingpong, snd_cwnd, ssthresh.
-            let (Some(rem), Some(&"01"), Some(cwnd), Some(ssthresh)) =
-                (fields.get(2), fields.get(3), fields.get(15), fields.get(16))
+            let (Some(local), Some(rem), Some(&"01"), Some(cwnd), Some(ssthresh)) =
+                (fields.get(1), fields.get(2), fields.get(3), fields.get(15), fields.get(16))
             else {
                 return None;
             };
             if !rem.ends_with(&remote) {
                 return None;
             }
-            Some((cwnd.parse().ok()?, *ssthresh == "-1"))
+            let local_port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            Some(ClientSocket { local_port, cwnd: cwnd.parse().ok()?, slow_start: *ssthresh == "-1" })
         })
         .collect()
 }
@@ -417,10 +463,11 @@ where
         let (start, end, latencies, (voluntary, involuntary)) = thread.join().expect("client thread");
         first = Some(first.map_or(start, |f| f.min(start)));
         last = Some(last.map_or(end, |l| l.max(end)));
-        all.extend(latencies);
         counts.voluntary += voluntary;
         counts.involuntary += involuntary;
         counts.client_seconds.push((end - start).as_secs_f64());
+        counts.client_op_seconds.push(latencies.iter().map(Duration::as_secs_f64).sum());
+        all.extend(latencies);
     }
     let seconds = match (first, last) {
         (Some(first), Some(last)) => (last - first).as_secs_f64(),
@@ -515,8 +562,8 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
     let Options { only: ref ops, total_ops, reps, fresh_connections: fresh, .. } = *options;
     let per_client = (total_ops / clients).max(20);
     let ticks_per_second = clock_ticks();
-    let pools: Vec<Vec<Arc<TcpStore>>> = match fresh {
-        true => vec![Vec::new(); servers.len()],
+    let pools: Vec<Pool> = match fresh {
+        true => servers.iter().map(|_| Pool::default()).collect(),
         false => servers.iter().map(|server| connect_pool(server.port, clients)).collect(),
     };
     let mut results = Vec::new();
@@ -542,7 +589,8 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                     }
                     false => &pools[index],
                 };
-                let (latencies, seconds, ops, counts) = run_op(server, op, pool, port, count);
+                let (latencies, seconds, ops, counts) = run_op(server, op, &pool.connections, port, count);
+                let sockets = client_sockets(port);
                 let tally = &mut tallies[index];
                 let segments = tcp_segments_sent().saturating_sub(segments_before);
                 tally.cpu_ticks += cpu_ticks(pid).saturating_sub(cpu_before);
@@ -557,12 +605,20 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                     mean_us: mean_us(&latencies),
                     client_spread: counts.spread(),
                     client_seconds: counts.client_seconds,
+                    client_op_seconds: counts.client_op_seconds,
+                    client_cwnds: pool
+                        .local_ports
+                        .iter()
+                        .map(|&local| {
+                            sockets.iter().find(|s| s.local_port == local && local != 0).map_or(0, |s| s.cwnd)
+                        })
+                        .collect(),
                 });
                 tally.latencies.extend(latencies);
                 tally.rates.push(ops as f64 / seconds);
                 tally.seconds += seconds;
                 tally.ops += ops;
-                tally.cwnds.extend(client_cwnds(port));
+                tally.cwnds.extend(sockets.iter().map(|socket| (socket.cwnd, socket.slow_start)));
             }
         }
         for (server, tally) in servers.iter().zip(tallies) {
@@ -816,13 +872,15 @@ fn main() {
             m.runs
                 .iter()
                 .map(|run| format!(
-                    "{{\"ops_per_second\": {:.1}, \"went_first\": {}, \"segments_per_op\": {:.3}, \"mean_us\": {:.3}, \"client_spread\": {:.3}, \"client_seconds\": [{}]}}",
+                    "{{\"ops_per_second\": {:.1}, \"went_first\": {}, \"segments_per_op\": {:.3}, \"mean_us\": {:.3}, \"client_spread\": {:.3}, \"client_seconds\": [{}], \"client_op_seconds\": [{}], \"client_cwnds\": [{}]}}",
                     run.ops_per_second,
                     run.went_first,
                     run.segments_per_op,
                     run.mean_us,
                     run.client_spread,
-                    run.client_seconds.iter().map(|s| format!("{s:.6}")).collect::<Vec<_>>().join(", ")
+                    run.client_seconds.iter().map(|s| format!("{s:.6}")).collect::<Vec<_>>().join(", "),
+                    run.client_op_seconds.iter().map(|s| format!("{s:.6}")).collect::<Vec<_>>().join(", "),
+                    run.client_cwnds.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
                 ))
                 .collect::<Vec<_>>()
                 .join(", "),
@@ -873,7 +931,7 @@ fn main() {
     }
     let _ = writeln!(
         md,
-        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, the slowest client's time over the mean, the clients' TCP congestion windows after the runs (`/proc/net/tcp`), and every run in order (`runs`: its throughput, which server went first, segments per operation, mean latency, spread, and each client's time in the order the clients connected); {} operations per run (at least 20 per client; ten times as many for `set`).",
+        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, the slowest client's time over the mean, the clients' TCP congestion windows after the runs (`/proc/net/tcp`), and every run in order (`runs`: its throughput, which server went first, segments per operation, mean latency, spread, and each client's time, the part of it inside the timed operations, and its TCP congestion window after the run, in the order the clients connected); {} operations per run (at least 20 per client; ten times as many for `set`).",
         options.reps, options.total_ops
     );
     let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
