@@ -61,29 +61,28 @@ fn on_off(flag: &str, value: &str) -> Result<bool, String> {
 struct Pool {
     connections: Vec<Arc<TcpStore>>,
     /// Each connection's local port (0 where it could not be told), to find its TCP state after a run; told
-    /// apart in `/proc/net/tcp` as the connection that was not there before, for up to
+    /// apart in `/proc/net/tcp` as the connection that was not there before; empty for more than
     /// [`MAX_TRACED_CLIENTS`] clients.
     local_ports: Vec<u16>,
 }
 
-/// The most clients whose connections are told apart (each connection reads `/proc/net/tcp` once).
+/// The most clients whose connections are told apart (each connection reads `/proc/net/tcp` once) and whose
+/// figures each run lists one by one.
 const MAX_TRACED_CLIENTS: usize = 64;
 
 /// `clients` new connections to the server on `port`.
 fn connect_pool(port: u16, clients: usize) -> Pool {
-    let traced = clients <= MAX_TRACED_CLIENTS;
-    let mut seen: Vec<u16> = match traced {
-        true => client_sockets(port).iter().map(|socket| socket.local_port).collect(),
-        false => Vec::new(),
-    };
+    let connect = || Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server"));
     let mut pool = Pool::default();
+    if clients > MAX_TRACED_CLIENTS {
+        pool.connections = (0..clients).map(|_| connect()).collect();
+        return pool;
+    }
+    let mut seen: Vec<u16> = client_sockets(port).iter().map(|socket| socket.local_port).collect();
     for _ in 0..clients {
-        let connection = TcpStore::connect("127.0.0.1", port, TIMEOUT).expect("connect to the server");
-        pool.connections.push(Arc::new(connection));
-        let new: Vec<u16> = match traced {
-            true => client_sockets(port).iter().map(|socket| socket.local_port).filter(|p| !seen.contains(p)).collect(),
-            false => Vec::new(),
-        };
+        pool.connections.push(connect());
+        let new: Vec<u16> =
+            client_sockets(port).iter().map(|socket| socket.local_port).filter(|port| !seen.contains(port)).collect();
         pool.local_ports.push(match new[..] {
             [only] => only,
             _ => 0,
@@ -598,14 +597,17 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                 tally.segments += segments;
                 tally.client_sleeps += counts.voluntary;
                 tally.client_preemptions += counts.involuntary;
+                // Per-client figures of more clients would make the JSON megabytes long.
+                let traced = clients <= MAX_TRACED_CLIENTS;
+                let per_client = |values: Vec<f64>| if traced { values } else { Vec::new() };
                 tally.runs.push(Run {
                     ops_per_second: ops as f64 / seconds,
                     went_first: position == 0,
                     segments_per_op: segments as f64 / ops.max(1) as f64,
                     mean_us: mean_us(&latencies),
                     client_spread: counts.spread(),
-                    client_seconds: counts.client_seconds,
-                    client_op_seconds: counts.client_op_seconds,
+                    client_seconds: per_client(counts.client_seconds),
+                    client_op_seconds: per_client(counts.client_op_seconds),
                     client_cwnds: pool
                         .local_ports
                         .iter()
@@ -931,8 +933,8 @@ fn main() {
     }
     let _ = writeln!(
         md,
-        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, the slowest client's time over the mean, the clients' TCP congestion windows after the runs (`/proc/net/tcp`), and every run in order (`runs`: its throughput, which server went first, segments per operation, mean latency, spread, and each client's time, the part of it inside the timed operations, and its TCP congestion window after the run, in the order the clients connected); {} operations per run (at least 20 per client; ten times as many for `set`).",
-        options.reps, options.total_ops
+        "- Runs: {} per configuration, the servers taking turns to go first; ops/s is the median run, latencies are over all runs, server CPU is the server process's user+system time (from /proc) per operation over all runs, a figure that background load disturbs less than wall time (it counts busy polling too); TCP segments/op are the machine's sent segments (requests, replies, acknowledgements; `/proc/net/snmp`) per operation, which show how many SETs a sender's segment carries; the JSON adds the mean latency, the clients' sleeps and preemptions and the server's sleeps per 1,000 operations, the slowest client's time over the mean, the clients' TCP congestion windows after the runs (`/proc/net/tcp`), and every run in order (`runs`: its throughput, which server went first, segments per operation, mean latency, spread, and each client's time, the part of it inside the timed operations, and its TCP congestion window after the run, in the order the clients connected, for up to {} clients); {} operations per run (at least 20 per client; ten times as many for `set`).",
+        options.reps, MAX_TRACED_CLIENTS, options.total_ops
     );
     let _ = writeln!(md, "- Clients: pg-store's Rust `TcpStore`, one blocking connection per client thread, the same for both servers, in one process that shares the machine with the servers.");
     let _ = writeln!(md, "- `set`: SET has no reply, so its latency is the client's send time; its throughput includes one closing round trip per client. `get` is WAIT then GET (two round trips), as PyTorch's client does. `add`: every client adds to one counter (checked exact). `wait-wakeup`: every client waits on one key that another client sets; latency runs from the moment the set is sent to each `wait` returning (a waiter whose WAIT reaches the server after the set is answered at once).\n");
