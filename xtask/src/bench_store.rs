@@ -8,16 +8,16 @@ use crate::interop::workspace_root;
 const HELP: &str = "\
 cargo xtask bench store [--python PATH] [--clients 1,8,64,1024] [--ops N] [--reps R] [--only set,get,add,wait-wakeup]
                         [--pgstore-threads N] [--pgstore-busy-poll-us N] [--pgstore-coalesce-us N]
-                        [--pin-cpus on|off] [--fresh-connections on|off] [--out DIR]
+                        [--pgstore-flood-rcvbuf-bytes N] [--pin-cpus on|off] [--fresh-connections on|off] [--out DIR]
 
 Measures set, get, add and wait-wakeup (p50/p99 latency, throughput) with each client count against
 `pgstore serve` and, when a Python with torch is found, PyTorch's TCPStore server, in one run.
 Python: --python, else target/interop-venv/bin/python (made by `cargo xtask interop`), else python3;
 without torch only our server is measured, and the results say so.
 Each configuration runs R times (default 5), the servers taking turns to go first; N operations per run
-(default 10000). --only measures a subset of the operations. --pgstore-threads, --pgstore-busy-poll-us and
---pgstore-coalesce-us are passed to `pgstore serve` as --threads, --busy-poll-us and --coalesce-us (default: its
-own defaults for this machine). --pin-cpus on runs both servers' threads on CPUs 0-3 and each client thread on
+(default 10000). --only measures a subset of the operations. --pgstore-threads, --pgstore-busy-poll-us,
+--pgstore-coalesce-us and --pgstore-flood-rcvbuf-bytes are passed to `pgstore serve` as --threads,
+--busy-poll-us, --coalesce-us and --flood-rcvbuf-bytes (default: its own defaults for this machine). --pin-cpus on runs both servers' threads on CPUs 0-3 and each client thread on
 a CPU of its own after those, the same placement in every run. Every run opens new client connections
 (--fresh-connections on, the default), so that runs are independent samples; --fresh-connections off keeps one
 pool per server and client count for all its runs (a run's place in the order is then its connections' age).
@@ -54,6 +54,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             | "--pgstore-threads"
             | "--pgstore-busy-poll-us"
             | "--pgstore-coalesce-us"
+            | "--pgstore-flood-rcvbuf-bytes"
             | "--pin-cpus"
             | "--fresh-connections" => forwarded.extend([arg.clone(), value]),
             other => return Err(format!("unknown argument {other}\n\n{HELP}")),

@@ -36,6 +36,8 @@ struct Options {
     pgstore_busy_poll_us: Option<u64>,
     /// `pgstore serve --coalesce-us` (default: pgstore's own default for this machine).
     pgstore_coalesce_us: Option<u64>,
+    /// `pgstore serve --flood-rcvbuf-bytes` (default: 0, the kernel's autotuning).
+    pgstore_flood_rcvbuf_bytes: u64,
     /// Whether servers and clients run on fixed CPUs (`--pin-cpus on`), see [`pin_server`].
     pin_cpus: bool,
     /// Whether every run opens its own client connections (closed after it; the default, `--fresh-connections
@@ -104,6 +106,7 @@ fn parse() -> Result<Options, String> {
         pgstore_threads: None,
         pgstore_busy_poll_us: None,
         pgstore_coalesce_us: None,
+        pgstore_flood_rcvbuf_bytes: 0,
         pin_cpus: false,
         fresh_connections: true,
     };
@@ -147,6 +150,10 @@ fn parse() -> Result<Options, String> {
             "--pgstore-coalesce-us" => {
                 options.pgstore_coalesce_us =
                     Some(value()?.parse().map_err(|_| "--pgstore-coalesce-us: bad number".to_owned())?)
+            }
+            "--pgstore-flood-rcvbuf-bytes" => {
+                options.pgstore_flood_rcvbuf_bytes =
+                    value()?.parse().map_err(|_| "--pgstore-flood-rcvbuf-bytes: bad number".to_owned())?
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -771,6 +778,9 @@ fn main() {
             if let Some(micros) = options.pgstore_coalesce_us {
                 c.args(["--coalesce-us", &micros.to_string()]);
             }
+            if options.pgstore_flood_rcvbuf_bytes > 0 {
+                c.args(["--flood-rcvbuf-bytes", &options.pgstore_flood_rcvbuf_bytes.to_string()]);
+            }
             c
         },
         "pgstore: listening on ",
@@ -843,6 +853,7 @@ fn main() {
     let coalesce_us =
         options.pgstore_coalesce_us.map_or_else(|| pg_store::tcp::default_coalesce().as_micros(), u128::from);
     let _ = writeln!(json, "  \"pgstore_coalesce_us\": {coalesce_us},");
+    let _ = writeln!(json, "  \"pgstore_flood_rcvbuf_bytes\": {},", options.pgstore_flood_rcvbuf_bytes);
     let pinned = PIN_CPUS.load(Ordering::Relaxed);
     let _ = writeln!(json, "  \"pin_cpus\": {pinned},");
     let fresh = options.fresh_connections;
@@ -914,6 +925,13 @@ fn main() {
         "- pgstore's receive coalescing of SET streams: {coalesce_us} us (`--coalesce-us`; its default on this machine: {} us, 200 with 4 or more CPUs, else off).",
         pg_store::tcp::default_coalesce().as_micros()
     );
+    if options.pgstore_flood_rcvbuf_bytes > 0 {
+        let _ = writeln!(
+            md,
+            "- pgstore's fixed receive buffer for flooding connections: {} bytes (`--flood-rcvbuf-bytes`; its default: 0, the kernel's autotuning).",
+            options.pgstore_flood_rcvbuf_bytes
+        );
+    }
     let _ = writeln!(
         md,
         "- Client connections: {}.",

@@ -82,7 +82,7 @@ fn a_dead_address_is_an_error_not_a_hang() {
 #[test]
 fn serve_runs_a_server_that_clients_can_use() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_pgstore"))
-        .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--coalesce-us", "1000", "--flood-rcvbuf-bytes", "65536"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("pgstore serve starts");
@@ -112,6 +112,8 @@ fn serve_rejects_bad_option_values() {
     check_bad_serve_option("--threads", "many");
     check_bad_serve_option("--coalesce-us", "-1");
     check_bad_serve_option("--coalesce-us", "2000000");
+    check_bad_serve_option("--flood-rcvbuf-bytes", "-1");
+    check_bad_serve_option("--flood-rcvbuf-bytes", "100000000");
     check_bad_serve_option("--busy-poll-us", "soon");
     check_bad_serve_option("--port", "70000");
 }

@@ -558,7 +558,6 @@ fn coalescing_server(threads: usize, coalesce: Duration, busy_poll: Duration) ->
 
 /// A stream of SETs on a server that reads such streams late: nothing is lost or reordered, a waiter on
 /// another connection is woken by a SET inside the stream, and the reads did wait (`coalesced_reads`).
-/// With busy polling the loop polls until the deferred reads are due; without, a timer wakes it.
 fn check_coalescing(threads: usize, coalesce: Duration, busy_poll: Duration) {
     let server = coalescing_server(threads, coalesce, busy_poll);
     let port = server.port();
@@ -603,6 +602,39 @@ fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
         check_coalescing(threads, Duration::from_micros(50), busy_poll);
         check_coalescing(threads, Duration::from_millis(2), busy_poll);
     });
+}
+
+/// A flood far larger than the fixed receive buffer a flooding connection gets (`flood_receive_buffer`, when
+/// not zero): the buffer is fixed once for the connection, and every SET arrives.
+fn check_flood_receive_buffer(threads: usize, busy_poll: Duration) {
+    for size in [0, 64 * 1024] {
+        let options = ServerOptions {
+            port: 0,
+            threads,
+            busy_poll,
+            coalesce: Duration::from_millis(1),
+            flood_receive_buffer: size,
+            ..ServerOptions::default()
+        };
+        let server = TcpStoreServer::start(options).unwrap();
+        let setter = TcpStore::connect("127.0.0.1", server.port(), TIMEOUT).unwrap();
+        let value = [b'v'; 64];
+        for i in 0..20_000 {
+            setter.set(&format!("flood/{}", i % 500), &value).unwrap();
+        }
+        setter.set("flood/last", b"1").unwrap();
+        assert_eq!(setter.get("flood/last").unwrap(), b"1");
+        assert_eq!(setter.num_keys().unwrap(), 501);
+        let stats = server.stats();
+        let context = format!("{threads} threads, busy polling {busy_poll:?}, buffer {size}: {stats:?}");
+        assert!(stats.coalesced_reads > 0, "{context}");
+        assert_eq!(stats.fixed_receive_buffers, u64::from(size > 0), "{context}");
+    }
+}
+
+#[test]
+fn a_flooding_connection_gets_its_fixed_receive_buffer_once_and_loses_nothing() {
+    on_every_loop_setup(check_flood_receive_buffer);
 }
 
 /// SETs that come further apart than a stream's longest pause (here 4 ms: twice the coalescing interval) are

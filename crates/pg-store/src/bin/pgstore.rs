@@ -6,10 +6,13 @@ use std::time::Duration;
 use pg_store::tcp::{ServerOptions, TcpStoreServer, DEFAULT_PORT};
 use pg_store::{Store, StoreError, TcpStore};
 
+/// The largest `--flood-rcvbuf-bytes` (64 MiB; the kernel caps it lower still, at `net.core.rmem_max`).
+const MAX_FLOOD_RCVBUF: usize = 64 << 20;
+
 /// The `serve` usage line, shared by the help text and the error for a malformed `serve`.
 macro_rules! serve_usage {
     () => {
-        "pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N]"
+        "pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N] [--flood-rcvbuf-bytes N]"
     };
 }
 
@@ -28,7 +31,10 @@ Usage:
                                            threads serve the connections (default one per 8 CPUs,
                                            1 to 2; PyTorch's server has one); --coalesce-us N reads a
                                            flood of SETs N us late, many at a time (default 200
-                                           on a machine with 4 or more CPUs, else 0: off)
+                                           on a machine with 4 or more CPUs, else 0: off);
+                                           --flood-rcvbuf-bytes N gives a flooding connection a fixed
+                                           N-byte receive buffer (experimental; default 0: the
+                                           kernel's autotuning)
   pgstore [--addr HOST:PORT] [--timeout S] <command>
 
 Commands (keys are the user keys PyTorch's clients see; they go over the wire with a leading '/'):
@@ -73,6 +79,7 @@ struct Args {
     busy_poll_us: Option<String>,
     threads: Option<String>,
     coalesce_us: Option<String>,
+    flood_rcvbuf_bytes: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -86,6 +93,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         busy_poll_us: None,
         threads: None,
         coalesce_us: None,
+        flood_rcvbuf_bytes: None,
     };
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
@@ -97,6 +105,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--busy-poll-us" => &mut parsed.busy_poll_us,
             "--threads" => &mut parsed.threads,
             "--coalesce-us" => &mut parsed.coalesce_us,
+            "--flood-rcvbuf-bytes" => &mut parsed.flood_rcvbuf_bytes,
             "--" => {
                 parsed.positional.extend(iter.by_ref().cloned());
                 break;
@@ -235,6 +244,12 @@ fn serve(args: &Args) -> Result<ExitCode, String> {
         options.coalesce = match text.parse() {
             Ok(micros @ 0..=1_000_000) => Duration::from_micros(micros),
             _ => return Err(format!("--coalesce-us {text}: expected 0 to 1000000 microseconds")),
+        };
+    }
+    if let Some(text) = &args.flood_rcvbuf_bytes {
+        options.flood_receive_buffer = match text.parse() {
+            Ok(bytes @ 0..=MAX_FLOOD_RCVBUF) => bytes,
+            _ => return Err(format!("--flood-rcvbuf-bytes {text}: expected 0 to {MAX_FLOOD_RCVBUF} bytes")),
         };
     }
     let server = TcpStoreServer::start(options).map_err(|e| e.to_string())?;
