@@ -606,15 +606,15 @@ fn measure(servers: &[Server], options: &Options, clients: usize) -> Vec<Measure
                 tally.client_preemptions += counts.involuntary;
                 // Per-client figures of more clients would make the JSON megabytes long.
                 let traced = clients <= MAX_TRACED_CLIENTS;
-                let per_client = |values: Vec<f64>| if traced { values } else { Vec::new() };
+                let listed = |values: Vec<f64>| if traced { values } else { Vec::new() };
                 tally.runs.push(Run {
                     ops_per_second: ops as f64 / seconds,
                     went_first: position == 0,
                     segments_per_op: segments as f64 / ops.max(1) as f64,
                     mean_us: mean_us(&latencies),
                     client_spread: counts.spread(),
-                    client_seconds: per_client(counts.client_seconds),
-                    client_op_seconds: per_client(counts.client_op_seconds),
+                    client_seconds: listed(counts.client_seconds),
+                    client_op_seconds: listed(counts.client_op_seconds),
                     client_cwnds: pool
                         .local_ports
                         .iter()
@@ -725,6 +725,11 @@ fn wait_wakeup(connections: &[Arc<TcpStore>], port: u16, clients: usize) -> (Vec
     }
     let (latencies, seconds, counts) = run.join().expect("waiters");
     (latencies, seconds, clients * rounds, counts)
+}
+
+/// The items of a JSON array of numbers, each written by `format`.
+fn json_numbers<T>(values: &[T], format: impl Fn(&T) -> String) -> String {
+    values.iter().map(format).collect::<Vec<_>>().join(", ")
 }
 
 fn machine() -> String {
@@ -869,7 +874,7 @@ fn main() {
             m.ops,
             m.seconds,
             m.throughput(),
-            m.rates.iter().map(|r| format!("{r:.1}")).collect::<Vec<_>>().join(", "),
+            json_numbers(&m.rates, |r| format!("{r:.1}")),
             m.server_cpu_us_per_op,
             m.p50_us,
             m.p99_us,
@@ -891,9 +896,9 @@ fn main() {
                     run.segments_per_op,
                     run.mean_us,
                     run.client_spread,
-                    run.client_seconds.iter().map(|s| format!("{s:.6}")).collect::<Vec<_>>().join(", "),
-                    run.client_op_seconds.iter().map(|s| format!("{s:.6}")).collect::<Vec<_>>().join(", "),
-                    run.client_cwnds.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                    json_numbers(&run.client_seconds, |s| format!("{s:.6}")),
+                    json_numbers(&run.client_op_seconds, |s| format!("{s:.6}")),
+                    json_numbers(&run.client_cwnds, u32::to_string)
                 ))
                 .collect::<Vec<_>>()
                 .join(", "),
