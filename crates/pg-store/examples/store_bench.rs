@@ -94,7 +94,19 @@ fn connect_pool(port: u16, clients: usize) -> Pool {
     pool
 }
 
-fn parse() -> Result<Options, String> {
+/// What `--help` prints; `cargo xtask bench store --help` says what each flag measures.
+const USAGE: &str = "\
+store_bench --pgstore PATH [--python PATH] [--out DIR] [--clients 1,8,64,1024] [--ops N] [--reps R]
+            [--only set,get,add,wait-wakeup] [--pgstore-threads N] [--pgstore-busy-poll-us N]
+            [--pgstore-coalesce-us N] [--pgstore-flood-rcvbuf-bytes N] [--pin-cpus on|off]
+            [--fresh-connections on|off]
+
+The driver behind `cargo xtask bench store` (which builds PATH and finds Python itself; its --help says what
+each flag does). Client counts, operations per run and runs per configuration are at least 1.
+";
+
+/// The options in `args` (the command line after the program's name).
+fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
         pgstore: String::new(),
         python: None,
@@ -110,7 +122,6 @@ fn parse() -> Result<Options, String> {
         pin_cpus: false,
         fresh_connections: true,
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         let mut value = || iter.next().cloned().ok_or_else(|| format!("{arg} needs a value"));
@@ -160,6 +171,15 @@ fn parse() -> Result<Options, String> {
     }
     if options.pgstore.is_empty() {
         return Err("--pgstore PATH is required".into());
+    }
+    if options.clients.contains(&0) {
+        return Err("--clients: every client count must be at least 1".into());
+    }
+    if options.total_ops == 0 {
+        return Err("--ops: must be at least 1".into());
+    }
+    if options.reps == 0 {
+        return Err("--reps: must be at least 1 (the results are medians over the runs)".into());
     }
     Ok(options)
 }
@@ -763,7 +783,12 @@ fn json_string(text: &str) -> String {
 }
 
 fn main() {
-    let options = match parse() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|arg| arg == "-h" || arg == "--help") {
+        print!("{USAGE}");
+        return;
+    }
+    let options = match parse(&args) {
         Ok(options) => options,
         Err(message) => {
             eprintln!("store_bench: {message}");
@@ -997,4 +1022,40 @@ fn main() {
     std::fs::File::create(&md_path).and_then(|mut f| f.write_all(md.as_bytes())).expect("write Markdown");
     print!("{md}");
     eprintln!("wrote {json_path} and {md_path}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    /// Parses `command` (the flags after `--pgstore p`) and checks the error, or `Ok` for none.
+    fn check(command: &str, expected: Result<(), &str>) {
+        let args: Vec<String> =
+            ["--pgstore", "p"].into_iter().chain(command.split_whitespace()).map(String::from).collect();
+        assert_eq!(
+            parse(&args).map(|_| ()).map_err(|message| message.split(':').next().unwrap().to_owned()),
+            expected.map_err(String::from),
+            "{command}"
+        );
+    }
+
+    #[test]
+    fn flags_out_of_range_are_refused_by_name() {
+        check("", Ok(()));
+        check("--clients 1,8 --ops 1 --reps 1", Ok(()));
+        check("--clients 0", Err("--clients"));
+        check("--clients 8,0", Err("--clients"));
+        check("--clients 8,x", Err("--clients"));
+        check("--ops 0", Err("--ops"));
+        check("--reps 0", Err("--reps"));
+        check("--only put", Err("--only"));
+        check("--pin-cpus yes", Err("--pin-cpus yes"));
+        check("--reps", Err("--reps needs a value"));
+        check("--nonsense 1", Err("unknown argument --nonsense"));
+    }
+
+    #[test]
+    fn the_server_binary_is_required() {
+        assert_eq!(parse(&[]).err().as_deref(), Some("--pgstore PATH is required"));
+    }
 }
