@@ -78,10 +78,11 @@ pub struct ServerOptions {
     /// late as a flood (see [`ServerOptions::coalesce`]); zero, the default, leaves the buffer to the kernel's
     /// autotuning. A small fixed buffer closes the sender's window between two late reads, so that a long
     /// flood's SETs keep queueing on the sender's side instead of leaving one TCP segment each once the
-    /// sender's congestion window has grown. Experimental: with 64 KiB and a 1 ms interval, floods of 125,000
-    /// SETs per client ran ahead of PyTorch's server in two runs where the defaults ran behind
-    /// (`bench/results/store-session13`); a buffer too small for the sender's tiny segments (16 KiB)
-    /// overflows and stalls it.
+    /// sender's congestion window has grown. Experimental and not recommended: with 64 KiB and a 1 ms
+    /// interval, floods of 125,000 SETs per client ran ahead of PyTorch's server in 4 of 4 results but below
+    /// the defaults' good runs, and the default benchmark's short floods lost a quarter of their rate, since
+    /// a sender's queued SETs then drain at one window per interval (`bench/results/store-session14`); a
+    /// buffer too small for the sender's tiny segments (16 KiB) overflows and stalls it.
     pub flood_receive_buffer: usize,
 }
 
