@@ -491,6 +491,59 @@ fn multi_tenant_handles_share_one_server_until_the_last_drops() {
 }
 
 #[test]
+fn a_server_takes_over_a_listening_socket() {
+    // PyTorch's `master_listen_fd`: the port is bound before the store exists, so workers may connect to it
+    // at once (the kernel queues them) and no other process can take it in between.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let options = TcpStoreOptions {
+        port: 1,
+        num_workers: Some(2),
+        timeout: TIMEOUT,
+        initial_backoff: Duration::from_millis(10),
+        ..TcpStoreOptions::default()
+    };
+    let early = {
+        let options = TcpStoreOptions { port, ..options.clone() };
+        std::thread::spawn(move || TcpStore::new("127.0.0.1", options))
+    };
+    let master = TcpStore::with_listener("127.0.0.1", listener, options).unwrap();
+    let worker = early.join().unwrap().unwrap();
+    assert_eq!((master.port(), master.server().unwrap().port()), (port, port), "options.port is not used");
+    assert_eq!(master.add_raw("init/", 0).unwrap(), 2, "both workers joined");
+    worker.set("k", b"v").unwrap();
+    assert_eq!(master.get("k").unwrap(), b"v");
+    // The server owns the socket: once it stops, nothing listens on the port.
+    drop((worker, master));
+    let error = TcpStore::connect("127.0.0.1", port, Duration::from_millis(100)).unwrap_err();
+    assert!(matches!(error, StoreError::Network(_)), "{error}");
+}
+
+/// Hands `socket` to a server as its listener and checks that it is refused with `expected` in the message.
+fn check_refused_listener(socket: impl Into<std::os::fd::OwnedFd>, expected: &str) {
+    let listener = TcpListener::from(socket.into());
+    match TcpStoreServer::start_on(listener, ServerOptions::default()) {
+        Err(StoreError::InvalidArgument(message)) => assert!(message.contains(expected), "{message}"),
+        other => panic!("expected an invalid-argument error with {expected:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_socket_that_cannot_listen_is_refused_by_name() {
+    use rustix::net::{AddressFamily, SocketType};
+    let bound = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    rustix::net::bind(&bound, &std::net::SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    check_refused_listener(bound, "is not listening");
+    check_refused_listener(std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), "is not a stream socket");
+    let dir = std::env::temp_dir().join(format!("pg-store-listener-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let unix = std::os::unix::net::UnixListener::bind(dir.join("socket")).unwrap();
+    check_refused_listener(unix, "is not an IP socket");
+    std::fs::remove_dir_all(&dir).unwrap();
+    check_refused_listener(std::fs::File::open("/dev/null").unwrap(), "is not a socket");
+}
+
+#[test]
 fn a_busy_polling_server_serves_every_operation_and_wakes_waiters() {
     for threads in THREADS {
         a_busy_polling_server_serves_every_operation_and_wakes_waiters_on(threads);

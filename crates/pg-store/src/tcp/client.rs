@@ -245,18 +245,8 @@ impl TcpStore {
     /// Connects to `host` (and first starts a server with `options.is_server`), validates, pings and, with
     /// `options.wait_workers` and `options.num_workers`, joins the worker count.
     pub fn new(host: &str, options: TcpStoreOptions) -> Result<Self, StoreError> {
-        if options.num_workers == Some(0) {
-            return Err(StoreError::InvalidArgument("world_size (num_workers) must be greater than 0".into()));
-        }
-        let start = || {
-            TcpStoreServer::start(ServerOptions {
-                host: None,
-                port: options.port,
-                limits: options.limits,
-                threads: options.server_threads,
-                ..ServerOptions::default()
-            })
-        };
+        check_workers(&options)?;
+        let start = || TcpStoreServer::start(server_options(&options));
         let server = match (options.is_server, options.multi_tenant && options.port != 0) {
             (false, _) => None,
             (true, false) => Some(Arc::new(start()?)),
@@ -272,6 +262,34 @@ impl TcpStore {
                 }
             }
         };
+        Self::join(host, server, &options)
+    }
+
+    /// Hosts the server on `listener`, a socket already bound and listening (PyTorch's
+    /// `TCPStore(..., is_master=True, master_listen_fd=fd)`), then connects to `host` and joins as
+    /// [`TcpStore::new`] does. `options.port` and `options.is_server` are not used: the port is the
+    /// listener's, and this handle hosts the server. With `options.multi_tenant`, later handles on that port
+    /// share the server. A socket that is not a listening TCP socket is refused with
+    /// [`StoreError::InvalidArgument`].
+    pub fn with_listener(
+        host: &str,
+        listener: std::net::TcpListener,
+        options: TcpStoreOptions,
+    ) -> Result<Self, StoreError> {
+        check_workers(&options)?;
+        let server = Arc::new(TcpStoreServer::start_on(listener, server_options(&options))?);
+        if options.multi_tenant {
+            tenant_servers()
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(server.port(), Arc::downgrade(&server));
+        }
+        Self::join(host, Some(server), &TcpStoreOptions { is_server: true, ..options })
+    }
+
+    /// Connects to `host` on the hosted server's port (else `options.port`) and, with `options.wait_workers`
+    /// and `options.num_workers`, joins the worker count.
+    fn join(host: &str, server: Option<Arc<TcpStoreServer>>, options: &TcpStoreOptions) -> Result<Self, StoreError> {
         let port = server.as_ref().map_or(options.port, |s| s.port());
         let store = Self::connect_with(host, port, options.timeout, options.initial_backoff, server)?;
         if options.wait_workers {
@@ -402,6 +420,26 @@ impl TcpStore {
 }
 
 /// The servers started with `multi_tenant`, by port: PyTorch's per-process cache of shared servers.
+/// PyTorch's refusal of a world size of 0.
+fn check_workers(options: &TcpStoreOptions) -> Result<(), StoreError> {
+    match options.num_workers {
+        Some(0) => Err(StoreError::InvalidArgument("world_size (num_workers) must be greater than 0".into())),
+        _ => Ok(()),
+    }
+}
+
+/// The in-process server's options for a store opened with `options`.
+fn server_options(options: &TcpStoreOptions) -> ServerOptions {
+    ServerOptions {
+        host: None,
+        port: options.port,
+        limits: options.limits,
+        threads: options.server_threads,
+        ..ServerOptions::default()
+    }
+}
+
+/// The in-process servers that multi-tenant handles share, by port.
 fn tenant_servers() -> &'static Mutex<HashMap<u16, Weak<TcpStoreServer>>> {
     static SERVERS: OnceLock<Mutex<HashMap<u16, Weak<TcpStoreServer>>>> = OnceLock::new();
     SERVERS.get_or_init(Mutex::default)

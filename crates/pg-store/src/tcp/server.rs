@@ -188,6 +188,24 @@ impl TcpStoreServer {
     /// Binds and starts serving on background threads named `pg_tcpstore` (`pg_tcpstore_N` past the first).
     pub fn start(options: ServerOptions) -> Result<Self, StoreError> {
         let listener = bind(options.host.as_deref(), options.port)?;
+        Self::serve(listener, options)
+    }
+
+    /// Starts serving on `listener`, a TCP socket already bound and listening, which the server owns from
+    /// here on and closes when it stops (PyTorch's `master_listen_fd`: a launcher that bound the port first
+    /// hands it over, so that no other process can take the port between choosing and binding it).
+    /// `options.host` and `options.port` are not used. A socket that is not a listening TCP socket is refused
+    /// with [`StoreError::InvalidArgument`].
+    pub fn start_on(listener: std::net::TcpListener, options: ServerOptions) -> Result<Self, StoreError> {
+        check_listening(&listener)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| StoreError::Network(format!("cannot make the listening socket non-blocking: {e}")))?;
+        Self::serve(TcpListener::from_std(listener), options)
+    }
+
+    /// Serves on `listener` with `options`.
+    fn serve(listener: TcpListener, options: ServerOptions) -> Result<Self, StoreError> {
         let addr = listener.local_addr().map_err(|e| StoreError::Network(format!("local_addr: {e}")))?;
         let count = match options.threads {
             0 => default_threads(),
@@ -329,6 +347,28 @@ fn bind(host: Option<&str>, port: u16) -> Result<TcpListener, StoreError> {
         "The server socket has failed to listen on any local network address. port: {port}, {}",
         last_error.unwrap_or_else(|| "no address to bind".into())
     )))
+}
+
+/// Whether `listener` can serve: a TCP (stream) socket in the listening state. A `std::net::TcpListener`
+/// made from an arbitrary file descriptor may be neither.
+fn check_listening(listener: &std::net::TcpListener) -> Result<(), StoreError> {
+    use rustix::net::{sockopt, AddressFamily, SocketType};
+    let refuse = |what: String| Err(StoreError::InvalidArgument(format!("the listener handed to the server {what}")));
+    match sockopt::socket_domain(listener) {
+        Ok(AddressFamily::INET | AddressFamily::INET6) => {}
+        Ok(other) => return refuse(format!("is not an IP socket (address family {})", other.as_raw())),
+        Err(error) => return refuse(format!("is not a socket ({error})")),
+    }
+    match sockopt::socket_type(listener) {
+        Ok(SocketType::STREAM) => {}
+        Ok(other) => return refuse(format!("is not a stream socket (type {})", other.as_raw())),
+        Err(error) => return refuse(format!("has no socket type ({error})")),
+    }
+    match sockopt::socket_acceptconn(listener) {
+        Ok(true) => Ok(()),
+        Ok(false) => refuse("is not listening (bind and listen first, as std::net::TcpListener::bind does)".into()),
+        Err(error) => refuse(format!("cannot be queried: {error}")),
+    }
 }
 
 /// Opens a listening socket with SO_REUSEADDR and the largest backlog the host allows (`somaxconn`), as
