@@ -766,6 +766,15 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), Linux {}", kernel.trim())
 }
 
+/// The TCP congestion control new connections get (`net.ipv4.tcp_congestion_control`), which decides how
+/// many SETs a flooding client's segments carry: with `bbr` its window stays small and SETs share segments;
+/// with `cubic` (Linux's usual default) the window grows without bound on loopback and each SET tends to
+/// leave as a segment of its own, for either server (`bench/results/store-session14/README.md`).
+fn congestion_control() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map_or_else(|_| "unknown".into(), |text| text.trim().to_owned())
+}
+
 fn json_string(text: &str) -> String {
     let mut out = String::from("\"");
     for c in text.chars() {
@@ -854,6 +863,7 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
     let machine = machine();
+    let congestion = congestion_control();
     let pytorch = torch_version
         .clone()
         .map_or("not measured (no Python with torch)".to_owned(), |v| format!("torch {v}, libuv TCPStore server"));
@@ -873,6 +883,7 @@ fn main() {
     let _ = writeln!(json, "  \"command\": {},", json_string(&command));
     let _ = writeln!(json, "  \"date\": {},", json_string(&date));
     let _ = writeln!(json, "  \"machine\": {},", json_string(&machine));
+    let _ = writeln!(json, "  \"tcp_congestion_control\": {},", json_string(&congestion));
     let _ = writeln!(json, "  \"pytorch\": {},", json_string(&pytorch));
     let _ = writeln!(json, "  \"client\": \"pg-store TcpStore (Rust), one blocking connection per client thread, identical for both servers\",");
     let busy_poll_us =
@@ -937,7 +948,7 @@ fn main() {
     let _ = writeln!(md, "# TCP store benchmark\n");
     let _ = writeln!(md, "- Command: `{command}`");
     let _ = writeln!(md, "- Date: {date}");
-    let _ = writeln!(md, "- Machine: {machine}");
+    let _ = writeln!(md, "- Machine: {machine}; TCP congestion control: {congestion}");
     let _ = writeln!(md, "- PyTorch: {pytorch}");
     let _ =
         writeln!(md, "- Servers: `pgstore serve` and a Python `TCPStore` master, each its own process on 127.0.0.1.");
