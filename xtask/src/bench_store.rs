@@ -21,7 +21,8 @@ Each configuration runs R times (default 5), the servers taking turns to go firs
 a CPU of its own after those, the same placement in every run. Every run opens new client connections
 (--fresh-connections on, the default), so that runs are independent samples; --fresh-connections off keeps one
 pool per server and client count for all its runs (a run's place in the order is then its connections' age).
-Results: bench/results/store.json and bench/results/store.md (or --out DIR).
+Results: bench/results/store.json and bench/results/store.md (or --out DIR). They name the host's TCP congestion
+control: SET floods depend on it (with cubic each SET tends to leave as a TCP segment of its own, for both servers).
 ";
 
 fn imports_torch(python: &str) -> bool {
