@@ -766,13 +766,10 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), Linux {}", kernel.trim())
 }
 
-/// The TCP congestion control new connections get (`net.ipv4.tcp_congestion_control`), which decides how
-/// many SETs a flooding client's segments carry: with `bbr` its window stays small and SETs share segments;
-/// with `cubic` (Linux's usual default) the window grows without bound on loopback and each SET tends to
-/// leave as a segment of its own, for either server (`bench/results/store-session14/README.md`).
+/// The host's TCP congestion control (`net.ipv4.tcp_congestion_control`), which decides how many SETs a
+/// flooding client's segments carry (and pgstore's default thread count, [`pg_store::tcp::threads_for`]).
 fn congestion_control() -> String {
-    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
-        .map_or_else(|_| "unknown".into(), |text| text.trim().to_owned())
+    pg_store::tcp::host_congestion_control().unwrap_or_else(|| "unknown".into())
 }
 
 fn json_string(text: &str) -> String {
@@ -958,7 +955,7 @@ fn main() {
     );
     let _ = writeln!(
         md,
-        "- pgstore's event-loop threads: {threads} (its default on this machine: {}, one per 8 CPUs from 1 to 2; PyTorch's libuv server has one).",
+        "- pgstore's event-loop threads: {threads} (its default on this machine: {}, one per 8 CPUs from 1 to 2 where the TCP congestion control is bbr, else 1; PyTorch's libuv server has one).",
         pg_store::tcp::default_threads()
     );
     let _ = writeln!(

@@ -639,6 +639,24 @@ fn check_coalescing(threads: usize, coalesce: Duration, busy_poll: Duration) {
     );
 }
 
+/// Checks the default thread count for `cpus` CPUs and the congestion control `congestion`.
+fn check_default_threads(cpus: usize, congestion: Option<&str>, expected: usize) {
+    assert_eq!(pg_store::tcp::threads_for(cpus, congestion), expected, "{cpus} CPUs, {congestion:?}");
+}
+
+#[test]
+fn default_threads_follow_the_cpus_only_where_senders_run_bbr() {
+    check_default_threads(64, Some("bbr"), 2);
+    check_default_threads(32, Some("bbr"), 2);
+    check_default_threads(16, Some("bbr"), 2);
+    check_default_threads(15, Some("bbr"), 1);
+    check_default_threads(2, Some("bbr"), 1);
+    check_default_threads(32, Some("cubic"), 1);
+    check_default_threads(32, Some("reno"), 1);
+    check_default_threads(32, None, 1);
+    check_default_threads(1, Some("cubic"), 1);
+}
+
 /// Runs `check` with every thread count of [`THREADS`], with busy polling off and on.
 fn on_every_loop_setup(check: impl Fn(usize, Duration)) {
     for threads in THREADS {

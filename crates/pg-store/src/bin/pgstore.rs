@@ -29,7 +29,8 @@ Usage:
                                            answers the next request without a wake-up (default 50 on a
                                            machine with 4 or more CPUs, else 0: never); N event-loop
                                            threads serve the connections (default one per 8 CPUs,
-                                           1 to 2; PyTorch's server has one); --coalesce-us N reads a
+                                           1 to 2, where the host's TCP congestion control is bbr,
+                                           else 1; PyTorch's server has one); --coalesce-us N reads a
                                            flood of SETs N us late, many at a time (default 200
                                            on a machine with 4 or more CPUs, else 0: off);
                                            --flood-rcvbuf-bytes N gives a flooding connection a fixed

@@ -8,8 +8,8 @@ mod state;
 
 pub use client::{TcpStore, TcpStoreOptions, INIT_KEY};
 pub use server::{
-    default_busy_poll, default_coalesce, default_threads, ServerOptions, ServerStats, TcpStoreServer,
-    DEFAULT_BUSY_POLL, DEFAULT_COALESCE, MAX_DEFAULT_THREADS,
+    default_busy_poll, default_coalesce, default_threads, host_congestion_control, threads_for, ServerOptions,
+    ServerStats, TcpStoreServer, DEFAULT_BUSY_POLL, DEFAULT_COALESCE, MAX_DEFAULT_THREADS,
 };
 
 /// PyTorch's default TCPStore port.

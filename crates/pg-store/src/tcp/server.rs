@@ -127,10 +127,35 @@ pub fn default_coalesce() -> Duration {
     with_a_cpu_to_spare(DEFAULT_COALESCE)
 }
 
-/// One event-loop thread per eight CPUs, from 1 to [`MAX_DEFAULT_THREADS`]: the clients of a busy store
-/// (often on the same machine) need the rest.
+/// The event-loop threads a server starts with by default: [`threads_for`] this machine's CPUs and its
+/// default TCP congestion control ([`host_congestion_control`]).
 pub fn default_threads() -> usize {
-    (cpus() / 8).clamp(1, MAX_DEFAULT_THREADS)
+    threads_for(cpus(), host_congestion_control().as_deref())
+}
+
+/// One event-loop thread per eight CPUs, from 1 to [`MAX_DEFAULT_THREADS`] (the clients of a busy store, often
+/// on the same machine, need the rest), where the senders' congestion control is `bbr`; one thread otherwise,
+/// and where it is unknown.
+///
+/// A flood of SETs costs its sender a TCP segment per SET unless something holds the sender back, so that its
+/// SETs queue and leave together. With `bbr` the sender's congestion window stays small and does that. With
+/// `cubic` (Linux's usual default) or `reno` the window grows without bound on loopback, and only a receive
+/// window that closes holds the sender back: a server that falls behind, as PyTorch's single-threaded one
+/// does. A second thread keeps up and so costs the senders (`bench/results/store-session14/README.md`,
+/// section 5: with cubic, SET at 8 clients ran at 0.84x to 0.90x PyTorch's rate with 2 threads and at 1.11x and
+/// 1.17x with 1, every other row of a full run with 1 thread ahead; with bbr, every row ahead with either, the
+/// rows with replies by far more with 2).
+pub fn threads_for(cpus: usize, congestion_control: Option<&str>) -> usize {
+    match congestion_control {
+        Some("bbr") => (cpus / 8).clamp(1, MAX_DEFAULT_THREADS),
+        _ => 1,
+    }
+}
+
+/// The TCP congestion control new connections on this host get (`net.ipv4.tcp_congestion_control`), `None`
+/// where it cannot be read. For clients on the same host, as a rendezvous store's often are, it is theirs.
+pub fn host_congestion_control() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").ok().map(|text| text.trim().to_owned())
 }
 
 impl Default for ServerOptions {
