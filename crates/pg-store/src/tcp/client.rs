@@ -419,7 +419,6 @@ impl TcpStore {
     }
 }
 
-/// The servers started with `multi_tenant`, by port: PyTorch's per-process cache of shared servers.
 /// PyTorch's refusal of a world size of 0.
 fn check_workers(options: &TcpStoreOptions) -> Result<(), StoreError> {
     match options.num_workers {
@@ -439,7 +438,7 @@ fn server_options(options: &TcpStoreOptions) -> ServerOptions {
     }
 }
 
-/// The in-process servers that multi-tenant handles share, by port.
+/// The servers started with `multi_tenant`, by port: PyTorch's per-process cache of shared servers.
 fn tenant_servers() -> &'static Mutex<HashMap<u16, Weak<TcpStoreServer>>> {
     static SERVERS: OnceLock<Mutex<HashMap<u16, Weak<TcpStoreServer>>>> = OnceLock::new();
     SERVERS.get_or_init(Mutex::default)
