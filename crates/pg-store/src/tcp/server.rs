@@ -142,7 +142,7 @@ pub fn default_threads() -> usize {
 /// `cubic` (Linux's usual default) or `reno` the window grows without bound on loopback, and only a receive
 /// window that closes holds the sender back: a server that falls behind, as PyTorch's single-threaded one
 /// does. A second thread keeps up and so costs the senders (`bench/results/store-session14/README.md`,
-/// sections 5 and 6: with cubic, SET at 8 clients ran at 0.84x to 0.90x PyTorch's rate with 2 threads and at 1.11x and
+/// sections 5 and 6: with cubic, SET at 8 clients ran at 0.76x to 0.90x PyTorch's rate with 2 threads and at 1.11x and
 /// 1.17x with 1, every other row of a full run with 1 thread ahead; with bbr, every row ahead with either, the
 /// rows with replies by far more with 2).
 pub fn threads_for(cpus: usize, congestion_control: Option<&str>) -> usize {
