@@ -766,12 +766,6 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), Linux {}", kernel.trim())
 }
 
-/// The host's TCP congestion control (`net.ipv4.tcp_congestion_control`), which decides how many SETs a
-/// flooding client's segments carry (and pgstore's default thread count, [`pg_store::tcp::threads_for`]).
-fn congestion_control() -> String {
-    pg_store::tcp::host_congestion_control().unwrap_or_else(|| "unknown".into())
-}
-
 fn json_string(text: &str) -> String {
     let mut out = String::from("\"");
     for c in text.chars() {
@@ -860,7 +854,8 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
     let machine = machine();
-    let congestion = congestion_control();
+    // SET floods depend on the host's congestion control (`pg_store::tcp::threads_for` says how).
+    let congestion = pg_store::tcp::host_congestion_control().unwrap_or_else(|| "unknown".into());
     let pytorch = torch_version
         .clone()
         .map_or("not measured (no Python with torch)".to_owned(), |v| format!("torch {v}, libuv TCPStore server"));

@@ -121,8 +121,8 @@ pub fn default_busy_poll() -> Duration {
     with_a_cpu_to_spare(DEFAULT_BUSY_POLL)
 }
 
-/// [`DEFAULT_COALESCE`] when this machine has four or more CPUs (where busy polling is on by default and a
-/// loop waits for a coalesced read without sleeping), else zero.
+/// [`DEFAULT_COALESCE`] when this machine has four or more CPUs, else zero: on a smaller one the clients need
+/// the loop's CPU more than fewer reads.
 pub fn default_coalesce() -> Duration {
     with_a_cpu_to_spare(DEFAULT_COALESCE)
 }
@@ -590,7 +590,8 @@ impl EventLoop {
     /// Whether a readable connection that streams fire-and-forget requests is to be read late (it then leaves
     /// the poll for the deferred list).
     fn defers(&mut self, slot: usize, event: &mio::event::Event) -> bool {
-        if self.shared.coalesce.is_zero() || self.timer.is_none() {
+        // The loop has a timer exactly when coalescing is on and the timer could be made.
+        if self.timer.is_none() {
             return false;
         }
         if event.is_read_closed() || event.is_error() {
