@@ -55,7 +55,14 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
     fn create_event(&self) -> <Self::B as Backend>::Event;
 
     /// Blocks the host until all work on every stream of the device is done.
+    ///
+    /// Fails with the recorded error while the device is poisoned ([`Device::poison`]).
     fn synchronize(&self) -> Result<()>;
+
+    /// The device's failure record: set by a process group that found an error, it makes `copy_to_host` and
+    /// every host synchronisation on this device (device, stream, event) fail with that error, waking calls
+    /// already blocked, until cleared. Every handle of the device shares it.
+    fn poison(&self) -> &crate::Poison;
 
     /// Allocates `numel` elements of `dtype` for use on the calling thread's current stream.
     ///
@@ -78,6 +85,9 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
     ) -> Result<()>;
 
     /// Enqueues a copy of `buffer` to the host on `stream`, then waits for `stream`; returns the bytes.
+    ///
+    /// Fails with the recorded error while the device is poisoned ([`Device::poison`]), also when the device
+    /// is poisoned while the call waits.
     fn copy_to_host(
         &self,
         buffer: &<Self::B as Backend>::Buffer,
@@ -151,6 +161,8 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
     fn query(&self) -> Result<bool>;
 
     /// Blocks the host until all work enqueued on this stream so far has finished.
+    ///
+    /// Fails with the recorded error while its device is poisoned ([`Device::poison`]).
     fn synchronize(&self) -> Result<()>;
 }
 
@@ -166,6 +178,8 @@ pub trait Event: Send + Sync + Debug + 'static {
     fn query(&self) -> Result<bool>;
 
     /// Blocks the host until the recorded point has passed.
+    ///
+    /// Fails with the recorded error while the device of its stream is poisoned ([`Device::poison`]).
     fn synchronize(&self) -> Result<()>;
 
     /// Whether the backend object exists yet (it is made at the first record).
@@ -185,7 +199,7 @@ pub trait Buffer: Clone + Send + Sync + Debug + 'static {
 
     /// The size in bytes.
     fn size_bytes(&self) -> usize {
-        self.numel() * self.dtype().size()
+        self.numel().saturating_mul(self.dtype().size())
     }
 
     /// The ordinal of the device that holds it.

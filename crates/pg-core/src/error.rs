@@ -10,8 +10,11 @@ use crate::OpType;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong, with the kinds kept apart the way PyTorch keeps its logs apart:
-/// a work timeout, a stuck watchdog and a store timeout are three different failures.
+/// a work timeout, a communicator-creation timeout, a stuck watchdog and a store timeout are different failures.
+///
+/// New variants may be added: match on [`Error::kind`] with a wildcard arm.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A collective did not complete within its timeout (PyTorch's "Watchdog caught collective operation timeout").
     #[error(
@@ -34,11 +37,25 @@ pub enum Error {
         /// How long it had run, from its host start time.
         elapsed: Duration,
     },
+    /// Creating a communicator did not finish within the group's timeout: a peer never joined, the root never
+    /// published the unique id, a non-blocking init never became ready, or another thread of this rank never
+    /// finished creating it.
+    #[error("creating communicator '{cache_key}' timed out after {} ms: {what}", .timeout.as_millis())]
+    InitTimeout {
+        /// The communicator's cache key.
+        cache_key: String,
+        /// The timeout that ran out (the group's).
+        timeout: Duration,
+        /// What was being waited for.
+        what: String,
+    },
     /// The communicator reported an error (NCCL's async error, or a failed NCCL call).
     #[error("communicator error: {message}")]
     Communicator {
-        /// The backend's description, with the NCCL result name where there is one.
+        /// The backend's description.
         message: String,
+        /// The communication library's result code (NCCL's `ncclResult_t`), where it reported one.
+        code: Option<u32>,
     },
     /// Another rank of the group reported a failure through the store.
     #[error("rank {rank} of the group reported an error through the store")]
@@ -76,6 +93,22 @@ pub enum Error {
         /// What the store said.
         source: Box<StoreError>,
     },
+    /// Two process groups rendezvous under the same store keys (they share one store prefix), so their ranks
+    /// would pair across groups: each group needs a store prefix of its own.
+    #[error(
+        "process group '{group}' (rank {rank}) shares its store prefix with another process group: store key \
+         '{store_key}': {detail}; give each group its own store prefix (a PrefixStore per group)"
+    )]
+    PrefixCollision {
+        /// The group's name.
+        group: String,
+        /// This rank.
+        rank: usize,
+        /// The unique-id key (under the group's store) where the collision was seen.
+        store_key: String,
+        /// What was found there.
+        detail: String,
+    },
     /// The caller passed something wrong: a size, a dtype, a rank, an environment value.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -89,9 +122,12 @@ pub enum Error {
 
 /// The kind of an [`Error`], for matching without the payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// [`Error::WorkTimeout`].
     WorkTimeout,
+    /// [`Error::InitTimeout`].
+    InitTimeout,
     /// [`Error::Communicator`].
     Communicator,
     /// [`Error::Remote`].
@@ -104,6 +140,8 @@ pub enum ErrorKind {
     StoreTimeout,
     /// Any other [`Error::Store`]: the store could not be reached or answered wrongly.
     StoreNetwork,
+    /// [`Error::PrefixCollision`].
+    PrefixCollision,
     /// [`Error::InvalidArgument`].
     InvalidArgument,
     /// [`Error::Unsupported`].
@@ -117,6 +155,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::WorkTimeout { .. } => ErrorKind::WorkTimeout,
+            Error::InitTimeout { .. } => ErrorKind::InitTimeout,
             Error::Communicator { .. } => ErrorKind::Communicator,
             Error::Remote { .. } => ErrorKind::Remote,
             Error::Aborted { .. } => ErrorKind::Aborted,
@@ -124,15 +163,37 @@ impl Error {
             Error::Store(error) if error.is_timeout() => ErrorKind::StoreTimeout,
             Error::Rendezvous { source, .. } if source.is_timeout() => ErrorKind::StoreTimeout,
             Error::Store(_) | Error::Rendezvous { .. } => ErrorKind::StoreNetwork,
+            Error::PrefixCollision { .. } => ErrorKind::PrefixCollision,
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Backend(_) => ErrorKind::Backend,
         }
     }
 
-    /// A communicator error with this message.
+    /// Whether this is one of the timeout kinds: a work, communicator-creation, heartbeat or store timeout.
+    pub fn is_timeout(&self) -> bool {
+        matches!(
+            self.kind(),
+            ErrorKind::WorkTimeout | ErrorKind::InitTimeout | ErrorKind::HeartbeatTimeout | ErrorKind::StoreTimeout
+        )
+    }
+
+    /// A communicator error with this message and no result code.
     pub fn communicator(message: impl Into<String>) -> Self {
-        Error::Communicator { message: message.into() }
+        Error::Communicator { message: message.into(), code: None }
+    }
+
+    /// A communicator error with the communication library's result code (NCCL's `ncclResult_t`).
+    pub fn communicator_code(code: u32, message: impl Into<String>) -> Self {
+        Error::Communicator { message: message.into(), code: Some(code) }
+    }
+
+    /// The communication library's result code, for a [`Error::Communicator`] that has one.
+    pub fn result_code(&self) -> Option<u32> {
+        match self {
+            Error::Communicator { code, .. } => *code,
+            _ => None,
+        }
     }
 
     /// An invalid-argument error with this message.

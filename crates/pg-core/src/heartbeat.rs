@@ -60,8 +60,12 @@ fn report_stuck<B: Backend, G: GroupView<B>>(group: &G, elapsed: Duration) {
     // The watchdog cannot do its job, so the monitor does it: sticky state, failed Works, aborted
     // communicators (which also unblocks a watchdog wedged in the communication library).
     crate::watchdog::record_first_error(group, &error);
+    crate::watchdog::poison_device(group.device(), &error);
     group.tear_down(error.clone());
     rel.fail_in_flight(&error);
     group.abort_comms(&error.to_string());
     rel.signal_stop(group.device());
+    if group.options().end_process_on_error {
+        crate::watchdog::end_process(group.rank(), &error);
+    }
 }

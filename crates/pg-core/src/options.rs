@@ -15,17 +15,22 @@ const MAX_INPUT_READY_EVENTS: usize = 64;
 
 /// What the watchdog does when it finds an error (`TORCH_NCCL_ASYNC_ERROR_HANDLING`, default 3).
 ///
+/// In every mode the error is recorded on the failed Work and the group, and the device is poisoned
+/// ([`crate::Poison`]): reads and host synchronisations through the device then fail with the error, so the
+/// output of an op that never completed cannot be read as if it had.
 /// "Tear down" in PyTorch kills the process; in this library it means the group is aborted and every later
-/// call returns the error. The process is never killed.
+/// call returns the error, and the process lives on unless [`Options::end_process_on_error`] is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorHandling {
-    /// 0: record the error on the Work, nothing else.
+    /// 0: record the error on the Work and poison the device, nothing else: the communicators are not aborted,
+    /// so the group's streams stay blocked behind the failed op.
     NoHandling,
-    /// 1: abort the communicators and tear the group down.
+    /// 1: abort the communicators (the streams drain) and tear the group down.
     TearDown,
-    /// 2: abort the communicators, keep the group usable for reporting.
+    /// 2: abort the communicators (the streams drain), keep the group usable for reporting.
     CleanUpOnly,
-    /// 3 (default): tear the group down without aborting communicators first.
+    /// 3 (default): tear the group down. PyTorch skips aborting the communicators here because it ends the
+    /// process; a process that lives on needs its streams to drain, so this library aborts them too.
     SkipCleanUp,
 }
 
@@ -33,6 +38,12 @@ impl ErrorHandling {
     /// PyTorch's `SHOULD_CLEAN_UP`: abort the communicators.
     pub fn should_clean_up(self) -> bool {
         !matches!(self, ErrorHandling::NoHandling | ErrorHandling::SkipCleanUp)
+    }
+
+    /// Whether the watchdog aborts the group's communicators on an error, so that the streams blocked behind
+    /// the failed op drain: every mode but [`ErrorHandling::NoHandling`] (see [`ErrorHandling::SkipCleanUp`]).
+    pub fn aborts_communicators(self) -> bool {
+        self != ErrorHandling::NoHandling
     }
 
     /// PyTorch's `SHOULD_TEAR_DOWN`: the group is dead after the error.
@@ -68,6 +79,10 @@ pub struct Options {
     pub nonblocking_init: bool,
     /// What the watchdog does on an error (`TORCH_NCCL_ASYNC_ERROR_HANDLING`).
     pub error_handling: ErrorHandling,
+    /// End the process as PyTorch does (`std::process::abort`, SIGABRT) once the watchdog found an error in a
+    /// mode that tears down (1 or 3) and the flight recorder is dumped, or once the heartbeat monitor found the
+    /// watchdog stuck (pg's own; `PG_END_PROCESS_ON_ERROR`, default off).
+    pub end_process_on_error: bool,
     /// Run the watchdog thread (it never runs with blocking wait, as in PyTorch).
     pub enable_watchdog: bool,
     /// How often the watchdog polls the in-flight Works (PyTorch: 100 ms).
@@ -113,6 +128,7 @@ impl Default for Options {
             eager_init: false,
             nonblocking_init: false,
             error_handling: ErrorHandling::SkipCleanUp,
+            end_process_on_error: false,
             enable_watchdog: true,
             watchdog_period: Duration::from_millis(100),
             blocking_wait_poll: Duration::from_millis(1),
@@ -169,6 +185,8 @@ impl OptionsBuilder {
         nonblocking_init: bool);
     setter!(/// Sets [`Options::error_handling`].
         error_handling: ErrorHandling);
+    setter!(/// Sets [`Options::end_process_on_error`].
+        end_process_on_error: bool);
     setter!(/// Sets [`Options::enable_watchdog`].
         enable_watchdog: bool);
     setter!(/// Sets [`Options::watchdog_period`].
@@ -221,6 +239,7 @@ impl OptionsBuilder {
         env.bool(&["TORCH_NCCL_PROPAGATE_ERROR"], &mut o.propagate_error)?;
         env.bool(&["TORCH_NCCL_DESYNC_DEBUG", "NCCL_DESYNC_DEBUG"], &mut o.desync_debug)?;
         env.bool(&["PG_REUSE_WORKS"], &mut o.reuse_works)?;
+        env.bool(&["PG_END_PROCESS_ON_ERROR"], &mut o.end_process_on_error)?;
         if let Some((name, code)) = env.int(&["TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"])? {
             o.error_handling = ErrorHandling::from_code(code)
                 .ok_or_else(|| Error::invalid(format!("{name}={code}: expected 0, 1, 2 or 3")))?;

@@ -20,6 +20,15 @@ use crate::{
 /// Process-wide counter of groups: PyTorch's "PG ID".
 static NEXT_LOCAL_ID: AtomicU64 = AtomicU64::new(0);
 
+/// The most ranks a group may have: NCCL counts ranks in a C `int`.
+const MAX_WORLD_SIZE: usize = i32::MAX as usize;
+
+/// The store key (under the group's store, then `/{rank}`) that counts the groups each rank created on it.
+const GROUP_INSTANCE_KEY: &str = "pg_group_instance";
+
+/// The suffix of the store key beside each unique-id key that names the group instance that published it.
+const ID_OWNER_SUFFIX: &str = "/pg_group_instance";
+
 /// What a group has done, for tests and tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Counters {
@@ -44,6 +53,8 @@ struct Inner<B: Backend> {
     device: B::Device,
     options: Options,
     local_id: u64,
+    /// This group's instance number on its store (see [`GROUP_INSTANCE_KEY`]).
+    instance: i64,
     cache: Mutex<CommCache<B>>,
     /// This rank's collective communicator, also in the cache, for a lock-free hot path.
     collective: OnceLock<CommEntry<B>>,
@@ -117,9 +128,19 @@ impl<B: Backend> ProcessGroup<B> {
         if size == 0 {
             return Err(Error::invalid("a process group needs at least one rank (size was 0)"));
         }
+        if size > MAX_WORLD_SIZE {
+            return Err(Error::invalid(format!(
+                "a process group of size {size} is larger than the most ranks a communicator can have \
+                 ({MAX_WORLD_SIZE}, NCCL's int)"
+            )));
+        }
         if rank >= size {
             return Err(Error::invalid(format!("rank {rank} is out of range for a group of size {size}")));
         }
+        // Groups are told apart by creation order on each rank: the n-th group this rank creates on a store is
+        // instance n, on every rank. The unique-id exchange checks it, so that two groups sharing one store
+        // prefix fail instead of pairing their ranks across groups.
+        let instance = store.add(&format!("{GROUP_INSTANCE_KEY}/{rank}"), 1)?;
         let local_id = NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed);
         let rel = Reliability::new(&options);
         let group = Self {
@@ -132,6 +153,7 @@ impl<B: Backend> ProcessGroup<B> {
                 local_id,
                 cache: Mutex::new(CommCache::default()),
                 collective: OnceLock::new(),
+                instance,
                 state: Mutex::new(GroupState { error: None, shut_down: false }),
                 errored: AtomicBool::new(false),
                 seq_collective: AtomicU64::new(0),
@@ -255,14 +277,16 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// Gathers every rank's `input` into `output` (size times larger), in rank order.
     pub fn all_gather(&self, input: &B::Buffer, output: &B::Buffer) -> Result<WorkHandle<B>> {
-        self.check_pair("all_gather", input, output, input.numel() * self.inner.size, output.numel())?;
+        let gathered = self.times_size("all_gather", "input", input)?;
+        self.check_pair("all_gather", input, output, gathered, output.numel())?;
         let spec = self.spec(OpType::AllGatherBase, input, output);
         self.run(spec, |comm, stream| comm.all_gather(input, output, stream))
     }
 
     /// Reduces `input` (size times larger than `output`) across ranks and scatters the blocks.
     pub fn reduce_scatter(&self, input: &B::Buffer, output: &B::Buffer, op: ReduceOp) -> Result<WorkHandle<B>> {
-        self.check_pair("reduce_scatter", input, output, input.numel(), output.numel() * self.inner.size)?;
+        let scattered = self.times_size("reduce_scatter", "output", output)?;
+        self.check_pair("reduce_scatter", input, output, input.numel(), scattered)?;
         op.check(input.dtype())?;
         let spec = self.spec(OpType::ReduceScatterBase, input, output);
         self.run(spec, |comm, stream| comm.reduce_scatter(input, output, op, stream))
@@ -359,8 +383,8 @@ impl<B: Backend> ProcessGroup<B> {
         watchdog::dump(self.inner.as_ref())
     }
 
-    /// Changes the timeout of the ops enqueued from now on (PyTorch's `_set_default_timeout`); the group's
-    /// `Options::timeout` stays what it was built with.
+    /// Changes the timeout of the ops enqueued and the communicators created from now on (PyTorch's
+    /// `_set_default_timeout`); the group's `Options::timeout` stays what it was built with.
     pub fn set_timeout(&self, timeout: std::time::Duration) {
         self.inner.rel.set_timeout(timeout);
     }
@@ -534,10 +558,13 @@ impl<B: Backend> ProcessGroup<B> {
             // Another thread of this rank is creating it: wait for it, bounded by the group's timeout.
             drop(cache);
             let now = self.inner.device.now();
-            if now > *deadline.get_or_insert(now + self.inner.options.timeout) {
-                return Err(Error::invalid(format!(
-                    "timed out waiting for another thread to create communicator '{cache_key}'"
-                )));
+            let timeout = self.inner.rel.timeout(self.inner.options.timeout);
+            if now > *deadline.get_or_insert(now.saturating_add(timeout)) {
+                return Err(Error::InitTimeout {
+                    cache_key,
+                    timeout,
+                    what: "another thread of this rank was creating it and did not finish".to_owned(),
+                });
             }
             self.inner.device.sleep(self.inner.options.blocking_wait_poll, &never);
         };
@@ -559,35 +586,32 @@ impl<B: Backend> ProcessGroup<B> {
             CommKey::Collective(_) => (inner.rank, inner.size),
             CommKey::SingleP2p { rank, peer } => (usize::from(rank > peer), 2),
         };
-        // S6: one rank creates the unique id and publishes it; the others read it.
-        let id = match comm_rank {
-            0 => {
-                let id = inner.device.new_unique_id()?;
-                inner.store.set(store_key, &id.0)?;
-                id
-            }
-            _ => UniqueId(inner.store.get(store_key).map_err(|source| Error::Rendezvous {
-                rank: inner.rank,
-                cache_key: cache_key.to_owned(),
-                store_key: store_key.to_owned(),
-                source: Box::new(source),
-            })?),
-        };
+        // Every wait of the creation (the unique id, the other ranks' joins, a non-blocking init) ends by this.
+        let timeout = inner.rel.timeout(inner.options.timeout);
+        let deadline = inner.device.now().saturating_add(timeout);
+        let init_timeout = |what: String| Error::InitTimeout { cache_key: cache_key.to_owned(), timeout, what };
+        let id = self.exchange_unique_id(comm_rank, cache_key, store_key, deadline, &init_timeout)?;
+        let remaining = deadline.saturating_sub(inner.device.now());
         let config = CommConfig {
             nonblocking: inner.options.nonblocking_init,
             description: format!("{}:{}", inner.options.group_desc, inner.options.group_name),
+            timeout: Some(remaining),
         };
-        let comm = Arc::new(inner.device.create_communicator(&id, comm_size, comm_rank, &config)?);
+        let comm = match inner.device.create_communicator(&id, comm_size, comm_rank, &config) {
+            Ok(comm) => Arc::new(comm),
+            // The backend names the communicator by its description; the group knows its cache key.
+            Err(Error::InitTimeout { what, .. }) => return Err(init_timeout(what)),
+            Err(error) => return Err(error),
+        };
         // S7: visible as initializing until ready (a non-blocking init finishes in the background).
         self.lock_cache().initializing.insert(cache_key.to_owned(), Some(Arc::clone(&comm)));
         let never = AtomicBool::new(false);
-        let deadline = inner.device.now() + inner.options.timeout;
         while !comm.is_ready()? {
             comm.async_error()?;
             if inner.device.now() > deadline {
-                let reason = format!("non-blocking init of communicator '{cache_key}' timed out");
-                comm.abort(&reason)?;
-                return Err(Error::communicator(reason));
+                let error = init_timeout("the non-blocking init never became ready".to_owned());
+                comm.abort(&error.to_string())?;
+                return Err(error);
             }
             inner.device.sleep(inner.options.blocking_wait_poll, &never);
         }
@@ -609,6 +633,79 @@ impl<B: Backend> ProcessGroup<B> {
         );
         let input_ready = Mutex::new(InputReady::new(&inner.device, inner.options.input_ready_events));
         Ok(Arc::new(CommShared { device: inner.device.clone(), comm, stream, input_ready }))
+    }
+
+    /// S6: rank 0 of the communicator creates the unique id and publishes it under `store_key`; the others read
+    /// it, waiting at most until `deadline`.
+    ///
+    /// Beside the id, the publisher claims `{store_key}/pg_group_instance` for its group instance, and a reader
+    /// checks the claim: a key already claimed by another group instance, or an id published by another one,
+    /// means two groups share the store prefix, and both fail with [`Error::PrefixCollision`].
+    fn exchange_unique_id(
+        &self,
+        comm_rank: usize,
+        cache_key: &str,
+        store_key: &str,
+        deadline: std::time::Duration,
+        init_timeout: &dyn Fn(String) -> Error,
+    ) -> Result<UniqueId> {
+        let inner = &self.inner;
+        let store = inner.store.as_ref();
+        let owner_key = format!("{store_key}{ID_OWNER_SUFFIX}");
+        let instance = inner.instance.to_string();
+        let collision = |detail: String| Error::PrefixCollision {
+            group: inner.options.group_name.clone(),
+            rank: inner.rank,
+            store_key: store_key.to_owned(),
+            detail,
+        };
+        let owner_of = |value: &[u8]| String::from_utf8_lossy(value).into_owned();
+        if comm_rank == 0 {
+            let owner = store.compare_set(&owner_key, b"", instance.as_bytes())?;
+            if owner != instance.as_bytes() {
+                return Err(collision(format!(
+                    "this is group instance {instance} of rank {} on the store, and instance {} already published \
+                     a unique id under this key",
+                    inner.rank,
+                    owner_of(&owner)
+                )));
+            }
+            let id = inner.device.new_unique_id()?;
+            let published = store.compare_set(store_key, b"", &id.0)?;
+            if published != id.0 {
+                return Err(collision("another writer had already published a unique id under this key".to_owned()));
+            }
+            return Ok(id);
+        }
+        let rendezvous = |source| Error::Rendezvous {
+            rank: inner.rank,
+            cache_key: cache_key.to_owned(),
+            store_key: store_key.to_owned(),
+            source: Box::new(source),
+        };
+        let remaining = deadline.saturating_sub(inner.device.now());
+        let limit = remaining.min(store.timeout());
+        match store.wait(&[store_key, &owner_key], Some(limit)) {
+            Ok(()) => {}
+            Err(source) if source.is_timeout() && remaining <= store.timeout() => {
+                return Err(init_timeout(format!(
+                    "the unique id never appeared under store key '{store_key}': the communicator's root rank may \
+                     have crashed or skipped this op"
+                )))
+            }
+            Err(source) => return Err(rendezvous(source)),
+        }
+        let id = store.get(store_key).map_err(rendezvous)?;
+        let owner = store.get(&owner_key).map_err(rendezvous)?;
+        if owner != instance.as_bytes() {
+            return Err(collision(format!(
+                "this is group instance {instance} of rank {} on the store, but the unique id was published by \
+                 instance {}",
+                inner.rank,
+                owner_of(&owner)
+            )));
+        }
+        Ok(UniqueId(id))
     }
 
     // ===== checks and helpers =====
@@ -650,6 +747,17 @@ impl<B: Backend> ProcessGroup<B> {
             )));
         }
         Ok(())
+    }
+
+    /// `buffer.numel()` times the group's size, or an error naming the overflow.
+    fn times_size(&self, what: &str, which: &str, buffer: &B::Buffer) -> Result<usize> {
+        buffer.numel().checked_mul(self.inner.size).ok_or_else(|| {
+            Error::invalid(format!(
+                "{what}: the {which} of {} elements times {} ranks overflows the address space",
+                buffer.numel(),
+                self.inner.size
+            ))
+        })
     }
 
     fn check_rank(&self, what: &str, rank: usize) -> Result<()> {

@@ -211,6 +211,9 @@ pub struct CommConfig {
     pub nonblocking: bool,
     /// A description for the backend's logs (PyTorch sets `pg_desc:pg_uid`).
     pub description: String,
+    /// How long a blocking init may wait for the other ranks to join; past it creation fails with
+    /// [`crate::Error::InitTimeout`] (`None`: no bound). A non-blocking init returns at once and ignores it.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// What kind of kernel a launch was, for the streams experiment.

@@ -627,7 +627,10 @@ pub(crate) fn on_error<B: Backend, G: GroupView<B>>(
         dump_once(group);
     }
     let mode = options.error_handling;
-    if mode.should_clean_up() {
+    // The failure is made visible before any data can be read: the device is poisoned first, then the streams
+    // blocked behind the failed op are drained by the aborts (a read they wake up fails with the error).
+    poison_device(group.device(), &error);
+    if mode.aborts_communicators() {
         // The in-flight Works fail with the error that makes their communicators go, not with a bare abort.
         for work in rel.lock_works().iter() {
             work.set_exception(error.clone());
@@ -643,7 +646,30 @@ pub(crate) fn on_error<B: Backend, G: GroupView<B>>(
     if mode.should_tear_down() {
         group.tear_down(error.clone());
         rel.fail_in_flight(&error);
+        if options.end_process_on_error {
+            end_process(group.rank(), &error);
+        }
     }
+}
+
+/// Records `error` in the device's failure record and wakes host threads blocked on the device.
+pub(crate) fn poison_device<D: Device>(device: &D, error: &Error) {
+    if device.poison().set(error) {
+        tracing::error!(target: "pg", %error, "reads and synchronisations on {} now fail with this error", device.describe());
+    }
+    device.notify_host_threads();
+}
+
+/// Ends the process as PyTorch does after a fatal error of a process group (`Options::end_process_on_error`).
+pub(crate) fn end_process(rank: usize, error: &Error) -> ! {
+    tracing::error!(
+        target: "pg",
+        rank,
+        %error,
+        "to avoid data inconsistency, the process is ended (end_process_on_error is set)"
+    );
+    eprintln!("pg: rank {rank}: {error}; to avoid data inconsistency, ending the process (end_process_on_error)");
+    std::process::abort()
 }
 
 /// Records `error` as the group's sticky error unless one is there; returns whether it was the first.

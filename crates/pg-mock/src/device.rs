@@ -186,11 +186,17 @@ impl pg_core::Device for MockDevice {
 
     fn synchronize(&self) -> Result<()> {
         let tid = self.inner.require("Device::synchronize");
+        let poison = pg_core::Device::poison(self);
+        poison.check()?;
         let state = self.inner.lock();
         let streams: Vec<usize> = (0..state.streams.len()).filter(|s| state.streams[*s].device == self.index).collect();
-        let state = sync_streams(&self.inner, state, tid, &streams);
+        let state = sync_streams(&self.inner, state, tid, &streams, poison);
         self.inner.raise(state);
-        Ok(())
+        poison.check()
+    }
+
+    fn poison(&self) -> &pg_core::Poison {
+        &self.inner.poison[self.index]
     }
 
     fn alloc(&self, dtype: DType, numel: usize) -> Result<MockBuffer> {
@@ -243,6 +249,8 @@ impl pg_core::Device for MockDevice {
         let tid = self.inner.require("Device::copy_to_host");
         self.check_buffer(buffer, "copy_to_host")?;
         stream.check(&self.inner, self.index, "copy_to_host")?;
+        let poison = pg_core::Device::poison(self);
+        poison.check()?;
         let duration = transfer(buffer.size_bytes(), self.inner.config.copy_bandwidth);
         let cost = self.inner.config.host.kernel_launch;
         let mut state = self.inner.lock();
@@ -253,11 +261,15 @@ impl pg_core::Device for MockDevice {
         let clock = state.streams[stream.index].clock.clone();
         state.pin(op);
         let what = format!("copy_to_host of buffer #{} on stream {}", buffer.id(), stream.id);
-        let (mut state, _) = self.inner.park(state, tid, Cond::OpsDone(vec![op]), None, None, what);
+        let (mut state, woke) = self.inner.park(state, tid, Cond::OpsDone(vec![op]), None, Some(poison.flag()), what);
         state.unpin(op);
-        state.join_thread_clock(Some(tid), &clock);
+        if woke != crate::clock::Wake::Interrupted {
+            state.join_thread_clock(Some(tid), &clock);
+        }
         let bytes = state.to_host.remove(&op).unwrap_or_default();
         self.inner.raise(state);
+        // Poisoned while it waited (woken early), or the copy read what a failed op left: the error either way.
+        poison.check()?;
         Ok(bytes)
     }
 
@@ -290,7 +302,7 @@ impl pg_core::Device for MockDevice {
         config: &CommConfig,
     ) -> Result<MockCommunicator> {
         let tid = self.inner.require("Device::create_communicator");
-        if size == 0 || rank >= size {
+        if size == 0 || rank >= size || i32::try_from(size).is_err() {
             return Err(Error::invalid(format!("create_communicator: rank {rank} of size {size}")));
         }
         if id.0.is_empty() {
@@ -306,7 +318,20 @@ impl pg_core::Device for MockDevice {
         }
         let cond = if never { Cond::Never } else { Cond::CommReady(group) };
         let what = format!("creating rank {rank} of communicator {} (blocking init)", state.comm_number(group));
-        let (state, _) = self.inner.park(state, tid, cond, None, None, what);
+        let deadline = config.timeout.map(|timeout| state.local(Some(tid)).saturating_add(ns(timeout)));
+        let (mut state, woke) = self.inner.park(state, tid, cond, deadline, None, what);
+        if woke == crate::clock::Wake::Deadline {
+            // The other ranks did not all join in time: this rank leaves, as an aborted communicator.
+            let time = state.local(Some(tid));
+            let reason = "blocking init timed out before every rank joined";
+            state.abort_rank(group, rank, reason, time);
+            self.inner.raise(state);
+            return Err(Error::InitTimeout {
+                cache_key: config.description.clone(),
+                timeout: config.timeout.unwrap_or_default(),
+                what: format!("rank {rank} of {size} joined, and not every other rank joined within the timeout"),
+            });
+        }
         self.inner.raise(state);
         Ok(comm)
     }

@@ -19,6 +19,8 @@ pub(crate) struct Recorded {
     /// The stream's vector clock at the record.
     pub(crate) clock: VClock,
     pub(crate) stream_id: u64,
+    /// The device of that stream (whose failure record a synchronisation looks at).
+    pub(crate) device: usize,
 }
 
 /// One event's state.
@@ -75,7 +77,7 @@ impl pg_core::Event for MockEvent {
                 st.pin(op);
             }
             let s = &st.streams[stream.index];
-            let recorded = Recorded { op, clock: s.clock.clone(), stream_id: s.id };
+            let recorded = Recorded { op, clock: s.clock.clone(), stream_id: s.id, device: s.device };
             let previous = st.events.entry(self.id).or_default().recorded.replace(recorded);
             if let Some(old) = previous.and_then(|r| r.op) {
                 st.unpin(old);
@@ -103,17 +105,26 @@ impl pg_core::Event for MockEvent {
         let tid = self.inner.require("Event::synchronize");
         let mut state = self.inner.lock();
         let Some(recorded) = state.events.get(&self.id).and_then(|e| e.recorded.clone()) else { return Ok(()) };
+        let poison = &self.inner.poison[recorded.device];
+        if let Err(error) = poison.check() {
+            drop(state);
+            return Err(error);
+        }
         if let Some(op) = recorded.op {
             // The event pins `op`; pin it again in case the event is re-recorded while this thread waits.
             state.pin(op);
             let what = format!("synchronizing an event on stream {}", recorded.stream_id);
-            let (s, _) = self.inner.park(state, tid, Cond::OpsDone(vec![op]), None, None, what);
+            let (s, woke) = self.inner.park(state, tid, Cond::OpsDone(vec![op]), None, Some(poison.flag()), what);
             state = s;
             state.unpin(op);
+            if woke == crate::clock::Wake::Interrupted {
+                self.inner.raise(state);
+                return poison.check();
+            }
         }
         state.join_thread_clock(Some(tid), &recorded.clock);
         self.inner.raise(state);
-        Ok(())
+        poison.check()
     }
 
     fn is_created(&self) -> bool {

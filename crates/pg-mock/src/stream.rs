@@ -471,19 +471,23 @@ impl pg_core::Stream for MockStream {
 
     fn synchronize(&self) -> Result<()> {
         let tid = self.inner.require("Stream::synchronize");
+        let poison = &self.inner.poison[self.device];
+        poison.check()?;
         let state = self.inner.lock();
-        let state = sync_streams(&self.inner, state, tid, &[self.index]);
+        let state = sync_streams(&self.inner, state, tid, &[self.index], poison);
         self.inner.raise(state);
-        Ok(())
+        poison.check()
     }
 }
 
-/// Parks `tid` until every operation enqueued so far on `streams` has finished, then joins their clocks into it.
+/// Parks `tid` until every operation enqueued so far on `streams` has finished, then joins their clocks into it;
+/// returns early, joining nothing, once the device's failure record `poison` is set.
 pub(crate) fn sync_streams<'a>(
     inner: &'a Inner,
     mut state: std::sync::MutexGuard<'a, State>,
     tid: usize,
     streams: &[usize],
+    poison: &pg_core::Poison,
 ) -> std::sync::MutexGuard<'a, State> {
     state.resolve();
     let ops: Vec<OpRef> = streams.iter().filter_map(|s| state.last_op(*s)).collect();
@@ -495,9 +499,12 @@ pub(crate) fn sync_streams<'a>(
     for op in &ops {
         state.pin(*op);
     }
-    let (mut state, _) = inner.park(state, tid, Cond::OpsDone(ops.clone()), None, None, what);
+    let (mut state, woke) = inner.park(state, tid, Cond::OpsDone(ops.clone()), None, Some(poison.flag()), what);
     for op in &ops {
         state.unpin(*op);
+    }
+    if woke == crate::clock::Wake::Interrupted {
+        return state;
     }
     for clock in &clocks {
         state.join_thread_clock(Some(tid), clock);

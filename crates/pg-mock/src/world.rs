@@ -260,6 +260,9 @@ impl State {
 pub(crate) struct Inner {
     pub(crate) id: u64,
     pub(crate) config: WorldConfig,
+    /// Each device's failure record ([`pg_core::Device::poison`]), outside the lock: a blocked wait parks with
+    /// its flag as interrupt.
+    pub(crate) poison: Vec<pg_core::Poison>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -519,7 +522,8 @@ impl World {
     pub fn new(config: WorldConfig) -> Self {
         let state = State::new(&config);
         let id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
-        Self { inner: Arc::new(Inner { id, config, state: Mutex::new(state), changed: Condvar::new() }) }
+        let poison = (0..config.devices).map(|_| pg_core::Poison::new()).collect();
+        Self { inner: Arc::new(Inner { id, config, poison, state: Mutex::new(state), changed: Condvar::new() }) }
     }
 
     /// The configuration the world was built with.

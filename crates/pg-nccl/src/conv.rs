@@ -108,7 +108,7 @@ pub(crate) fn cuda_error(err: pg_cuda::CudaError) -> Error {
 /// An NCCL error as pg-core's: a failed call is a communicator error, a loading problem a backend error.
 pub(crate) fn nccl_error(err: nccl_sys::Error) -> Error {
     match err {
-        nccl_sys::Error::Call { .. } => Error::communicator(err.to_string()),
+        nccl_sys::Error::Call { status, .. } => Error::communicator_code(status.0, err.to_string()),
         nccl_sys::Error::InvalidArgument { .. } => Error::invalid(err.to_string()),
         other => Error::Backend(other.to_string()),
     }
@@ -159,7 +159,9 @@ mod tests {
     #[test]
     fn error_kinds() {
         let call = nccl_sys::Error::Call { call: "ncclAllReduce", status: nccl_sys::Status(6), detail: String::new() };
-        assert_eq!(nccl_error(call).kind(), pg_core::ErrorKind::Communicator);
+        let converted = nccl_error(call);
+        assert_eq!(converted.kind(), pg_core::ErrorKind::Communicator);
+        assert_eq!(converted.result_code(), Some(6), "the NCCL result code is kept as a field: {converted:?}");
         let missing = nccl_sys::Error::LibraryNotFound { tried: vec![] };
         assert_eq!(nccl_error(missing).kind(), pg_core::ErrorKind::Backend);
         assert_eq!(cuda_error(pg_cuda::CudaError::DriverNotFound).kind(), pg_core::ErrorKind::Backend);

@@ -49,6 +49,13 @@ impl Device {
     }
 }
 
+/// The failure record of device `ordinal`, shared by every handle of it in this process (ordinals from 64 on,
+/// beyond any machine pg runs on, share one record).
+pub(crate) fn poison_of(ordinal: usize) -> &'static pg_core::Poison {
+    static RECORDS: [pg_core::Poison; 65] = [const { pg_core::Poison::new() }; 65];
+    &RECORDS[ordinal.min(64)]
+}
+
 impl pg_core::Device for Device {
     type B = Nccl;
 
@@ -73,11 +80,19 @@ impl pg_core::Device for Device {
     }
 
     fn create_event(&self) -> Event {
-        Event(self.cuda.event())
+        Event(self.cuda.event(), self.cuda.ordinal())
     }
 
     fn synchronize(&self) -> pg_core::Result<()> {
-        self.cuda.synchronize().map_err(cuda_error)
+        // A call already blocked in the driver is not woken by a later failure; in the error-handling modes that
+        // abort the communicators the device drains, and the record is read again after the call.
+        self.poison().check()?;
+        self.cuda.synchronize().map_err(cuda_error)?;
+        self.poison().check()
+    }
+
+    fn poison(&self) -> &pg_core::Poison {
+        poison_of(self.cuda.ordinal())
     }
 
     fn alloc(&self, dtype: DType, numel: usize) -> pg_core::Result<Buffer> {
@@ -96,7 +111,10 @@ impl pg_core::Device for Device {
 
     fn copy_to_host(&self, buffer: &Buffer, stream: &Stream) -> pg_core::Result<Vec<u8>> {
         self.check_buffer(buffer)?;
-        self.cuda.copy_to_host(&buffer.cuda, &stream.0).map_err(cuda_error)
+        self.poison().check()?;
+        let bytes = self.cuda.copy_to_host(&buffer.cuda, &stream.0).map_err(cuda_error)?;
+        self.poison().check()?;
+        Ok(bytes)
     }
 
     fn fill(&self, buffer: &Buffer, value: f64, stream: &Stream) -> pg_core::Result<()> {

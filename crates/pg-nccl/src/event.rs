@@ -5,7 +5,8 @@ use crate::{Nccl, Stream};
 
 /// A CUDA event whose driver object is made at its first record (S13).
 #[derive(Debug)]
-pub struct Event(pub(crate) pg_cuda::Event);
+/// The second field is the device ordinal, whose failure record its synchronisation reads.
+pub struct Event(pub(crate) pg_cuda::Event, pub(crate) usize);
 
 impl pg_core::Event for Event {
     type B = Nccl;
@@ -19,7 +20,10 @@ impl pg_core::Event for Event {
     }
 
     fn synchronize(&self) -> pg_core::Result<()> {
-        self.0.synchronize().map_err(cuda_error)
+        let poison = crate::device::poison_of(self.1);
+        poison.check()?;
+        self.0.synchronize().map_err(cuda_error)?;
+        poison.check()
     }
 
     fn is_created(&self) -> bool {

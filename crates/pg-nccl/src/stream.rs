@@ -39,6 +39,9 @@ impl pg_core::Stream for Stream {
     }
 
     fn synchronize(&self) -> pg_core::Result<()> {
-        self.0.synchronize().map_err(cuda_error)
+        let poison = crate::device::poison_of(self.0.device_ordinal());
+        poison.check()?;
+        self.0.synchronize().map_err(cuda_error)?;
+        poison.check()
     }
 }

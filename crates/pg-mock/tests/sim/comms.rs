@@ -50,7 +50,7 @@ fn nonblocking_init_becomes_ready_after_the_init_cost() {
             }
             _ => pg_core::UniqueId(store.get("id").unwrap()),
         };
-        let config = CommConfig { nonblocking: true, description: "test".into() };
+        let config = CommConfig { nonblocking: true, description: "test".into(), ..Default::default() };
         let c = device.create_communicator(&id, 2, rank, &config).unwrap();
         let start = device.now();
         let mut polls = 0;

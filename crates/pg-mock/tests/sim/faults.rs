@@ -49,7 +49,7 @@ fn a_rank_that_never_joins_leaves_a_nonblocking_init_unready_until_abort() {
         } else {
             pg_core::UniqueId(store.get("id").unwrap())
         };
-        let config = CommConfig { nonblocking: true, description: "pg0".into() };
+        let config = CommConfig { nonblocking: true, description: "pg0".into(), ..Default::default() };
         let c = device.create_communicator(&id, 2, rank, &config).unwrap();
         let start = device.now();
         while !c.is_ready().unwrap() {
