@@ -627,8 +627,15 @@ pub(crate) fn on_error<B: Backend, G: GroupView<B>>(
         dump_once(group);
     }
     let mode = options.error_handling;
-    // The failure is made visible before any data can be read: the device is poisoned first, then the streams
-    // blocked behind the failed op are drained by the aborts (a read they wake up fails with the error).
+    if options.end_process_on_error && mode.should_tear_down() {
+        // As PyTorch: nothing of the failed group runs on, so no thread gets to see or use its data.
+        end_process(group.rank(), &error);
+    }
+    // The failure is made visible before any data can be read: the group is torn down and the device poisoned
+    // first, then the streams blocked behind the failed op are drained by the aborts (a read they wake fails).
+    if mode.should_tear_down() {
+        group.tear_down(error.clone());
+    }
     poison_device(group.device(), &error);
     if mode.aborts_communicators() {
         // The in-flight Works fail with the error that makes their communicators go, not with a bare abort.
@@ -644,11 +651,7 @@ pub(crate) fn on_error<B: Backend, G: GroupView<B>>(
         group.abort_comms(&reason);
     }
     if mode.should_tear_down() {
-        group.tear_down(error.clone());
         rel.fail_in_flight(&error);
-        if options.end_process_on_error {
-            end_process(group.rank(), &error);
-        }
     }
 }
 
