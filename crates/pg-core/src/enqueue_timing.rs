@@ -1,8 +1,12 @@
-//! Optional timing of the collective template's steps (`PG_TIME_ENQUEUE=1`), to find where host time goes on
-//! a real device, where no profiler may run; off, it costs one flag read per op.
+//! Optional timing of the collective template's steps, to find where host time goes on a real device, where
+//! no profiler may run: with the `testing` feature and `PG_TIME_ENQUEUE=1`. Without the feature the timer is an
+//! empty type whose calls compile to nothing; with it and the variable unset, it costs one flag read per op.
 
+#[cfg(feature = "testing")]
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "testing")]
 use std::sync::OnceLock;
+#[cfg(feature = "testing")]
 use std::time::{Duration, Instant};
 
 /// The steps of the collective template, in order.
@@ -24,6 +28,7 @@ pub enum EnqueueStep {
     Track,
 }
 
+#[cfg(feature = "testing")]
 impl EnqueueStep {
     /// Every step, in order.
     pub const ALL: [EnqueueStep; 7] = [
@@ -50,18 +55,37 @@ impl EnqueueStep {
     }
 }
 
+#[cfg(feature = "testing")]
 static NANOS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
 
+#[cfg(feature = "testing")]
 fn enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("PG_TIME_ENQUEUE").as_deref() == Ok("1"))
 }
 
 /// Times one op's steps when timing is on; does nothing otherwise.
+#[cfg(feature = "testing")]
 pub(crate) struct StepTimer {
     last: Option<Instant>,
 }
 
+/// Without the `testing` feature: nothing to time, nothing recorded.
+#[cfg(not(feature = "testing"))]
+pub(crate) struct StepTimer;
+
+#[cfg(not(feature = "testing"))]
+impl StepTimer {
+    #[inline(always)]
+    pub(crate) fn start() -> Self {
+        StepTimer
+    }
+
+    #[inline(always)]
+    pub(crate) fn lap(&mut self, _step: EnqueueStep) {}
+}
+
+#[cfg(feature = "testing")]
 impl StepTimer {
     pub(crate) fn start() -> Self {
         Self { last: enabled().then(Instant::now) }
@@ -79,11 +103,24 @@ impl StepTimer {
 }
 
 /// The host time spent in each step so far, process-wide (all zero unless `PG_TIME_ENQUEUE=1`).
+#[cfg(feature = "testing")]
 pub fn enqueue_step_totals() -> [(EnqueueStep, Duration); 7] {
     EnqueueStep::ALL.map(|step| (step, Duration::from_nanos(NANOS[step as usize].load(Ordering::Relaxed))))
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(feature = "testing")))]
+mod without_testing {
+    use super::*;
+
+    #[test]
+    fn without_the_testing_feature_the_timer_holds_and_records_nothing() {
+        assert_eq!(std::mem::size_of::<StepTimer>(), 0);
+        let mut timer = StepTimer::start();
+        timer.lap(EnqueueStep::Lookup);
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
 

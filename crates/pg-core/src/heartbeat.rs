@@ -5,24 +5,27 @@
 //! A watchdog that has not moved is stuck (in a driver call, on a lock): the monitor reports
 //! [`Error::HeartbeatTimeout`], a kind of its own, dumps the flight recorder, fails the in-flight Works, and
 //! aborts the communicators so that a call wedged in the communication library can return.
-//! PyTorch ends the process at this point; this library tears the group down instead.
+//! PyTorch ends the process at this point; this library tears the group down instead and poisons the device,
+//! unless `Options::end_process_on_error` asks for PyTorch's behaviour.
 
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 
-use crate::watchdog::{dump_once, heartbeat, mark_stuck, GroupView, Signals};
+use crate::failure::{dump_once, end_process, poison_device, record_first_error};
+use crate::shared::Shared;
+use crate::signals::Signals;
 use crate::{Backend, Device, Error};
 
 /// The monitor's thread body: it holds the group only weakly while it sleeps.
-pub(crate) fn monitor_loop<B: Backend, G: GroupView<B>>(
-    group: &Weak<G>,
+pub(crate) fn monitor_loop<B: Backend>(
+    group: &Weak<Shared<B>>,
     device: &B::Device,
     signals: &Signals,
     timeout: Duration,
 ) {
     let terminate = &signals.terminate;
-    let Some(mut last_beat) = group.upgrade().map(|g| heartbeat(g.as_ref())) else { return };
+    let Some(mut last_beat) = group.upgrade().map(|g| g.threads.heartbeat.load(Ordering::Relaxed)) else { return };
     let mut last_change = device.now();
     loop {
         device.sleep(timeout, terminate);
@@ -30,7 +33,7 @@ pub(crate) fn monitor_loop<B: Backend, G: GroupView<B>>(
             return;
         }
         let Some(group) = group.upgrade() else { return };
-        let beat = heartbeat(group.as_ref());
+        let beat = group.threads.heartbeat.load(Ordering::Relaxed);
         let now = device.now();
         // An idle watchdog sleeps longer than its period, by design: that is not a stuck one.
         if beat != last_beat || signals.idle.load(Ordering::SeqCst) {
@@ -43,29 +46,28 @@ pub(crate) fn monitor_loop<B: Backend, G: GroupView<B>>(
 }
 
 /// What the monitor does once it found the watchdog stuck for `elapsed`.
-fn report_stuck<B: Backend, G: GroupView<B>>(group: &G, elapsed: Duration) {
+fn report_stuck<B: Backend>(group: &Shared<B>, elapsed: Duration) {
     let error = Error::HeartbeatTimeout { elapsed };
     tracing::error!(
         target: "pg",
-        pg_id = group.local_id(),
-        rank = group.rank(),
+        pg_id = group.local_id,
+        rank = group.rank,
         "the process group's watchdog got stuck for {} s without making progress; tearing the group down",
         elapsed.as_secs()
     );
-    let rel = group.rel();
-    mark_stuck(rel);
-    if group.options().dump_on_timeout {
+    group.threads.mark_stuck();
+    if group.options.dump_on_timeout {
         dump_once(group);
+    }
+    if group.options.end_process_on_error {
+        end_process(group.rank, &error);
     }
     // The watchdog cannot do its job, so the monitor does it: sticky state, failed Works, aborted
     // communicators (which also unblocks a watchdog wedged in the communication library).
-    crate::watchdog::record_first_error(group, &error);
-    crate::watchdog::poison_device(group.device(), &error);
+    record_first_error(group, &error);
     group.tear_down(error.clone());
-    rel.fail_in_flight(&error);
+    poison_device(&group.device, &error);
+    group.fail_in_flight(&error);
     group.abort_comms(&error.to_string());
-    rel.signal_stop(group.device());
-    if group.options().end_process_on_error {
-        crate::watchdog::end_process(group.rank(), &error);
-    }
+    group.signals.stop(&group.device);
 }

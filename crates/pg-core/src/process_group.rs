@@ -3,14 +3,16 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pg_store::Store;
 
 use crate::cache::{CommCache, CommEntry, CommShared, InputReady};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
-use crate::watchdog::{self, ErrorType, GroupStatus, GroupView, Reliability};
+use crate::failure;
+use crate::shared::Shared;
+use crate::status::{ErrorType, GroupStatus};
 use crate::work::WorkState;
 use crate::{
     Backend, Buffer, CommConfig, CommKey, Communicator, DType, Device, Error, Event, OpType, Options, ReduceOp, Result,
@@ -40,36 +42,6 @@ pub struct Counters {
     pub works_reused: u64,
 }
 
-struct GroupState {
-    /// The first fatal error: every later call returns it (abort, shutdown, a torn-down group).
-    error: Option<Error>,
-    shut_down: bool,
-}
-
-struct Inner<B: Backend> {
-    store: Arc<dyn Store>,
-    rank: usize,
-    size: usize,
-    device: B::Device,
-    options: Options,
-    local_id: u64,
-    /// This group's instance number on its store (see [`GROUP_INSTANCE_KEY`]).
-    instance: i64,
-    cache: Mutex<CommCache<B>>,
-    /// This rank's collective communicator, also in the cache, for a lock-free hot path.
-    collective: OnceLock<CommEntry<B>>,
-    state: Mutex<GroupState>,
-    /// Whether `state.error` is set: the enqueue path reads this flag instead of taking the state's lock.
-    errored: AtomicBool,
-    seq_collective: AtomicU64,
-    seq_p2p: AtomicU64,
-    comms_created: AtomicU64,
-    ops_issued: AtomicU64,
-    works_reused: AtomicU64,
-    /// The watchdog's in-flight list, status, flight recorder and threads (S21-S26).
-    rel: Reliability<B>,
-}
-
 /// A process group: this rank's view of a set of ranks that run collectives together.
 ///
 /// It is PyTorch's `ProcessGroupNCCL`, generic over the [`Backend`]: it creates communicators lazily on the
@@ -78,7 +50,7 @@ struct Inner<B: Backend> {
 /// current stream, and returns a [`WorkHandle`].
 /// Cloning gives another handle to the same group.
 pub struct ProcessGroup<B: Backend> {
-    inner: Arc<Inner<B>>,
+    inner: Arc<Shared<B>>,
 }
 
 impl<B: Backend> Clone for ProcessGroup<B> {
@@ -142,29 +114,9 @@ impl<B: Backend> ProcessGroup<B> {
         // prefix fail instead of pairing their ranks across groups.
         let instance = store.add(&format!("{GROUP_INSTANCE_KEY}/{rank}"), 1)?;
         let local_id = NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed);
-        let rel = Reliability::new(&options);
-        let group = Self {
-            inner: Arc::new(Inner {
-                store,
-                rank,
-                size,
-                device,
-                options,
-                local_id,
-                cache: Mutex::new(CommCache::default()),
-                collective: OnceLock::new(),
-                instance,
-                state: Mutex::new(GroupState { error: None, shut_down: false }),
-                errored: AtomicBool::new(false),
-                seq_collective: AtomicU64::new(0),
-                seq_p2p: AtomicU64::new(0),
-                comms_created: AtomicU64::new(0),
-                ops_issued: AtomicU64::new(0),
-                works_reused: AtomicU64::new(0),
-                rel,
-            }),
-        };
-        watchdog::start(&group.inner)?;
+        let shared = Shared::new(store, (rank, size), device, options, local_id, instance);
+        let group = Self { inner: Arc::new(shared) };
+        start_threads(&group.inner)?;
         tracing::info!(
             target: "pg",
             backend = B::NAME,
@@ -220,36 +172,38 @@ impl<B: Backend> ProcessGroup<B> {
         }
     }
 
-    /// The cache keys of the ready communicators, sorted.
+    /// The cache keys of the ready communicators, sorted (`testing` feature).
+    #[cfg(feature = "testing")]
     pub fn comm_keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self.lock_cache().ready.keys().cloned().collect();
         keys.sort();
         keys
     }
 
-    /// The cache keys of communicators being created right now (S7), sorted.
+    /// The cache keys of communicators being created right now (S7), sorted (`testing` feature).
+    #[cfg(feature = "testing")]
     pub fn initializing_keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self.lock_cache().initializing.keys().cloned().collect();
         keys.sort();
         keys
     }
 
-    /// The dedicated communication stream of a ready cache key.
+    /// The dedicated communication stream of a ready cache key (`testing` feature).
+    #[cfg(feature = "testing")]
     pub fn comm_stream(&self, cache_key: &str) -> Option<B::Stream> {
         self.lock_cache().ready.get(cache_key).map(|entry| entry.stream.clone())
     }
 
-    /// The value the collective store-key counter will give the next collective communicator (S6).
+    /// The value the collective store-key counter will give the next collective communicator (S6; `testing`
+    /// feature).
+    #[cfg(feature = "testing")]
     pub fn next_comm_counter(&self) -> u64 {
         self.lock_cache().counter
     }
 
     /// The first fatal error of the group, if any.
     pub fn error(&self) -> Option<Error> {
-        match self.inner.errored.load(Ordering::Acquire) {
-            true => self.lock_state().error.clone(),
-            false => None,
-        }
+        self.inner.error()
     }
 
     // ===== ops =====
@@ -331,23 +285,20 @@ impl<B: Backend> ProcessGroup<B> {
     /// every later call returns [`Error::Aborted`]. Callable from any thread.
     pub fn abort(&self, reason: &str) {
         let error = Error::Aborted { reason: format!("rank {}: {reason}", self.inner.rank) };
-        self.set_error(error.clone());
-        self.inner.rel.fail_in_flight(&error);
+        self.inner.tear_down(error.clone());
+        self.inner.fail_in_flight(&error);
         self.inner.abort_comms(reason);
-        self.inner.rel.signal_stop(&self.inner.device);
+        self.inner.signals.stop(&self.inner.device);
     }
 
     /// Shuts the group down cleanly: finalizes every communicator; later calls return [`Error::Aborted`].
     pub fn shutdown(&self) -> Result<()> {
         let comms = self.inner.all_comms();
-        {
-            self.lock_state().shut_down = true;
-            self.set_error(Error::Aborted { reason: "the process group was shut down".to_owned() });
-        }
+        self.inner.mark_shut_down(Error::Aborted { reason: "the process group was shut down".to_owned() });
         let finalized = comms.iter().try_for_each(|comm| comm.finalize());
         // Then destroy: the watchdog is stopped, the in-flight list released, and the communicators dropped.
-        self.inner.rel.stop_threads(&self.inner.device);
-        self.inner.rel.fail_in_flight(&Error::Aborted { reason: "the process group was shut down".to_owned() });
+        self.inner.stop_threads();
+        self.inner.fail_in_flight(&Error::Aborted { reason: "the process group was shut down".to_owned() });
         let mut cache = self.lock_cache();
         cache.ready.clear();
         cache.initializing.clear();
@@ -358,41 +309,42 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// The watchdog's view of the group: sticky error state, last enqueued/started/completed sequence numbers.
     pub fn status(&self) -> GroupStatus {
-        let mut status = self.inner.rel.status();
+        let mut status = self.inner.status();
         status.aborted_comms = self.inner.all_comms().iter().filter(|comm| comm.is_aborted()).count();
         status
     }
 
     /// The sticky error state (PyTorch's `getError()`).
     pub fn error_type(&self) -> ErrorType {
-        self.inner.rel.status().error_type
+        self.inner.errors.error_type()
     }
 
     /// The desync report written at the first timeout (with desync debugging on).
     pub fn desync_report(&self) -> Option<DesyncReport> {
-        self.inner.rel.desync_report()
+        self.inner.errors.desync_report()
     }
 
     /// The flight recorder as JSON text, with PyTorch's field names.
     pub fn flight_recorder_json(&self) -> String {
-        watchdog::dump_json(self.inner.as_ref()).to_string()
+        failure::dump_json(self.inner.as_ref()).to_string()
     }
 
     /// Writes the flight recorder to `{dump_path_prefix}{rank}` and returns the path (a dump on request).
     pub fn dump_flight_recorder(&self) -> Result<std::path::PathBuf> {
-        watchdog::dump(self.inner.as_ref())
+        failure::dump(self.inner.as_ref())
     }
 
     /// Changes the timeout of the ops enqueued and the communicators created from now on (PyTorch's
     /// `_set_default_timeout`); the group's `Options::timeout` stays what it was built with.
     pub fn set_timeout(&self, timeout: std::time::Duration) {
-        self.inner.rel.set_timeout(timeout);
+        self.inner.set_timeout(timeout);
     }
 
-    /// Fault injection: the watchdog's next pass blocks for `duration`, as if wedged in a driver call.
-    #[doc(hidden)]
+    /// Fault injection (`testing` feature): the watchdog's next pass blocks for `duration`, as if wedged in a
+    /// driver call.
+    #[cfg(feature = "testing")]
     pub fn inject_watchdog_stall(&self, duration: std::time::Duration) {
-        self.inner.rel.stall_watchdog(duration);
+        *self.inner.stall.lock().unwrap_or_else(PoisonError::into_inner) = Some(duration);
     }
 
     // ===== the template =====
@@ -480,7 +432,7 @@ impl<B: Backend> ProcessGroup<B> {
 
         // S10: the end event marks the op's completion on the communication stream. A completed Work that the
         // watchdog retired and nothing holds brings its own event and memory: nothing is allocated then.
-        let source = match self.inner.rel.take_recycled() {
+        let source = match self.inner.reuse.take() {
             Some(work) => WorkSource::Recycled(work),
             None => WorkSource::Fresh(Arc::new(device.create_event())),
         };
@@ -505,7 +457,7 @@ impl<B: Backend> ProcessGroup<B> {
             input: (spec.input.numel(), spec.input.dtype()),
             output: (spec.output.numel(), spec.output.dtype()),
             start_time,
-            timeout: self.inner.rel.timeout(options.timeout),
+            timeout: self.inner.timeout(),
             blocking_wait: options.blocking_wait,
             blocking_wait_poll: options.blocking_wait_poll,
             is_barrier: spec.is_barrier,
@@ -523,7 +475,7 @@ impl<B: Backend> ProcessGroup<B> {
         };
         let work = WorkHandle { state, output: spec.output.clone() };
         timer.lap(EnqueueStep::Work);
-        self.inner.rel.track(&work.state, options.enable_watchdog);
+        self.inner.track(&work.state, options.enable_watchdog);
         // An abort that ran while this op was being enqueued did not see it on the in-flight list.
         if let Some(error) = self.error() {
             work.state.set_exception(error);
@@ -558,7 +510,7 @@ impl<B: Backend> ProcessGroup<B> {
             // Another thread of this rank is creating it: wait for it, bounded by the group's timeout.
             drop(cache);
             let now = self.inner.device.now();
-            let timeout = self.inner.rel.timeout(self.inner.options.timeout);
+            let timeout = self.inner.timeout();
             if now > *deadline.get_or_insert(now.saturating_add(timeout)) {
                 return Err(Error::InitTimeout {
                     cache_key,
@@ -587,7 +539,7 @@ impl<B: Backend> ProcessGroup<B> {
             CommKey::SingleP2p { rank, peer } => (usize::from(rank > peer), 2),
         };
         // Every wait of the creation (the unique id, the other ranks' joins, a non-blocking init) ends by this.
-        let timeout = inner.rel.timeout(inner.options.timeout);
+        let timeout = inner.timeout();
         let deadline = inner.device.now().saturating_add(timeout);
         let init_timeout = |what: String| Error::InitTimeout { cache_key: cache_key.to_owned(), timeout, what };
         let id = self.exchange_unique_id(comm_rank, cache_key, store_key, deadline, &init_timeout)?;
@@ -777,100 +729,34 @@ impl<B: Backend> ProcessGroup<B> {
         Ok(())
     }
 
-    fn set_error(&self, error: Error) {
-        self.inner.set_error(error);
-    }
-
     fn lock_cache(&self) -> MutexGuard<'_, CommCache<B>> {
-        self.inner.cache.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn lock_state(&self) -> MutexGuard<'_, GroupState> {
-        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock_cache()
     }
 }
 
-impl<B: Backend> Inner<B> {
-    /// Makes every later call of the group return `error` (the first such error stays).
-    fn set_error(&self, error: Error) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).error.get_or_insert(error);
-        self.errored.store(true, Ordering::Release);
+/// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`.
+fn start_threads<B: Backend>(group: &Arc<Shared<B>>) -> Result<()> {
+    let options = &group.options;
+    if !options.enable_watchdog {
+        return Ok(());
     }
-
-    /// Every communicator of the group, ready or being created.
-    fn all_comms(&self) -> Vec<Arc<B::Communicator>> {
-        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        let ready = cache.ready.values().map(|entry| Arc::clone(&entry.comm));
-        ready.chain(cache.initializing.values().flatten().cloned()).collect()
+    let device = group.device.clone();
+    let tag = format!("pg{} rank {}", group.local_id, group.rank);
+    let (weak, period) = (Arc::downgrade(group), options.watchdog_period);
+    let (d, signals) = (device.clone(), Arc::clone(&group.signals));
+    let watchdog = device.spawn_host_thread(
+        &format!("pt_nccl_watchdg ({tag})"),
+        Box::new(move || crate::watchdog::watchdog_loop(&weak, &d, &signals, period)),
+    )?;
+    group.threads.push(watchdog);
+    if options.enable_monitoring {
+        let (weak, timeout) = (Arc::downgrade(group), options.heartbeat_timeout);
+        let (d, signals) = (device.clone(), Arc::clone(&group.signals));
+        let monitor = device.spawn_host_thread(
+            &format!("pt_nccl_heartbt ({tag})"),
+            Box::new(move || crate::heartbeat::monitor_loop(&weak, &d, &signals, timeout)),
+        )?;
+        group.threads.push(monitor);
     }
-
-    fn abort_comms(&self, reason: &str) {
-        for comm in self.all_comms() {
-            if let Err(error) = comm.abort(reason) {
-                tracing::warn!(target: "pg", pg_id = self.local_id, %error, "aborting a communicator failed");
-            }
-        }
-    }
-}
-
-impl<B: Backend> Drop for Inner<B> {
-    fn drop(&mut self) {
-        let live_comms = self.all_comms().iter().any(|comm| !comm.is_aborted());
-        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if !state.shut_down && state.error.is_some() && live_comms {
-            // A group torn down without clean-up (error-handling mode 3) still holds live communicators.
-            self.abort_comms("the process group was dropped after an error");
-        } else if !state.shut_down && live_comms {
-            tracing::warn!(
-                target: "pg",
-                pg_id = self.local_id,
-                rank = self.rank,
-                "process group dropped without shutdown(); aborting its communicators"
-            );
-            self.abort_comms("the process group was dropped without shutdown()");
-        }
-        self.rel.stop_threads(&self.device);
-    }
-}
-
-impl<B: Backend> GroupView<B> for Inner<B> {
-    fn rel(&self) -> &Reliability<B> {
-        &self.rel
-    }
-
-    fn store(&self) -> &dyn Store {
-        self.store.as_ref()
-    }
-
-    fn options(&self) -> &Options {
-        &self.options
-    }
-
-    fn device(&self) -> &B::Device {
-        &self.device
-    }
-
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn local_id(&self) -> u64 {
-        self.local_id
-    }
-
-    fn comms(&self) -> Vec<Arc<B::Communicator>> {
-        self.all_comms()
-    }
-
-    fn abort_comms(&self, reason: &str) {
-        Inner::abort_comms(self, reason);
-    }
-
-    fn tear_down(&self, error: Error) {
-        self.set_error(error);
-    }
+    Ok(())
 }

@@ -246,7 +246,9 @@ impl<B: Backend> WorkHandle<B> {
         &self.state.entry.stream
     }
 
-    /// Whether the end event's backend object exists (it is made when it is first recorded, S13).
+    /// Whether the end event's backend object exists (it is made when it is first recorded, S13; `testing`
+    /// feature).
+    #[cfg(feature = "testing")]
     pub fn end_event_created(&self) -> bool {
         self.state.end_event.is_created()
     }

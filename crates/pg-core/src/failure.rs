@@ -1,0 +1,140 @@
+//! What a group does once its watchdog or heartbeat monitor found an error: the sticky error state, the desync
+//! report, signals to the peers through the store, the flight-recorder dump, the device's failure record, and
+//! the error-handling mode.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::desync::DesyncReport;
+use crate::flight_recorder::{dump_path, write_dump, DumpHeader};
+use crate::shared::Shared;
+use crate::signals::{remote_error_key, EXCEPTION_DUMP_KEY};
+use crate::work::WorkState;
+use crate::{Backend, Communicator, Device, Error, ErrorKind, Result};
+
+/// Handles an error the watchdog or the heartbeat monitor found: sticky state, desync report, signals to the
+/// peers, flight-recorder dump, then the error-handling mode.
+pub(crate) fn on_error<B: Backend>(
+    group: &Shared<B>,
+    error: Error,
+    timed_out: Option<&WorkState<B>>,
+    comm: Option<&Arc<B::Communicator>>,
+) {
+    let options = &group.options;
+    let first = record_first_error(group, &error);
+    if let (Some(work), true) = (timed_out, options.desync_debug) {
+        match group.store_op(|store| DesyncReport::retrieve(store, group.rank, group.size, work.seq, work.op)) {
+            None => {}
+            Some(Ok(report)) => {
+                tracing::error!(target: "pg", pg_id = group.local_id, rank = group.rank, "{report}");
+                group.errors.set_desync_report(report);
+            }
+            Some(Err(error)) => tracing::warn!(target: "pg", %error, "could not read the desync report from the store"),
+        }
+    }
+    if first && !group.store_link.broken.load(Ordering::Relaxed) {
+        let rank = i32::try_from(group.rank).unwrap_or(i32::MAX).to_ne_bytes();
+        if options.propagate_error && error.kind() != ErrorKind::Remote {
+            signal(group, &remote_error_key(&options.group_name), &rank);
+        }
+        if options.dump_on_timeout {
+            signal(group, EXCEPTION_DUMP_KEY, &rank);
+        }
+    }
+    if first && options.dump_on_timeout {
+        dump_once(group);
+    }
+    let mode = options.error_handling;
+    if options.end_process_on_error && mode.should_tear_down() {
+        // As PyTorch: nothing of the failed group runs on, so no thread gets to see or use its data.
+        end_process(group.rank, &error);
+    }
+    // The failure is made visible before any data can be read: the group is torn down and the device poisoned
+    // first, then the streams blocked behind the failed op are drained by the aborts (a read they wake fails).
+    if mode.should_tear_down() {
+        group.tear_down(error.clone());
+    }
+    poison_device(&group.device, &error);
+    if mode.aborts_communicators() {
+        // The in-flight Works fail with the error that makes their communicators go, not with a bare abort.
+        group.in_flight.set_exception_all(&error);
+        let reason = format!("rank {}: {error}", group.rank);
+        if let Some(comm) = comm {
+            if let Err(abort_error) = comm.abort(&reason) {
+                tracing::warn!(target: "pg", %abort_error, "aborting the failed communicator failed");
+            }
+        }
+        group.abort_comms(&reason);
+    }
+    if mode.should_tear_down() {
+        group.fail_in_flight(&error);
+    }
+}
+
+/// Records `error` as the group's sticky error unless one is there; returns whether it was the first.
+pub(crate) fn record_first_error<B: Backend>(group: &Shared<B>, error: &Error) -> bool {
+    group.errors.record_first(error, group.device.now())
+}
+
+/// Records `error` in the device's failure record and wakes host threads blocked on the device.
+pub(crate) fn poison_device<D: Device>(device: &D, error: &Error) {
+    if device.poison().set(error) {
+        tracing::error!(target: "pg", %error, "reads and synchronisations on {} now fail with this error", device.describe());
+    }
+    device.notify_host_threads();
+}
+
+/// Ends the process as PyTorch does after a fatal error of a process group (`Options::end_process_on_error`).
+pub(crate) fn end_process(rank: usize, error: &Error) -> ! {
+    tracing::error!(target: "pg", rank, %error, "to avoid data inconsistency, the process is ended (end_process_on_error)");
+    eprintln!("pg: rank {rank}: {error}; to avoid data inconsistency, ending the process (end_process_on_error)");
+    std::process::abort()
+}
+
+/// Writes `value` under `key` for the peers; the first store failure stops all signalling.
+fn signal<B: Backend>(group: &Shared<B>, key: &str, value: &[u8]) {
+    if let Some(Err(error)) = group.store_op(|store| store.set(key, value)) {
+        tracing::warn!(target: "pg", pg_id = group.local_id, key, %error, "could not signal the peers");
+        group.store_link.broken.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Dumps the flight recorder to this rank's file unless this group already did.
+pub(crate) fn dump_once<B: Backend>(group: &Shared<B>) {
+    if group.errors.mark_dumped() {
+        if let Err(error) = dump(group) {
+            tracing::error!(target: "pg", %error, "flight recorder dump failed");
+        }
+    }
+}
+
+/// The flight recorder of `group` as JSON.
+pub(crate) fn dump_json<B: Backend>(group: &Shared<B>) -> serde_json::Value {
+    let status = group.status();
+    let options = &group.options;
+    let versions = group.device.versions();
+    let comm_lib_version = versions
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("nccl"))
+        .map_or_else(|| B::NAME.to_owned(), |(_, version)| version.clone());
+    group.recorder.dump(&DumpHeader {
+        pg_id: group.local_id,
+        name: options.group_name.clone(),
+        desc: options.group_desc.clone(),
+        rank: group.rank,
+        size: group.size,
+        comm_lib_version,
+        last_enqueued: status.last_enqueued_seq,
+        last_started: status.last_started_seq,
+        last_completed: status.last_completed_seq,
+    })
+}
+
+/// Writes the flight recorder to `{dump_path_prefix}{rank}` and returns the path.
+pub(crate) fn dump<B: Backend>(group: &Shared<B>) -> Result<std::path::PathBuf> {
+    let path = dump_path(&group.options.dump_path_prefix, group.rank);
+    write_dump(&path, &dump_json(group))?;
+    group.errors.count_dump();
+    tracing::info!(target: "pg", pg_id = group.local_id, rank = group.rank, path = %path.display(), "flight recorder dumped");
+    Ok(path)
+}

@@ -1,0 +1,57 @@
+//! The pool of completed Works for reuse: a Work that completed without error and that nothing else holds (no
+//! handle, no `Future`, no flight-recorder entry) is kept, and the next op overwrites it in place, end event
+//! included (`Options::reuse_works`), so that a steady stream of ops allocates nothing.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::work::WorkState;
+use crate::Backend;
+
+/// The most completed Works kept for reuse per group (about one watchdog period of ops at 10 us per op).
+const POOL_MAX: usize = 8192;
+
+/// Completed Works that nothing else holds, for the enqueue path to reuse.
+pub(crate) struct WorkPool<B: Backend> {
+    works: Mutex<Vec<Arc<WorkState<B>>>>,
+    enabled: bool,
+}
+
+impl<B: Backend> WorkPool<B> {
+    /// An empty pool that keeps Works only when `enabled`.
+    pub(crate) fn new(enabled: bool) -> Self {
+        Self { works: Mutex::new(Vec::new()), enabled }
+    }
+
+    /// Keeps the retired Works that completed without error and that nothing else holds, up to [`POOL_MAX`];
+    /// drops the others.
+    pub(crate) fn put(&self, retired: Vec<Arc<WorkState<B>>>) {
+        if !self.enabled {
+            return;
+        }
+        let reusable = |work: &Arc<WorkState<B>>| {
+            Arc::strong_count(work) == 1 && Arc::strong_count(&work.end_event) == 1 && work.exception().is_none()
+        };
+        // The others are dropped after the lock is released: the enqueue path takes it too.
+        let mut others = Vec::new();
+        let mut pool = self.works.lock().unwrap_or_else(PoisonError::into_inner);
+        for work in retired {
+            match reusable(&work) && pool.len() < POOL_MAX {
+                true => pool.push(work),
+                false => others.push(work),
+            }
+        }
+        drop(pool);
+        drop(others);
+    }
+
+    /// A Work to reuse, with its end event: only this pool held it, so the caller may overwrite it.
+    pub(crate) fn take(&self) -> Option<Arc<WorkState<B>>> {
+        let mut work = self.works.lock().unwrap_or_else(PoisonError::into_inner).pop()?;
+        (Arc::get_mut(&mut work).is_some() && Arc::strong_count(&work.end_event) == 1).then_some(work)
+    }
+
+    /// Drops every pooled Work (they hold the group's communicators: a stopping group lets them go).
+    pub(crate) fn clear(&self) {
+        drop(std::mem::take(&mut *self.works.lock().unwrap_or_else(PoisonError::into_inner)));
+    }
+}

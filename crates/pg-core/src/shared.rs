@@ -1,0 +1,246 @@
+//! The state one process group shares between its handles, its enqueue path, its watchdog and its heartbeat
+//! monitor: identity and options, the communicator cache, the sticky error, counters, and one part per concern
+//! (in-flight list, error state, Work reuse pool, flight recorder, threads and signals).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use pg_store::Store;
+
+use crate::cache::{CommCache, CommEntry};
+use crate::flight_recorder::{FlightRecorder, NewEntry};
+use crate::in_flight::InFlight;
+use crate::reuse::WorkPool;
+use crate::signals::{Signals, StoreLink, Threads};
+use crate::status::{ErrorState, GroupStatus};
+use crate::work::WorkState;
+use crate::{Backend, Communicator, Error, Options};
+
+/// What a group is and what it has done, for its handles and its threads.
+pub(crate) struct Shared<B: Backend> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) device: B::Device,
+    pub(crate) options: Options,
+    /// The process-wide id of the group (PyTorch's "PG ID").
+    pub(crate) local_id: u64,
+    /// This group's instance number on its store: the n-th group this rank created there.
+    pub(crate) instance: i64,
+    pub(crate) cache: Mutex<CommCache<B>>,
+    /// This rank's collective communicator, also in the cache, for a lock-free hot path.
+    pub(crate) collective: OnceLock<CommEntry<B>>,
+    lifecycle: Mutex<Lifecycle>,
+    /// Whether `lifecycle.error` is set: the enqueue path reads this flag instead of taking the lock.
+    errored: AtomicBool,
+    pub(crate) seq_collective: AtomicU64,
+    pub(crate) seq_p2p: AtomicU64,
+    pub(crate) comms_created: AtomicU64,
+    pub(crate) ops_issued: AtomicU64,
+    pub(crate) works_reused: AtomicU64,
+    /// The timeout set with [`Shared::set_timeout`], in nanoseconds (`u64::MAX`: none set).
+    timeout_override: AtomicU64,
+    /// The Works in flight.
+    pub(crate) in_flight: InFlight<B>,
+    /// The watchdog's record of errors and progress.
+    pub(crate) errors: ErrorState,
+    /// Completed Works kept for reuse.
+    pub(crate) reuse: WorkPool<B>,
+    pub(crate) recorder: FlightRecorder,
+    pub(crate) signals: Arc<Signals>,
+    pub(crate) threads: Threads,
+    pub(crate) store_link: StoreLink,
+    /// An injected wedge for the watchdog's next pass (`ProcessGroup::inject_watchdog_stall`).
+    #[cfg(feature = "testing")]
+    pub(crate) stall: Mutex<Option<Duration>>,
+}
+
+/// The first fatal error (every later call returns it) and whether the group was shut down.
+struct Lifecycle {
+    error: Option<Error>,
+    shut_down: bool,
+}
+
+impl<B: Backend> Shared<B> {
+    /// The state of a new group, with nothing created or started yet.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        (rank, size): (usize, usize),
+        device: B::Device,
+        options: Options,
+        local_id: u64,
+        instance: i64,
+    ) -> Self {
+        Self {
+            store,
+            rank,
+            size,
+            device,
+            local_id,
+            instance,
+            cache: Mutex::new(CommCache::default()),
+            collective: OnceLock::new(),
+            lifecycle: Mutex::new(Lifecycle { error: None, shut_down: false }),
+            errored: AtomicBool::new(false),
+            seq_collective: AtomicU64::new(0),
+            seq_p2p: AtomicU64::new(0),
+            comms_created: AtomicU64::new(0),
+            ops_issued: AtomicU64::new(0),
+            works_reused: AtomicU64::new(0),
+            timeout_override: AtomicU64::new(u64::MAX),
+            in_flight: InFlight::default(),
+            errors: ErrorState::default(),
+            reuse: WorkPool::new(options.reuse_works),
+            recorder: FlightRecorder::new(options.trace_buffer_size),
+            signals: Arc::new(Signals::default()),
+            threads: Threads::default(),
+            store_link: StoreLink::default(),
+            #[cfg(feature = "testing")]
+            stall: Mutex::new(None),
+            options,
+        }
+    }
+
+    pub(crate) fn lock_cache(&self) -> MutexGuard<'_, CommCache<B>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_lifecycle(&self) -> MutexGuard<'_, Lifecycle> {
+        self.lifecycle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The first fatal error of the group, if any.
+    pub(crate) fn error(&self) -> Option<Error> {
+        match self.errored.load(Ordering::Acquire) {
+            true => self.lock_lifecycle().error.clone(),
+            false => None,
+        }
+    }
+
+    /// Makes every later call of the group return `error` (the first such error stays): the group is torn down.
+    pub(crate) fn tear_down(&self, error: Error) {
+        self.lock_lifecycle().error.get_or_insert(error);
+        self.errored.store(true, Ordering::Release);
+    }
+
+    /// Marks the group as shut down cleanly and tears it down with `error`.
+    pub(crate) fn mark_shut_down(&self, error: Error) {
+        self.lock_lifecycle().shut_down = true;
+        self.tear_down(error);
+    }
+
+    /// Every communicator of the group, ready or being created.
+    pub(crate) fn all_comms(&self) -> Vec<Arc<B::Communicator>> {
+        let cache = self.lock_cache();
+        let ready = cache.ready.values().map(|entry| Arc::clone(&entry.comm));
+        ready.chain(cache.initializing.values().flatten().cloned()).collect()
+    }
+
+    /// Aborts every communicator of the group.
+    pub(crate) fn abort_comms(&self, reason: &str) {
+        for comm in self.all_comms() {
+            if let Err(error) = comm.abort(reason) {
+                tracing::warn!(target: "pg", pg_id = self.local_id, %error, "aborting a communicator failed");
+            }
+        }
+    }
+
+    /// The timeout of a new op or communicator: the one set with [`Shared::set_timeout`], else the group's.
+    pub(crate) fn timeout(&self) -> Duration {
+        match self.timeout_override.load(Ordering::Relaxed) {
+            u64::MAX => self.options.timeout,
+            nanos => Duration::from_nanos(nanos),
+        }
+    }
+
+    /// Overrides the group's timeout for the ops and communicators made from now on.
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        // A timeout of 584 years or more is kept as the largest one that fits.
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX - 1).min(u64::MAX - 1);
+        self.timeout_override.store(nanos, Ordering::Relaxed);
+    }
+
+    /// Records a new Work in the flight recorder and puts it on the in-flight list, waking an idle watchdog.
+    pub(crate) fn track(&self, work: &Arc<WorkState<B>>, watched: bool) {
+        let probe = |event: &Arc<B::Event>| Arc::clone(event) as crate::flight_recorder::EventProbe;
+        let is_p2p = work.op.is_p2p();
+        let id = self.recorder.record(NewEntry {
+            collective_seq_id: if is_p2p { 0 } else { work.seq },
+            p2p_seq_id: if is_p2p { work.seq } else { 0 },
+            op: work.op,
+            time_created_ns: nanos(work.start_time),
+            input: work.input,
+            output: work.output,
+            timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
+            started: work.start_event.as_ref().map(probe),
+            completed: Some(probe(&work.end_event)),
+        });
+        if let Some(id) = id {
+            work.fr_id.store(id, Ordering::Relaxed);
+        }
+        self.in_flight.push(work, watched);
+        if watched {
+            self.signals.wake_if_idle(&self.device);
+        }
+    }
+
+    /// Sets `error` on every in-flight Work and stops tracking them (abort and tear down).
+    pub(crate) fn fail_in_flight(&self, error: &Error) {
+        // Pooled Works hold the group's communicators: a stopping group lets them go.
+        self.reuse.clear();
+        for work in self.in_flight.take_all() {
+            work.set_exception(error.clone());
+            if let Some(id) = work.fr_id() {
+                self.recorder.retire(id, None);
+            }
+        }
+    }
+
+    /// The status as it is now (without the aborted-communicator count, which needs the cache).
+    pub(crate) fn status(&self) -> GroupStatus {
+        let mut status = self.errors.snapshot();
+        (status.last_enqueued_seq, status.last_enqueued_op) = self.in_flight.last_enqueued().unzip();
+        status.in_flight = self.in_flight.len();
+        status.watchdog_passes = self.threads.heartbeat.load(Ordering::Relaxed);
+        status
+    }
+
+    /// Runs a store operation for the watchdog unless the group is stopping; marked as under way meanwhile.
+    pub(crate) fn store_op<R>(&self, op: impl FnOnce(&dyn Store) -> R) -> Option<R> {
+        if self.signals.terminate.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(self.store_link.run(|| op(self.store.as_ref())))
+    }
+
+    /// Stops the group's threads (see [`Threads::stop`]).
+    pub(crate) fn stop_threads(&self) {
+        self.threads.stop(&self.signals, &self.store_link, &self.device);
+    }
+}
+
+impl<B: Backend> Drop for Shared<B> {
+    fn drop(&mut self) {
+        let live_comms = self.all_comms().iter().any(|comm| !comm.is_aborted());
+        let lifecycle = self.lifecycle.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if !lifecycle.shut_down && lifecycle.error.is_some() && live_comms {
+            // A group torn down without its communicators aborted still holds live ones.
+            self.abort_comms("the process group was dropped after an error");
+        } else if !lifecycle.shut_down && live_comms {
+            tracing::warn!(
+                target: "pg",
+                pg_id = self.local_id,
+                rank = self.rank,
+                "process group dropped without shutdown(); aborting its communicators"
+            );
+            self.abort_comms("the process group was dropped without shutdown()");
+        }
+        self.stop_threads();
+    }
+}
+
+/// Nanoseconds of `time`, saturating.
+pub(crate) fn nanos(time: Duration) -> u64 {
+    u64::try_from(time.as_nanos()).unwrap_or(u64::MAX)
+}
