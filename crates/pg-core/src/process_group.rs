@@ -734,29 +734,24 @@ impl<B: Backend> ProcessGroup<B> {
     }
 }
 
-/// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`.
+/// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`; each holds the group
+/// weakly, with its own handles of the device and the signals.
 fn start_threads<B: Backend>(group: &Arc<Shared<B>>) -> Result<()> {
     let options = &group.options;
     if !options.enable_watchdog {
         return Ok(());
     }
-    let device = group.device.clone();
     let tag = format!("pg{} rank {}", group.local_id, group.rank);
-    let (weak, period) = (Arc::downgrade(group), options.watchdog_period);
-    let (d, signals) = (device.clone(), Arc::clone(&group.signals));
-    let watchdog = device.spawn_host_thread(
-        &format!("pt_nccl_watchdg ({tag})"),
-        Box::new(move || crate::watchdog::watchdog_loop(&weak, &d, &signals, period)),
-    )?;
-    group.threads.push(watchdog);
+    let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| -> Result<()> {
+        group.threads.push(group.device.spawn_host_thread(&format!("{name} ({tag})"), body)?);
+        Ok(())
+    };
+    let handles = || (Arc::downgrade(group), group.device.clone(), Arc::clone(&group.signals));
+    let ((weak, device, signals), period) = (handles(), options.watchdog_period);
+    spawn("pt_nccl_watchdg", Box::new(move || crate::watchdog::watchdog_loop(&weak, &device, &signals, period)))?;
     if options.enable_monitoring {
-        let (weak, timeout) = (Arc::downgrade(group), options.heartbeat_timeout);
-        let (d, signals) = (device.clone(), Arc::clone(&group.signals));
-        let monitor = device.spawn_host_thread(
-            &format!("pt_nccl_heartbt ({tag})"),
-            Box::new(move || crate::heartbeat::monitor_loop(&weak, &d, &signals, timeout)),
-        )?;
-        group.threads.push(monitor);
+        let ((weak, device, signals), timeout) = (handles(), options.heartbeat_timeout);
+        spawn("pt_nccl_heartbt", Box::new(move || crate::heartbeat::monitor_loop(&weak, &device, &signals, timeout)))?;
     }
     Ok(())
 }
