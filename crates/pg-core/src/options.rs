@@ -346,6 +346,16 @@ mod tests {
         check(&[("PG_REUSE_WORKS", "0")], |o| assert!(!o.unwrap().reuse_works));
         check(&[], |o| assert_eq!(o.unwrap().input_ready_events, 4));
         check(&[("PG_INPUT_READY_EVENTS", "1")], |o| assert_eq!(o.unwrap().input_ready_events, 1));
+        check(&[], |o| assert!(!o.unwrap().end_process_on_error, "the process lives on by default"));
+        check(&[("PG_END_PROCESS_ON_ERROR", "1")], |o| assert!(o.unwrap().end_process_on_error));
+    }
+
+    #[test]
+    fn every_mode_but_no_handling_aborts_the_communicators() {
+        assert!(!ErrorHandling::NoHandling.aborts_communicators());
+        for mode in [ErrorHandling::TearDown, ErrorHandling::CleanUpOnly, ErrorHandling::SkipCleanUp] {
+            assert!(mode.aborts_communicators(), "{mode:?}");
+        }
     }
 
     #[test]

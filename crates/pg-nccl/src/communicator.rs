@@ -46,8 +46,56 @@ pub struct Communicator {
 }
 
 impl Communicator {
-    /// Joins `id` as `rank` of `size` on `device` (`ncclCommInitRankConfig`).
+    /// Joins `id` as `rank` of `size` on `device` (`ncclCommInitRankConfig`); a blocking init with a timeout
+    /// gives up after it with [`Error::InitTimeout`].
     pub(crate) fn init(
+        device: pg_cuda::Device,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> pg_core::Result<Self> {
+        match (config.nonblocking, config.timeout) {
+            (false, Some(timeout)) => Self::init_bounded(device, id, size, rank, config, timeout),
+            _ => Self::init_here(device, id, size, rank, config),
+        }
+    }
+
+    /// A blocking init bounded by `timeout`. NCCL's blocking init cannot be interrupted, so it runs on a helper
+    /// thread while the caller waits at most `timeout`; a communicator NCCL makes after the caller gave up is
+    /// destroyed on that thread.
+    fn init_bounded(
+        device: pg_cuda::Device,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+        timeout: Duration,
+    ) -> pg_core::Result<Self> {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let (id, helper_config) = (id.clone(), config.clone());
+        std::thread::Builder::new()
+            .name(format!("pg-nccl-init rank {rank}"))
+            .spawn(move || {
+                // A refused send hands the communicator back, and dropping it destroys it.
+                let _ = sender.send(Self::init_here(device, &id, size, rank, &helper_config));
+            })
+            .map_err(|err| Error::Backend(format!("spawning the communicator init thread: {err}")))?;
+        match receiver.recv_timeout(timeout) {
+            Ok(result) => result,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::InitTimeout {
+                cache_key: config.description.clone(),
+                timeout,
+                what: format!("rank {rank} of {size} called ncclCommInitRankConfig, which did not return in time"),
+            }),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(Error::Backend("the communicator init thread ended without a result".to_owned()))
+            }
+        }
+    }
+
+    /// Joins `id` on the calling thread.
+    fn init_here(
         device: pg_cuda::Device,
         id: &UniqueId,
         size: usize,
