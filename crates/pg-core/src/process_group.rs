@@ -523,6 +523,10 @@ impl<B: Backend> ProcessGroup<B> {
         let created = self.create_comm(key, &cache_key, &store_key);
         let mut cache = self.lock_cache();
         cache.initializing.remove(&cache_key);
+        if let Err(error @ Error::PrefixCollision { .. }) = &created {
+            // Every later op of this group would read keys of the other group: the group is unusable.
+            self.inner.tear_down(error.clone());
+        }
         let entry = created?;
         if *key == self.collective_key() {
             // Never replaced: like PyTorch's cache, an aborted communicator stays until the group is dropped.

@@ -288,7 +288,7 @@ fn a3_two_groups_on_one_store_prefix_fail_instead_of_pairing_across_groups() {
         let run = |pg: &ProcessGroup<Mock>, buffer: &MockBuffer| {
             pg.all_reduce_sync(buffer, ReduceOp::Sum).and_then(|()| read(&device, buffer))
         };
-        match rank {
+        let (a_result, b_result) = match rank {
             0 => {
                 let a = run(&a, &in_a);
                 (a, run(&b, &in_b))
@@ -297,9 +297,13 @@ fn a3_two_groups_on_one_store_prefix_fail_instead_of_pairing_across_groups() {
                 let b = run(&b, &in_b);
                 (run(&a, &in_a), b)
             }
-        }
+        };
+        // The colliding group is torn down: a later op fails at once with the same error.
+        let again = b.all_reduce(&in_b, ReduceOp::Sum).map(drop).map_err(|e| e.kind());
+        (a_result, b_result, again)
     });
-    for (rank, (a, b)) in results.into_iter().enumerate() {
+    for (rank, (a, b, again)) in results.into_iter().enumerate() {
+        assert_eq!(again, Err(ErrorKind::PrefixCollision), "rank {rank}: group B after the collision");
         assert_eq!(a.expect("group A, whose id was published first, works"), vec![3.0; 4], "rank {rank}");
         let error = b.expect_err("group B shares A's prefix");
         assert_eq!(error.kind(), ErrorKind::PrefixCollision, "rank {rank}: {error}");
