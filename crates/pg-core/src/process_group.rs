@@ -31,6 +31,12 @@ pub struct Counters {
     pub works_reused: u64,
 }
 
+/// Where a subgroup sits in the world (see `subgroups.rs`, which makes them).
+pub(crate) struct Membership {
+    /// The subgroup's members as ranks of the world, in group-rank order.
+    pub(crate) global_ranks: Arc<[usize]>,
+}
+
 struct GroupState {
     /// The first fatal error: every later call returns it (abort, shutdown, a torn-down group).
     error: Option<Error>,
@@ -57,6 +63,10 @@ struct Inner<B: Backend> {
     works_reused: AtomicU64,
     /// The watchdog's in-flight list, status, flight recorder and threads (S21-S26).
     rel: Reliability<B>,
+    /// Where the group sits in the world, for a subgroup (`None`: the group is its own world).
+    membership: Option<Membership>,
+    /// How many subgroups were made from this group: the next one's number.
+    subgroups: AtomicU64,
 }
 
 /// A process group: this rank's view of a set of ranks that run collectives together.
@@ -114,6 +124,29 @@ impl<B: Backend> ProcessGroup<B> {
     ///
     /// Creates no communicator unless `options.eager_init` (S3).
     pub fn new(store: Arc<dyn Store>, rank: usize, size: usize, device: B::Device, options: Options) -> Result<Self> {
+        Self::build(store, rank, size, device, options, None)
+    }
+
+    /// A subgroup's constructor: [`ProcessGroup::new`] that also knows the members' world ranks.
+    pub(crate) fn with_membership(
+        store: Arc<dyn Store>,
+        rank: usize,
+        size: usize,
+        device: B::Device,
+        options: Options,
+        membership: Membership,
+    ) -> Result<Self> {
+        Self::build(store, rank, size, device, options, Some(membership))
+    }
+
+    fn build(
+        store: Arc<dyn Store>,
+        rank: usize,
+        size: usize,
+        device: B::Device,
+        options: Options,
+        membership: Option<Membership>,
+    ) -> Result<Self> {
         if size == 0 {
             return Err(Error::invalid("a process group needs at least one rank (size was 0)"));
         }
@@ -140,6 +173,8 @@ impl<B: Backend> ProcessGroup<B> {
                 ops_issued: AtomicU64::new(0),
                 works_reused: AtomicU64::new(0),
                 rel,
+                membership,
+                subgroups: AtomicU64::new(0),
             }),
         };
         watchdog::start(&group.inner)?;
@@ -187,6 +222,17 @@ impl<B: Backend> ProcessGroup<B> {
     /// The process-wide id of this group instance (PyTorch's "PG ID").
     pub fn local_id(&self) -> u64 {
         self.inner.local_id
+    }
+
+    /// The group's place in the world, for a subgroup.
+    pub(crate) fn membership(&self) -> Option<&Membership> {
+        self.inner.membership.as_ref()
+    }
+
+    /// The number of the next subgroup made from this group (every call that makes one takes a number, on
+    /// members and non-members alike).
+    pub(crate) fn next_subgroup_index(&self) -> u64 {
+        self.inner.subgroups.fetch_add(1, Ordering::Relaxed)
     }
 
     /// What the group has done so far.
