@@ -19,6 +19,7 @@ mod options;
 mod process_group;
 mod stream_guard;
 mod subgroups;
+mod torch_compat;
 mod types;
 mod watchdog;
 mod work;
@@ -33,6 +34,9 @@ pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
 pub use process_group::{Counters, ProcessGroup};
 pub use stream_guard::StreamGuard;
 pub use subgroups::DeviceMesh;
+pub use torch_compat::{
+    join_torch_default_group, torch_default_group_store, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT,
+};
 pub use types::{CommConfig, DType, KernelKind, KernelLaunch, OpType, ReduceOp, UniqueId};
 pub use watchdog::{ErrorType, GroupStatus};
 pub use work::{Work, WorkHandle};
