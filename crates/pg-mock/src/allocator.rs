@@ -21,6 +21,9 @@ pub(crate) struct Block {
     pub(crate) pending: Vec<(OpRef, VClock)>,
     /// What the thread that freed it knew (the allocator's lock orders a free before the next allocation).
     pub(crate) freed_by: VClock,
+    /// What the threads that dropped the buffer's other handles knew when they dropped them: the last drop, which
+    /// frees the block, is ordered after every earlier one (a reference count is a release-acquire edge).
+    pub(crate) released: VClock,
 }
 
 /// Every block, in use or cached.
@@ -53,6 +56,7 @@ impl State {
             let pending = std::mem::take(&mut block.pending);
             let freed_by = std::mem::take(&mut block.freed_by);
             block.recorded.clear();
+            block.released = VClock::default();
             // The allocator observed the recorded streams pass their points: the new owner is ordered after them.
             // What the freeing thread knew is known to the allocating one: a Work that kept its buffers alive
             // until a watchdog saw it complete frees them safely, whoever allocates next.
@@ -82,9 +86,19 @@ impl State {
                 recorded: BTreeSet::new(),
                 pending: Vec::new(),
                 freed_by: VClock::default(),
+                released: VClock::default(),
             },
         );
         id
+    }
+
+    /// Notes that thread `tid` dropped one of several handles of the buffer in `block`: whoever drops the last one
+    /// (and so frees the block) knows what `tid` knew then.
+    pub(crate) fn release_handle(&mut self, block: u64, tid: Option<usize>) {
+        let Some(known) = tid.and_then(|t| self.threads.get(&t)).map(|t| t.clock.clone()) else { return };
+        if let Some(b) = self.alloc.blocks.get_mut(&block) {
+            b.released.join(&known);
+        }
     }
 
     /// Returns `block` to its stream's free list (the last handle of its buffer was dropped).
@@ -99,8 +113,9 @@ impl State {
                 pending.push((op, self.streams[stream].clock.clone()));
             }
         }
-        let freed_by = tid.and_then(|t| self.threads.get(&t)).map(|t| t.clock.clone()).unwrap_or_default();
+        let mut freed_by = tid.and_then(|t| self.threads.get(&t)).map(|t| t.clock.clone()).unwrap_or_default();
         if let Some(b) = self.alloc.blocks.get_mut(&block) {
+            freed_by.join(&std::mem::take(&mut b.released));
             b.pending = pending;
             b.freed_by = freed_by;
         }

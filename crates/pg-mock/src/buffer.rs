@@ -46,6 +46,19 @@ impl fmt::Debug for MockBuffer {
     }
 }
 
+impl Drop for MockBuffer {
+    fn drop(&mut self) {
+        // Dropping one of several handles hands what this thread knows to the thread that drops the last one, as
+        // the reference count of a shared tensor does: a Work that keeps its buffers until it observes completion
+        // makes the caller's later free safe, whichever of the two lets go last.
+        if Arc::strong_count(&self.handle) > 1 {
+            let inner = &self.handle.inner;
+            let tid = inner.current();
+            inner.lock().release_handle(self.handle.block, tid);
+        }
+    }
+}
+
 impl MockBuffer {
     /// The allocation's number on its device, as hazard reports name it (`buffer #N`).
     pub fn id(&self) -> u64 {
