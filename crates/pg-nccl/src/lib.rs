@@ -17,7 +17,6 @@ mod buffer;
 mod communicator;
 mod conv;
 mod device;
-mod event;
 mod launches;
 pub mod raw;
 mod stream;
@@ -25,8 +24,7 @@ mod stream;
 pub use buffer::Buffer;
 pub use communicator::{call_timing, Communicator};
 pub use device::Device;
-pub use event::Event;
-pub use stream::Stream;
+pub use stream::{Event, Stream};
 
 pub use nccl_sys;
 pub use pg_cuda;
