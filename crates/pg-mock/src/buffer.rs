@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use pg_core::DType;
 
-use crate::backend::Mock;
-use crate::world::Inner;
+use crate::sched::Inner;
+use crate::Mock;
 
 /// The shared part of a buffer; the block returns to the allocator when the last handle goes.
 pub(crate) struct BufferHandle {
