@@ -17,12 +17,16 @@ mod buffer;
 mod communicator;
 mod conv;
 mod device;
-mod launches;
+#[cfg(feature = "testing")]
+pub mod launches;
+#[cfg(feature = "testing")]
 pub mod raw;
 mod stream;
 
 pub use buffer::Buffer;
-pub use communicator::{call_timing, Communicator};
+#[cfg(feature = "testing")]
+pub use communicator::call_timing;
+pub use communicator::Communicator;
 pub use device::Device;
 pub use stream::{Event, Stream};
 
