@@ -44,7 +44,7 @@ impl pg_core::Stream for Stream {
     }
 }
 
-/// A CUDA event whose driver object is made at its first record (S13).
+/// A CUDA event whose driver object is made at its first record.
 #[derive(Debug)]
 pub struct Event(pub(crate) pg_cuda::Event);
 

@@ -1,4 +1,4 @@
-//! The fault matrix of issue 5 on the simulated backend: each scenario injects one fault into a simulated
+//! The fault matrix on the simulated backend: each scenario injects one fault into a simulated
 //! world, runs real process groups on it, and checks what the ranks observe and how fast.
 //!
 //! Used twice: by `tests/faults.rs` (one test per scenario, in `cargo test`) and by `cargo xtask faults`
@@ -29,7 +29,7 @@ pub const STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// One row of the matrix.
 #[derive(Debug, Clone)]
 pub struct Scenario {
-    /// The issue's number for it (`1` .. `9`, `1b` for the propagation variant).
+    /// Its number in the matrix (`1` .. `9`, `1b` for the propagation variant).
     pub id: &'static str,
     /// A short name.
     pub name: &'static str,
@@ -44,7 +44,7 @@ pub struct Scenario {
 pub struct Env {
     /// A directory of its own for flight-recorder dumps (emptied first).
     pub dir: PathBuf,
-    /// How many unwaited ops scenario 7 issues per variant (the issue's 50,000 in `cargo xtask faults`).
+    /// How many unwaited ops scenario 7 issues per variant (50,000 in `cargo xtask faults`).
     pub unwaited_ops: usize,
 }
 
@@ -76,7 +76,7 @@ impl Outcome {
     }
 }
 
-/// Every scenario, in the issue's order.
+/// Every scenario, in the matrix's order.
 pub fn scenarios() -> Vec<Scenario> {
     vec![
         Scenario {

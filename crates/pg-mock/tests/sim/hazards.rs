@@ -1,5 +1,5 @@
-//! Hazard detection: each of the seed's detectable mistakes is reported with its own message, and the correct
-//! programs are not.
+//! Hazard detection: each detectable mistake (a missing or wrong-stream wait, trusting `Future::is_done`, a
+//! missing `record_stream`) is reported with its own message, and the correct programs are not.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
