@@ -1,7 +1,8 @@
-//! `Stream`: pg-core's stream concept on a CUDA stream.
+//! `Stream` and `Event`: pg-core's stream and event concepts on a CUDA stream and a lazily created, recycled
+//! CUDA event (one file: each names the other in its trait impl).
 
 use crate::conv::cuda_error;
-use crate::{Event, Nccl};
+use crate::Nccl;
 
 /// A CUDA stream of one device. Cloning gives another handle to the same stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,5 +41,29 @@ impl pg_core::Stream for Stream {
 
     fn synchronize(&self) -> pg_core::Result<()> {
         self.0.synchronize().map_err(cuda_error)
+    }
+}
+
+/// A CUDA event whose driver object is made at its first record.
+#[derive(Debug)]
+pub struct Event(pub(crate) pg_cuda::Event);
+
+impl pg_core::Event for Event {
+    type B = Nccl;
+
+    fn record(&self, stream: &Stream) -> pg_core::Result<()> {
+        self.0.record(&stream.0).map_err(cuda_error)
+    }
+
+    fn query(&self) -> pg_core::Result<bool> {
+        self.0.query().map_err(cuda_error)
+    }
+
+    fn synchronize(&self) -> pg_core::Result<()> {
+        self.0.synchronize().map_err(cuda_error)
+    }
+
+    fn is_created(&self) -> bool {
+        self.0.is_created()
     }
 }
