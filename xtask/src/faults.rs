@@ -1,10 +1,11 @@
-//! `cargo xtask faults`: runs the fault matrix of issue 5 and prints
+//! `cargo xtask faults`: runs the fault matrix and prints
 //! `scenario | expected | observed | detection latency | pass`.
 //!
 //! On the mock the scenarios are the very ones `cargo test` runs (`crates/pg-mock/tests/faults/matrix.rs`),
-//! with scenario 7 at the issue's full 50,000 unwaited ops; after the table, scenario 1's flight-recorder
+//! with scenario 7 at its full 50,000 unwaited ops; after the table, scenario 1's flight-recorder
 //! dumps are analysed by `fr-analyze`.
-//! The GPU backend has no fault runner yet: `--backend nccl` says so and fails.
+//! `--backend nccl` runs the GPU half (scenarios 1, 3, 6, 8 and 9) on two GPUs, one process per GPU
+//! (`gpu_faults.rs`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ const HELP: &str = "\
 cargo xtask faults [--backend mock|nccl] [--json PATH] [--dumps DIR] [--only ID] [--unwaited-ops N]
 
 Runs the fault matrix and prints scenario | expected | observed | detection latency | pass.
-  --backend mock|nccl   the backend (default mock; nccl is not available yet)
+  --backend mock|nccl   the backend (default mock; nccl runs scenarios 1, 3, 6, 8 and 9 on two GPUs)
   --json PATH           also write the rows as JSON
   --dumps DIR           where the scenarios' flight-recorder dumps go (default target/faults)
   --only ID             run one scenario (1, 1b, 2, ..., 9)

@@ -24,8 +24,9 @@ pub fn build_suite() -> Result<PathBuf, String> {
     let root = root();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
-        .args(["build", "--release", "-p", "pg-nccl", "-p", "xtask", "--features", "pg-nccl/testing"])
-        .args(["--bin", "pg-nccl-gpu", "--bin", "xtask"])
+        .args(["build", "--release", "-p", "pg-nccl", "-p", "xtask", "--bin", "pg-nccl-gpu", "--bin", "xtask"])
+        // The suite and the benchmark read pg-nccl's test and benchmark hooks (raw baseline, launch log, timer).
+        .args(["--features", "pg-nccl/testing,xtask/testing"])
         .status()
         .map_err(|e| format!("cargo build: {e}"))?;
     if !status.success() {

@@ -20,13 +20,13 @@ cargo xtask <task> [options]
 
 Tasks:
   experiments [--backend mock|nccl] [--world-size N] [--json PATH]
-                         the seed's three experiments (cache, semantics, streams)
+                         three experiments: the communicator cache, completion semantics, streams
   gpu-test [--bundle DIR] build and run the real-GPU suite, one process per GPU
   bench [store|all-reduce|host] [options]
                          benchmarks; results go to bench/results/
   interop                store interop tests against PyTorch (sets up a virtual environment)
   faults [--backend mock|nccl] [--json PATH]
-                         the fault matrix (issue 5)
+                         the fault matrix: hangs, errors, aborts, dead peers
   fr-analyze DIR         reads every rank's flight-recorder dump and reports the first divergence
   tidy                   repository checks (also run by cargo test)
 

@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod imports;
+
 /// The patterns tidy looks for, spelled in pieces so that this file does not match them itself (nor the
 /// repository's before-stop hook, which greps added lines for them).
 const UNSAFE_CODE: [&str; 3] = [concat!("uns", "afe {"), concat!("uns", "afe fn"), concat!("uns", "afe impl")];
@@ -10,6 +12,10 @@ const STUBS: [&str; 2] = [concat!("to", "do!("), concat!("unimpl", "emented!(")]
 
 /// The crates allowed to contain `unsafe` code.
 const UNSAFE_CRATES: [&str; 3] = ["crates/pg-cuda/", "crates/pg-nccl/", "crates/nccl-sys/"];
+
+/// The crates whose files may not import each other in a circle (a file never `use`s, directly or through
+/// others, a file that uses it back).
+const ACYCLIC_CRATES: [&str; 4] = ["pg-core", "pg-cuda", "pg-mock", "pg-nccl"];
 
 /// The repository root (the parent of the xtask crate).
 pub fn project_root() -> PathBuf {
@@ -70,6 +76,12 @@ pub fn problems() -> Vec<String> {
         let is_root = relative.ends_with("src/lib.rs") || relative.ends_with("src/main.rs");
         if is_root && !may_be_unsafe && !text.contains("#![forbid(unsafe_code)]") {
             problems.push(format!("{relative}: crate root without #![forbid(unsafe_code)]"));
+        }
+    }
+    for name in ACYCLIC_CRATES {
+        let src = root.join("crates").join(name).join("src");
+        for cycle in imports::cycles(&imports::read_crate(&src)) {
+            problems.push(format!("crates/{name}: import circle {}", cycle.join(" -> ")));
         }
     }
     problems

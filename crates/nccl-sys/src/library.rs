@@ -260,6 +260,45 @@ impl Library {
         Ok(rank.max(0) as usize)
     }
 
+    /// `ncclRedOpCreatePreMulSum`: a reduction that multiplies each rank's input by `scalar` before summing
+    /// (PyTorch's `PREMUL_SUM`). With [`sys::ncclScalarHostImmediate`] NCCL copies the scalar during the call;
+    /// with [`sys::ncclScalarDevice`] it reads it from device memory when each op using the returned op runs.
+    ///
+    /// # Safety
+    /// `comm` must be live and used by no other issuing thread; `scalar` must point to one element of `dtype`, in
+    /// host memory valid for the call (host-immediate) or in device memory of `comm`'s device that stays valid
+    /// and unchanged until every op using the result has run (device).
+    pub unsafe fn red_op_create_pre_mul_sum(
+        &self,
+        scalar: *mut std::ffi::c_void,
+        dtype: DataType,
+        residence: sys::ScalarResidence,
+        comm: Comm,
+    ) -> Result<RedOp> {
+        let call = "ncclRedOpCreatePreMulSum";
+        let create = self.fns.red_op_create_pre_mul_sum.ok_or(Error::Unavailable { call, version: self.version })?;
+        let mut op: RedOp = 0;
+        // SAFETY: forwarded from this function's contract; `op` is valid for a write.
+        let raw = unsafe { create(&mut op, scalar, dtype, residence, comm) };
+        // SAFETY: `comm` is live.
+        unsafe { self.check(call, raw, comm) }?;
+        Ok(op)
+    }
+
+    /// `ncclRedOpDestroy`: frees an op made by [`Library::red_op_create_pre_mul_sum`].
+    ///
+    /// # Safety
+    /// `comm` must be live and the communicator `op` was made for; no op using `op` may be issued afterwards
+    /// (ops already enqueued may still run: NCCL keeps what they need).
+    pub unsafe fn red_op_destroy(&self, op: RedOp, comm: Comm) -> Result<Status> {
+        let call = "ncclRedOpDestroy";
+        let destroy = self.fns.red_op_destroy.ok_or(Error::Unavailable { call, version: self.version })?;
+        // SAFETY: forwarded from this function's contract.
+        let raw = unsafe { destroy(op, comm) };
+        // SAFETY: `comm` is live.
+        unsafe { self.check(call, raw, comm) }
+    }
+
     /// `ncclGroupStart`.
     pub fn group_start(&self) -> Result<Status> {
         // SAFETY: takes no arguments; it only opens a group on the calling thread.
@@ -469,6 +508,8 @@ fn resolve(path: &std::path::Path, library: &libloading::Library) -> Result<Func
         comm_user_rank: required(path, library, "ncclCommUserRank")?,
         get_error_string: required(path, library, "ncclGetErrorString")?,
         get_last_error: optional(library, "ncclGetLastError"),
+        red_op_create_pre_mul_sum: optional(library, "ncclRedOpCreatePreMulSum"),
+        red_op_destroy: optional(library, "ncclRedOpDestroy"),
         group_start: required(path, library, "ncclGroupStart")?,
         group_end: required(path, library, "ncclGroupEnd")?,
         all_reduce: required(path, library, "ncclAllReduce")?,

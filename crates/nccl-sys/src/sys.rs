@@ -107,6 +107,10 @@ pub const ncclFloat32: DataType = 7;
 pub const ncclFloat64: DataType = 8;
 /// `ncclBfloat16` (NCCL 2.10 and later, CUDA 11 and later).
 pub const ncclBfloat16: DataType = 9;
+/// `ncclFloat8e4m3` (NCCL 2.24 and later; reductions need sm_90 or newer).
+pub const ncclFloat8e4m3: DataType = 10;
+/// `ncclFloat8e5m2` (NCCL 2.24 and later; reductions need sm_90 or newer).
+pub const ncclFloat8e5m2: DataType = 11;
 
 /// `ncclSum`.
 pub const ncclSum: RedOp = 0;
@@ -118,6 +122,13 @@ pub const ncclMax: RedOp = 2;
 pub const ncclMin: RedOp = 3;
 /// `ncclAvg` (NCCL 2.10 and later).
 pub const ncclAvg: RedOp = 4;
+
+/// Where a `ncclRedOpCreatePreMulSum` scalar lives (`ncclScalarResidence_t`).
+pub type ScalarResidence = c_int;
+/// `ncclScalarDevice`: the scalar is in device memory, read when the op runs (one per rank may differ).
+pub const ncclScalarDevice: ScalarResidence = 0;
+/// `ncclScalarHostImmediate`: the scalar is in host memory, read during the create call.
+pub const ncclScalarHostImmediate: ScalarResidence = 1;
 
 /// `NCCL_CONFIG_UNDEF_INT`: "let NCCL choose".
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
@@ -154,6 +165,16 @@ pub type ncclCommQuery_t = unsafe extern "C" fn(comm: Comm, out: *mut c_int) -> 
 pub type ncclGetErrorString_t = unsafe extern "C" fn(result: ncclResult_t) -> *const c_char;
 /// `ncclGetLastError`.
 pub type ncclGetLastError_t = unsafe extern "C" fn(comm: Comm) -> *const c_char;
+/// `ncclRedOpCreatePreMulSum`.
+pub type ncclRedOpCreatePreMulSum_t = unsafe extern "C" fn(
+    op: *mut RedOp,
+    scalar: *mut c_void,
+    datatype: DataType,
+    residence: ScalarResidence,
+    comm: Comm,
+) -> ncclResult_t;
+/// `ncclRedOpDestroy`.
+pub type ncclRedOpDestroy_t = unsafe extern "C" fn(op: RedOp, comm: Comm) -> ncclResult_t;
 /// `ncclGroupStart`, `ncclGroupEnd`.
 pub type ncclGroup_t = unsafe extern "C" fn() -> ncclResult_t;
 /// `ncclAllReduce`.
@@ -257,6 +278,10 @@ pub struct Functions {
     pub get_error_string: ncclGetErrorString_t,
     /// `ncclGetLastError`.
     pub get_last_error: Option<ncclGetLastError_t>,
+    /// `ncclRedOpCreatePreMulSum` (NCCL 2.11 and later).
+    pub red_op_create_pre_mul_sum: Option<ncclRedOpCreatePreMulSum_t>,
+    /// `ncclRedOpDestroy` (NCCL 2.11 and later).
+    pub red_op_destroy: Option<ncclRedOpDestroy_t>,
     /// `ncclGroupStart`.
     pub group_start: ncclGroup_t,
     /// `ncclGroupEnd`.

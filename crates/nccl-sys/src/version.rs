@@ -17,6 +17,10 @@ pub struct Version {
 /// `ncclGetLastError` and `ncclCommSplit`.
 pub const MIN_VERSION: Version = Version::new(2, 18, 0);
 
+/// The first NCCL with the fp8 data types (`ncclFloat8e4m3`, `ncclFloat8e5m2`); before it fp8 data can only move
+/// as bytes, never be reduced.
+pub const FP8_VERSION: Version = Version::new(2, 24, 0);
+
 /// The newest NCCL whose config layout this crate knows; newer libraries get this layout, which they accept.
 pub const NEWEST_KNOWN_VERSION: Version = Version::new(2, 28, 0);
 

@@ -26,6 +26,8 @@ mod shared;
 mod signals;
 mod status;
 mod stream_guard;
+mod subgroups;
+mod torch_compat;
 mod types;
 mod watchdog;
 mod work;
@@ -43,6 +45,10 @@ pub use poison::Poison;
 pub use process_group::{Counters, ProcessGroup};
 pub use status::{ErrorType, GroupStatus};
 pub use stream_guard::StreamGuard;
+pub use subgroups::DeviceMesh;
+pub use torch_compat::{
+    join_torch_default_group, torch_default_group_store, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT,
+};
 pub use types::{CommConfig, DType, KernelKind, KernelLaunch, ReduceOp, UniqueId};
 pub use work::{Work, WorkHandle};
 

@@ -11,7 +11,7 @@ use crate::cache::{CommCache, CommEntry, CommShared, InputReady};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
-use crate::shared::Shared;
+use crate::shared::{Membership, Shared};
 use crate::status::{ErrorType, GroupStatus};
 use crate::work::WorkState;
 use crate::{
@@ -30,6 +30,15 @@ const GROUP_INSTANCE_KEY: &str = "pg_group_instance";
 
 /// The suffix of the store key beside each unique-id key that names the group instance that published it.
 const ID_OWNER_SUFFIX: &str = "/pg_group_instance";
+
+/// How a group uses the store around its unique ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// Each id key is claimed for this group instance beside it (see [`GROUP_INSTANCE_KEY`]).
+    Claimed,
+    /// PyTorch's keys alone: the id is set by the root and read by the others.
+    Torch,
+}
 
 /// What a group has done, for tests and tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -97,6 +106,42 @@ impl<B: Backend> ProcessGroup<B> {
     ///
     /// Creates no communicator unless `options.eager_init` (S3).
     pub fn new(store: Arc<dyn Store>, rank: usize, size: usize, device: B::Device, options: Options) -> Result<Self> {
+        Self::build(store, rank, size, device, options, None, Keys::Claimed)
+    }
+
+    /// A group that speaks PyTorch's store protocol exactly (`torch_compat.rs`): the unique ids alone, with no
+    /// group-instance keys, so that PyTorch's ranks and this one form one communicator.
+    pub(crate) fn with_torch_keys(
+        store: Arc<dyn Store>,
+        rank: usize,
+        size: usize,
+        device: B::Device,
+        options: Options,
+    ) -> Result<Self> {
+        Self::build(store, rank, size, device, options, None, Keys::Torch)
+    }
+
+    /// A subgroup's constructor: [`ProcessGroup::new`] that also knows the members' world ranks.
+    pub(crate) fn with_membership(
+        store: Arc<dyn Store>,
+        rank: usize,
+        size: usize,
+        device: B::Device,
+        options: Options,
+        membership: Membership,
+    ) -> Result<Self> {
+        Self::build(store, rank, size, device, options, Some(membership), Keys::Claimed)
+    }
+
+    fn build(
+        store: Arc<dyn Store>,
+        rank: usize,
+        size: usize,
+        device: B::Device,
+        options: Options,
+        membership: Option<Membership>,
+        keys: Keys,
+    ) -> Result<Self> {
         if size == 0 {
             return Err(Error::invalid("a process group needs at least one rank (size was 0)"));
         }
@@ -112,9 +157,12 @@ impl<B: Backend> ProcessGroup<B> {
         // Groups are told apart by creation order on each rank: the n-th group this rank creates on a store is
         // instance n, on every rank. The unique-id exchange checks it, so that two groups sharing one store
         // prefix fail instead of pairing their ranks across groups.
-        let instance = store.add(&format!("{GROUP_INSTANCE_KEY}/{rank}"), 1)?;
+        let instance = match keys {
+            Keys::Claimed => Some(store.add(&format!("{GROUP_INSTANCE_KEY}/{rank}"), 1)?),
+            Keys::Torch => None,
+        };
         let local_id = NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed);
-        let shared = Shared::new(store, (rank, size), device, options, local_id, instance);
+        let shared = Shared::new(store, (rank, size), device, options, (local_id, instance), membership);
         let group = Self { inner: Arc::new(shared) };
         start_threads(&group.inner)?;
         tracing::info!(
@@ -161,6 +209,17 @@ impl<B: Backend> ProcessGroup<B> {
     /// The process-wide id of this group instance (PyTorch's "PG ID").
     pub fn local_id(&self) -> u64 {
         self.inner.local_id
+    }
+
+    /// The group's place in the world, for a subgroup.
+    pub(crate) fn membership(&self) -> Option<&Membership> {
+        self.inner.membership.as_ref()
+    }
+
+    /// The number of the next subgroup made from this group (every call that makes one takes a number, on
+    /// members and non-members alike).
+    pub(crate) fn next_subgroup_index(&self) -> u64 {
+        self.inner.subgroups.fetch_add(1, Ordering::Relaxed)
     }
 
     /// What the group has done so far.
@@ -594,8 +653,8 @@ impl<B: Backend> ProcessGroup<B> {
     /// S6: rank 0 of the communicator creates the unique id and publishes it under `store_key`; the others read
     /// it, waiting at most until `deadline`.
     ///
-    /// Beside the id, the publisher claims `{store_key}/pg_group_instance` for its group instance, and a reader
-    /// checks the claim: a key already claimed by another group instance, or an id published by another one,
+    /// Beside the id (except in a group that speaks PyTorch's keys alone), the publisher claims
+    /// `{store_key}/pg_group_instance` for its group instance, and a reader checks the claim: a key already claimed by another group instance, or an id published by another one,
     /// means two groups share the store prefix, and both fail with [`Error::PrefixCollision`].
     fn exchange_unique_id(
         &self,
@@ -607,8 +666,23 @@ impl<B: Backend> ProcessGroup<B> {
     ) -> Result<UniqueId> {
         let inner = &self.inner;
         let store = inner.store.as_ref();
+        let rendezvous = |source| Error::Rendezvous {
+            rank: inner.rank,
+            cache_key: cache_key.to_owned(),
+            store_key: store_key.to_owned(),
+            source: Box::new(source),
+        };
+        let Some(instance) = inner.instance else {
+            // PyTorch's protocol, key for key: the read waits for as long as the store's timeout.
+            if comm_rank == 0 {
+                let id = inner.device.new_unique_id()?;
+                store.set(store_key, &id.0)?;
+                return Ok(id);
+            }
+            return store.get(store_key).map(UniqueId).map_err(rendezvous);
+        };
         let owner_key = format!("{store_key}{ID_OWNER_SUFFIX}");
-        let instance = inner.instance.to_string();
+        let instance = instance.to_string();
         let collision = |detail: String| Error::PrefixCollision {
             group: inner.options.group_name.clone(),
             rank: inner.rank,
@@ -633,12 +707,6 @@ impl<B: Backend> ProcessGroup<B> {
             }
             return Ok(id);
         }
-        let rendezvous = |source| Error::Rendezvous {
-            rank: inner.rank,
-            cache_key: cache_key.to_owned(),
-            store_key: store_key.to_owned(),
-            source: Box::new(source),
-        };
         let remaining = deadline.saturating_sub(inner.device.now());
         let limit = remaining.min(store.timeout());
         match store.wait(&[store_key, &owner_key], Some(limit)) {

@@ -17,6 +17,12 @@ use crate::status::{ErrorState, GroupStatus};
 use crate::work::WorkState;
 use crate::{Backend, Communicator, Error, Options};
 
+/// Where a subgroup sits in the world (see `subgroups.rs`, which makes them).
+pub(crate) struct Membership {
+    /// The subgroup's members as ranks of the world, in group-rank order.
+    pub(crate) global_ranks: Arc<[usize]>,
+}
+
 /// What a group is and what it has done, for its handles and its threads.
 pub(crate) struct Shared<B: Backend> {
     pub(crate) store: Arc<dyn Store>,
@@ -26,8 +32,13 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) options: Options,
     /// The process-wide id of the group (PyTorch's "PG ID").
     pub(crate) local_id: u64,
-    /// This group's instance number on its store: the n-th group this rank created there.
-    pub(crate) instance: i64,
+    /// This group's instance number on its store: the n-th group this rank created there (`None`: a group that
+    /// speaks PyTorch's store keys alone, with no instance claims).
+    pub(crate) instance: Option<i64>,
+    /// Where the group sits in the world, for a subgroup (`None`: the group is its own world).
+    pub(crate) membership: Option<Membership>,
+    /// How many subgroups were made from this group: the next one's number.
+    pub(crate) subgroups: AtomicU64,
     pub(crate) cache: Mutex<CommCache<B>>,
     /// This rank's collective communicator, also in the cache, for a lock-free hot path.
     pub(crate) collective: OnceLock<CommEntry<B>>,
@@ -69,8 +80,8 @@ impl<B: Backend> Shared<B> {
         (rank, size): (usize, usize),
         device: B::Device,
         options: Options,
-        local_id: u64,
-        instance: i64,
+        (local_id, instance): (u64, Option<i64>),
+        membership: Option<Membership>,
     ) -> Self {
         Self {
             store,
@@ -79,6 +90,8 @@ impl<B: Backend> Shared<B> {
             device,
             local_id,
             instance,
+            membership,
+            subgroups: AtomicU64::new(0),
             cache: Mutex::new(CommCache::default()),
             collective: OnceLock::new(),
             lifecycle: Mutex::new(Lifecycle { error: None, shut_down: false }),

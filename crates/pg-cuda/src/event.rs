@@ -1,4 +1,5 @@
-//! Events: created lazily at their first record and recycled through a per-device pool; timing events.
+//! Events: created lazily at their first record and recycled through a per-device pool; timing events; a
+//! stream's wait for an event.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -93,12 +94,15 @@ impl Event {
             Some(event) => event.synchronize().during("cuEventSynchronize"),
         }
     }
+}
 
-    /// Makes `stream` wait for the recorded point (no-op if never recorded).
-    pub(crate) fn block_stream(&self, stream: &Stream) -> Result<()> {
-        match self.cuda.get() {
+/// Waiting is defined with events, which are recorded on streams: streams know nothing of events.
+impl Stream {
+    /// Makes later work on this stream wait for `event`'s recorded point (a never-recorded event: no wait).
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        match event.cuda.get() {
             None => Ok(()),
-            Some(event) => stream.cuda().wait(event).during("cuStreamWaitEvent"),
+            Some(cuda) => self.cuda().wait(cuda).during("cuStreamWaitEvent"),
         }
     }
 }

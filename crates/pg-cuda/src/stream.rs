@@ -9,7 +9,6 @@ use cudarc::driver::safe::CudaStream;
 use cudarc::driver::sys::CUstream;
 
 use crate::error::{DriverContext, Result};
-use crate::event::Event;
 use crate::STREAMS_PER_POOL;
 
 /// An ordered queue of device work. Cloning gives another handle to the same stream.
@@ -53,11 +52,6 @@ impl Stream {
     /// The raw driver handle (for NCCL, which takes a `cudaStream_t`: the same pointer).
     pub fn raw(&self) -> CUstream {
         self.inner.cuda.cu_stream()
-    }
-
-    /// Makes later work on this stream wait for `event`'s recorded point (a never-recorded event: no wait).
-    pub fn wait_event(&self, event: &Event) -> Result<()> {
-        event.block_stream(self)
     }
 
     /// Whether all work enqueued so far has finished.

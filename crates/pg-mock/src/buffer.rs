@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use pg_core::DType;
 
-use crate::backend::Mock;
-use crate::world::Inner;
+use crate::sched::Inner;
+use crate::Mock;
 
 /// The shared part of a buffer; the block returns to the allocator when the last handle goes.
 pub(crate) struct BufferHandle {
@@ -43,6 +43,19 @@ impl fmt::Debug for MockBuffer {
             .field("numel", &self.handle.numel)
             .field("device", &self.handle.device)
             .finish()
+    }
+}
+
+impl Drop for MockBuffer {
+    fn drop(&mut self) {
+        // Dropping one of several handles hands what this thread knows to the thread that drops the last one, as
+        // the reference count of a shared tensor does: a Work that keeps its buffers until it observes completion
+        // makes the caller's later free safe, whichever of the two lets go last.
+        if Arc::strong_count(&self.handle) > 1 {
+            let inner = &self.handle.inner;
+            let tid = inner.current();
+            inner.lock().release_handle(self.handle.block, tid);
+        }
     }
 }
 

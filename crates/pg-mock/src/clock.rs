@@ -5,10 +5,7 @@
 //! The global clock moves only when every registered thread is parked and none can proceed; it jumps to the
 //! earliest time at which one can (tokio's paused clock with auto-advance, across threads).
 
-use std::fmt::Write as _;
 use std::time::Duration;
-
-use crate::world::State;
 
 /// A virtual instant or span, in nanoseconds since the world was created.
 pub(crate) type Time = u64;
@@ -43,6 +40,11 @@ pub(crate) fn show(time: Time) -> String {
         t if t < 1_000_000_000 => format!("{}.{:03} ms", t / 1_000_000, (t / 1_000) % 1_000),
         t => format!("{}.{:03} s", t / 1_000_000_000, (t / 1_000_000) % 1_000),
     }
+}
+
+/// Formats a duration as [`show`] does.
+pub(crate) fn show_duration(d: Duration) -> String {
+    show(ns(d))
 }
 
 /// One operation on one stream: the stream's global index and the operation's sequence number on it.
@@ -105,97 +107,4 @@ pub(crate) enum Advance {
     TimeLimit(String),
     /// Only process-group helpers are left, all parked: time stands still until something wakes them.
     Quiescent,
-}
-
-impl State {
-    /// The time at which `cond` holds, if it is known to hold at some time.
-    pub(crate) fn cond_time(&self, cond: &Cond) -> Option<Time> {
-        match cond {
-            Cond::OpsDone(ops) => ops.iter().try_fold(0, |acc, op| self.op_finish(*op).map(|t| acc.max(t))),
-            Cond::CommReady(group) => self.comms.groups.get(*group).and_then(|g| g.ready_time),
-            Cond::StoreKeys(keys) => self.store.keys_time(keys),
-            Cond::QueueNonEmpty(key) => self.store.queue_time(key),
-            Cond::Never => None,
-        }
-    }
-
-    /// When a thread at `local` with wait `park` may proceed, and why.
-    pub(crate) fn wake_time(&self, park: &Park, local: Time) -> Option<(Time, Wake)> {
-        let ready = self.cond_time(&park.cond).map(|t| (t.max(local), Wake::Ready));
-        let deadline = park.deadline.map(|d| (d.max(local), Wake::Deadline));
-        match (ready, deadline) {
-            (Some(r), Some(d)) => Some(if r.0 <= d.0 { r } else { d }),
-            (r, d) => r.or(d),
-        }
-    }
-
-    /// Moves the clock when every registered thread is parked (see the module docs).
-    pub(crate) fn try_advance(&mut self, time_limit: Time) -> Advance {
-        let mut best: Option<Time> = None;
-        let mut helpers_only = true;
-        for thread in self.threads.values() {
-            helpers_only &= thread.helper;
-            let Some(park) = &thread.park else { return Advance::Busy };
-            if park.interrupt_epoch.is_some_and(|seen| seen < self.interrupt_epoch) {
-                // It has not looked at its interrupt flag since the last notify: it counts as running.
-                return Advance::Busy;
-            }
-            if let Some((t, _)) = self.wake_time(park, thread.local) {
-                best = Some(best.map_or(t, |b| b.min(t)));
-            }
-        }
-        if helpers_only && best.is_none_or(|t| t > self.now) {
-            return Advance::Quiescent;
-        }
-        match best {
-            None => {
-                Advance::Deadlock(self.report("deadlock: every simulated host thread is blocked and none can proceed"))
-            }
-            Some(t) if t <= self.now => Advance::SomeoneReady,
-            Some(t) if t > time_limit => Advance::TimeLimit(self.report(&format!(
-                "virtual time limit of {} reached: the next wake-up is at {} (livelock, or a wait that never ends)",
-                show(time_limit),
-                show(t)
-            ))),
-            Some(t) => {
-                self.now = t;
-                self.version += 1;
-                Advance::Advanced
-            }
-        }
-    }
-
-    /// A report of what every registered thread waits for.
-    pub(crate) fn report(&self, headline: &str) -> String {
-        let mut out = format!("pg-mock {headline} (virtual time {})", show(self.now));
-        for (_, name) in &self.panicked {
-            let _ = write!(out, "\n  thread '{name}' panicked earlier (look at its message first)");
-        }
-        for thread in self.threads.values() {
-            let _ = write!(out, "\n  thread '{}' (local time {}): ", thread.name, show(thread.local));
-            match &thread.park {
-                None => out.push_str("running"),
-                Some(park) => {
-                    out.push_str(&park.what);
-                    match &park.cond {
-                        Cond::OpsDone(ops) => {
-                            for op in ops {
-                                if let Some(why) = self.blocked_reason(*op) {
-                                    let _ = write!(out, "; {why}");
-                                }
-                            }
-                        }
-                        Cond::CommReady(group) => {
-                            let _ = write!(out, "; {}", self.comm_status(*group));
-                        }
-                        _ => {}
-                    }
-                    if let Some(d) = park.deadline {
-                        let _ = write!(out, " (gives up at {})", show(d));
-                    }
-                }
-            }
-        }
-        out
-    }
 }

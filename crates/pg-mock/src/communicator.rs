@@ -7,135 +7,20 @@
 //! size) becomes the communicator's asynchronous error on every rank, and the operation never completes (NCCL
 //! would hang); an abort releases it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use pg_core::{Buffer as _, DType, Error, ReduceOp, Result};
+use pg_core::{Buffer as _, Error, ReduceOp, Result};
 
-use crate::backend::Mock;
 use crate::buffer::MockBuffer;
 use crate::clock::{transfer, Cond, OpRef, Time};
 use crate::fault::Fault;
 use crate::hazard::{Accessor, Mode};
-use crate::stream::{MockStream, OpKind};
-use crate::world::{Inner, State};
-
-/// Where a part belongs: the k-th collective, or the n-th message from `src` to `dst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum SlotKey {
-    Coll(u64),
-    P2p { src: usize, dst: usize, n: u64 },
-}
-
-/// What a part asks for.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum CollKind {
-    AllReduce(ReduceOp),
-    Broadcast { root: usize },
-    AllGather,
-    ReduceScatter(ReduceOp),
-    Send { peer: usize },
-    Recv { peer: usize },
-}
-
-impl CollKind {
-    fn name(self) -> &'static str {
-        match self {
-            CollKind::AllReduce(_) => "all_reduce",
-            CollKind::Broadcast { .. } => "broadcast",
-            CollKind::AllGather => "all_gather",
-            CollKind::ReduceScatter(_) => "reduce_scatter",
-            CollKind::Send { .. } => "send",
-            CollKind::Recv { .. } => "recv",
-        }
-    }
-}
-
-/// One rank's part of an operation.
-#[derive(Debug, Clone)]
-pub(crate) struct Part {
-    op: OpRef,
-    kind: CollKind,
-    dtype: DType,
-    numel_in: usize,
-    numel_out: usize,
-    input: u64,
-    output: u64,
-    enqueue: Time,
-}
-
-impl Part {
-    fn describe(&self) -> String {
-        let extra = match self.kind {
-            CollKind::AllReduce(op) | CollKind::ReduceScatter(op) => format!(", {}", op.torch_name()),
-            CollKind::Broadcast { root } => format!(", root {root}"),
-            CollKind::Send { peer } | CollKind::Recv { peer } => format!(", peer {peer}"),
-            CollKind::AllGather => String::new(),
-        };
-        format!("{}({}, {} -> {} elements{extra})", self.kind.name(), self.dtype, self.numel_in, self.numel_out)
-    }
-}
-
-/// One matched operation, filling up with parts.
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
-    parts: BTreeMap<usize, Part>,
-    /// Why it never completes (an injected fault, a mismatch), if it does not.
-    stuck: Option<String>,
-}
-
-/// One rank's view of a communicator.
-#[derive(Debug, Default)]
-pub(crate) struct RankComm {
-    device: Option<usize>,
-    joined: Option<Time>,
-    next_coll: u64,
-    sent: HashMap<usize, u64>,
-    received: HashMap<usize, u64>,
-    completed: u64,
-    /// The last operation this rank enqueued on each stream (what `finalize` waits for).
-    last_ops: HashMap<usize, u64>,
-    aborted: Option<String>,
-    /// An injected abort and the time it happens ([`Fault::AbortDuringOp`]).
-    scheduled_abort: Option<(Time, String)>,
-    /// The asynchronous error and the time from which it is visible.
-    error: Option<(Time, String)>,
-}
-
-/// The ranks that joined one unique id.
-#[derive(Debug)]
-pub(crate) struct CommGroup {
-    /// The communicator's number in messages: the counter of the mock unique id it was made from (so it does
-    /// not depend on which rank joined first), or its creation order for a foreign id.
-    number: u64,
-    size: usize,
-    description: String,
-    pub(crate) ready_time: Option<Time>,
-    ranks: Vec<RankComm>,
-    slots: BTreeMap<SlotKey, Slot>,
-}
-
-/// Every communicator of a world.
-#[derive(Debug, Default)]
-pub(crate) struct Comms {
-    pub(crate) groups: Vec<CommGroup>,
-    by_id: HashMap<Vec<u8>, usize>,
-    next_unique: u64,
-    /// Rank-local communicators created (what NCCL's logs count).
-    pub(crate) created: usize,
-}
-
-impl Comms {
-    /// A fresh, deterministic 128-byte unique id.
-    pub(crate) fn new_unique_id(&mut self) -> Vec<u8> {
-        self.next_unique += 1;
-        let mut id = vec![0u8; 128];
-        id[..8].copy_from_slice(b"pg-mock\0");
-        id[8..16].copy_from_slice(&self.next_unique.to_le_bytes());
-        id
-    }
-}
+use crate::sched::Inner;
+use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, SlotKey, State};
+use crate::stream::MockStream;
+use crate::Mock;
 
 fn join_ranks(ranks: impl Iterator<Item = usize>) -> String {
     ranks.map(|r| r.to_string()).collect::<Vec<_>>().join(", ")

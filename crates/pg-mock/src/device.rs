@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use pg_core::{Buffer as _, CommConfig, DType, Error, Result, UniqueId};
 
-use crate::backend::Mock;
 use crate::buffer::{BufferHandle, MockBuffer};
-use crate::clock::{dur, ns, transfer, Cond};
+use crate::clock::{dur, ns, show_duration, transfer, Cond, OpRef};
 use crate::communicator::MockCommunicator;
-use crate::event::MockEvent;
 use crate::hazard::{Accessor, Mode};
-use crate::stream::{sync_streams, Effect, KernelKind, MockStream, OpKind};
-use crate::world::{Inner, State};
+use crate::sched::Inner;
+use crate::state::{Effect, KernelKind, OpKind, State};
+use crate::stream::{sync_streams, MockEvent, MockStream};
+use crate::Mock;
 
 /// A stream as the thread-local map keeps it: (global index, id, high priority).
 type StreamRef = (usize, u64, bool);
@@ -44,11 +44,6 @@ impl fmt::Debug for MockDevice {
 impl MockDevice {
     pub(crate) fn new(inner: Arc<Inner>, index: usize) -> Self {
         Self { inner, index }
-    }
-
-    /// The world this device belongs to.
-    pub fn world(&self) -> crate::World {
-        crate::World { inner: Arc::clone(&self.inner) }
     }
 
     /// The device's default stream (id 0).
@@ -82,7 +77,7 @@ impl MockDevice {
         name: &str,
         duration: u64,
         effect: Effect,
-    ) -> crate::clock::OpRef {
+    ) -> OpRef {
         let cost = self.inner.config.host.kernel_launch;
         let mut state = self.inner.lock();
         let op = launch_locked(&mut state, tid, stream, access, kind, name, duration, effect, cost);
@@ -103,7 +98,7 @@ fn launch_locked(
     duration: u64,
     effect: Effect,
     cost: Duration,
-) -> crate::clock::OpRef {
+) -> OpRef {
     st.charge(Some(tid), cost);
     let clock = st.launch_clock(Some(tid), stream.index);
     if let Some((buffer, mode)) = access {
@@ -348,7 +343,7 @@ impl pg_core::Device for MockDevice {
         }
         let state = self.inner.lock();
         let deadline = state.local(Some(tid)).saturating_add(ns(duration));
-        let what = format!("sleeping for {}", crate::world::show_duration(duration));
+        let what = format!("sleeping for {}", show_duration(duration));
         let (state, _) = self.inner.park(state, tid, Cond::Never, Some(deadline), Some(interrupt), what);
         drop(state);
     }
@@ -368,7 +363,8 @@ impl pg_core::Device for MockDevice {
     }
 
     fn kernel_launches(&self) -> Vec<pg_core::KernelLaunch> {
-        crate::World { inner: std::sync::Arc::clone(&self.inner) }
+        self.inner
+            .lock()
             .kernel_log(self.index)
             .into_iter()
             .map(|k| pg_core::KernelLaunch { stream_id: k.stream_id, kind: k.kind, name: k.name })

@@ -5,10 +5,12 @@
 //! and host synchronisation (stream/event/device synchronize, a query that returns true, `copy_to_host`) joins
 //! it into the host thread. Every memory block keeps its last write and the reads since; an access that is not
 //! ordered after a conflicting one is a hazard, checked at launch, so detection does not depend on timing.
+//! The last drop of a buffer's handles is ordered after the earlier drops (as a reference count orders them), so
+//! whichever thread lets go last frees the memory with what the others knew.
+//!
+//! This file holds the clocks, the access history and the reports; `allocator.rs` runs the checks on the state.
 
 use std::fmt;
-
-use crate::world::State;
 
 /// What a detected hazard does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,7 +96,7 @@ pub(crate) struct Access {
 }
 
 impl Access {
-    fn ordered_before(&self, clock: &VClock) -> bool {
+    pub(crate) fn ordered_before(&self, clock: &VClock) -> bool {
         self.epoch <= clock.get(self.actor)
     }
 }
@@ -129,75 +131,7 @@ pub(crate) struct Accessor {
 const FUTURE_HINT: &str =
     "(if a Future said done: Future::is_done() only means the outputs were marked, not that the GPU finished)";
 
-impl State {
-    /// Launch bookkeeping: the stream learns what the launching thread knows, then ticks.
-    /// Returns the stream's clock for the new operation.
-    pub(crate) fn launch_clock(&mut self, tid: Option<usize>, stream: usize) -> VClock {
-        if let Some(thread) = tid.and_then(|t| self.threads.get(&t)) {
-            let known = thread.clock.clone();
-            self.streams[stream].clock.join(&known);
-        }
-        self.streams[stream].clock.tick(stream);
-        self.streams[stream].clock.clone()
-    }
-
-    /// Checks and records an access to `block`.
-    pub(crate) fn access(&mut self, block: u64, mode: Mode, who: &Accessor) {
-        let Some(history) = self.alloc.blocks.get(&block).map(|b| b.history.clone()) else { return };
-        let mut found = Vec::new();
-        if let Some(w) = history.write.as_ref().filter(|w| !w.ordered_before(&who.clock)) {
-            let kind = match mode {
-                Mode::Read => HazardKind::ReadAfterWrite,
-                Mode::Write => HazardKind::WriteAfterWrite,
-            };
-            found.push((kind, w.clone()));
-        }
-        if mode == Mode::Write {
-            for r in history.reads.iter().filter(|r| r.actor != who.actor && !r.ordered_before(&who.clock)) {
-                found.push((HazardKind::WriteAfterRead, r.clone()));
-            }
-        }
-        for (kind, prior) in found {
-            let message = conflict_message(kind, who, &prior);
-            self.hazard(Hazard { kind, device: who.device, buffer: who.buffer, message });
-        }
-        let access = Access {
-            actor: who.actor,
-            epoch: who.clock.get(who.actor),
-            buffer: who.buffer,
-            stream_id: who.stream_id,
-            op: who.op.clone(),
-            collective: who.collective,
-        };
-        let b = self.alloc.blocks.get_mut(&block).expect("checked above");
-        match mode {
-            Mode::Write => b.history = History { write: Some(access), reads: Vec::new() },
-            Mode::Read => {
-                b.history.reads.retain(|r| r.actor != access.actor);
-                b.history.reads.push(access);
-            }
-        }
-    }
-
-    /// Checks that every earlier access to `block` is ordered before its new owner (clock `owner`); then forgets
-    /// the history (the memory now belongs to buffer `buffer`).
-    pub(crate) fn check_reuse(&mut self, block: u64, owner: &VClock, device: usize, buffer: u64, stream_id: u64) {
-        let Some(b) = self.alloc.blocks.get_mut(&block) else { return };
-        let history = std::mem::take(&mut b.history);
-        let unordered = history.write.iter().chain(&history.reads).find(|a| !a.ordered_before(owner));
-        if let Some(prior) = unordered {
-            let message = format!(
-                "hazard on rank {device}: memory of buffer #{} was reused by a new allocation (buffer #{buffer}) on \
-                 stream {stream_id} while {} on stream {} may still use it: missing record_stream (or keep the \
-                 buffer alive until the Work completes)",
-                prior.buffer, prior.op, prior.stream_id
-            );
-            self.hazard(Hazard { kind: HazardKind::ReuseWhileInUse, device, buffer, message });
-        }
-    }
-}
-
-fn conflict_message(kind: HazardKind, who: &Accessor, prior: &Access) -> String {
+pub(crate) fn conflict_message(kind: HazardKind, who: &Accessor, prior: &Access) -> String {
     let (verb, prior_verb) = match kind {
         HazardKind::ReadAfterWrite => ("read", "write"),
         HazardKind::WriteAfterWrite => ("write", "write"),

@@ -53,30 +53,47 @@
 #![forbid(unsafe_code)]
 
 mod allocator;
-mod backend;
 mod buffer;
 mod clock;
 mod communicator;
+mod config;
 mod conv;
 mod device;
-mod event;
 mod fault;
 mod hazard;
+mod sched;
+mod state;
 mod store;
 mod stream;
 mod world;
 
-pub use backend::Mock;
 pub use buffer::MockBuffer;
 pub use communicator::MockCommunicator;
+pub use config::{HostCosts, WorldConfig};
 pub use conv::{decode, encode};
 pub use device::MockDevice;
-pub use event::MockEvent;
 pub use fault::Fault;
 pub use hazard::{Hazard, HazardKind, HazardMode};
+pub use state::{KernelKind, KernelRecord};
 pub use store::SimStore;
-pub use stream::{KernelKind, KernelRecord, MockStream};
-pub use world::{HostCosts, World, WorldConfig};
+pub use stream::{MockEvent, MockStream};
+pub use world::World;
+
+/// The simulated backend: devices, streams, events, buffers and communicators of a [`World`].
+///
+/// It lives in the crate root because its `Backend` impl names every concept type, and each of them names it
+/// back (`type B = Mock`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mock;
+
+impl pg_core::Backend for Mock {
+    const NAME: &'static str = "mock";
+    type Device = MockDevice;
+    type Stream = MockStream;
+    type Event = MockEvent;
+    type Buffer = MockBuffer;
+    type Communicator = MockCommunicator;
+}
 
 /// The README's example, compiled and run as a doctest against this backend.
 #[cfg(doctest)]

@@ -5,42 +5,17 @@
 //! later of its own time and the entry's. A timeout is virtual time, so "a rank that never arrives" times out
 //! deterministically and at once in real time.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use pg_store::{Store, StoreError, DEFAULT_STORE_TIMEOUT};
 
-use crate::clock::{ns, Cond, Time, Wake};
+use crate::clock::{ns, Cond, Wake};
 use crate::fault::Fault;
-use crate::world::{Inner, State};
-
-/// A value with the time it was set.
-#[derive(Debug, Clone)]
-pub(crate) struct Entry {
-    value: Vec<u8>,
-    time: Time,
-}
-
-/// The store's contents, inside the world's state.
-#[derive(Debug, Default)]
-pub(crate) struct StoreState {
-    values: HashMap<String, Entry>,
-    queues: HashMap<String, VecDeque<Entry>>,
-}
-
-impl StoreState {
-    /// When every key is set (the latest set time), if they all are.
-    pub(crate) fn keys_time(&self, keys: &[String]) -> Option<Time> {
-        keys.iter().try_fold(0, |acc, k| self.values.get(k).map(|e| acc.max(e.time)))
-    }
-
-    /// When the queue's front element was pushed, if there is one.
-    pub(crate) fn queue_time(&self, key: &str) -> Option<Time> {
-        self.queues.get(key).and_then(|q| q.front()).map(|e| e.time)
-    }
-}
+use crate::sched::Inner;
+use crate::state::{Entry, State};
 
 /// How the store is failing, if it is.
 fn store_down(state: &State) -> Option<bool> {

@@ -1,4 +1,5 @@
-//! Simulated streams: FIFO queues of operations resolved lazily in virtual time, and the `MockStream` handle.
+//! Simulated streams and events: FIFO queues of operations resolved lazily in virtual time, and the `MockStream`
+//! and `MockEvent` handles (an event marks a point of a stream; a stream waits for an event).
 //!
 //! An operation starts at the latest of its enqueue time (the caller's local time), the finish of the previous
 //! operation on its stream and the finish of the operation it waits for (`wait_event`); a collective starts when
@@ -9,110 +10,14 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use pg_core::{DType, Error, Result};
+use pg_core::{Error, Result};
 
-use crate::backend::Mock;
 use crate::clock::{dur, Cond, OpRef, Time};
-use crate::communicator::SlotKey;
-use crate::event::MockEvent;
 use crate::hazard::VClock;
-use crate::world::{Inner, State};
-
-/// What kind of kernel a [`KernelRecord`] is (the same kinds every backend reports).
-pub use pg_core::KernelKind;
-
-/// One kernel a device ran, as a profiler would show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelRecord {
-    /// The id of the stream it ran on.
-    pub stream_id: u64,
-    /// What it was.
-    pub kind: KernelKind,
-    /// Its name (`all_reduce`, `sleep`, `fill`, `copy_to_host`, ...).
-    pub name: String,
-    /// When it started (virtual time).
-    pub start: Duration,
-    /// When it finished (virtual time).
-    pub end: Duration,
-}
-
-/// The streams of one device.
-#[derive(Debug)]
-pub(crate) struct DeviceState {
-    pub(crate) default_stream: usize,
-    pub(crate) normal_pool: Vec<usize>,
-    pub(crate) high_pool: Vec<usize>,
-    pub(crate) next_normal: usize,
-    pub(crate) next_high: usize,
-    pub(crate) log: VecDeque<KernelRecord>,
-}
-
-impl DeviceState {
-    pub(crate) fn new(default_stream: usize) -> Self {
-        Self {
-            default_stream,
-            normal_pool: Vec::new(),
-            high_pool: Vec::new(),
-            next_normal: 0,
-            next_high: 0,
-            log: VecDeque::new(),
-        }
-    }
-}
-
-/// A data effect applied when an operation resolves.
-#[derive(Debug)]
-pub(crate) enum Effect {
-    None,
-    Fill { block: u64, dtype: DType, value: f64 },
-    FromHost { block: u64, bytes: Vec<u8> },
-    ToHost { block: u64 },
-}
-
-/// What an operation does.
-#[derive(Debug)]
-pub(crate) enum OpKind {
-    /// A kernel of a known duration.
-    Kernel { kind: KernelKind, duration: Time, effect: Effect },
-    /// A `wait_event`: nothing, once its dependency has finished.
-    Wait,
-    /// This rank's part of a collective or point-to-point operation.
-    Comm { group: usize, slot: SlotKey, abort_at: Option<Time> },
-}
-
-/// One operation on a stream.
-#[derive(Debug)]
-pub(crate) struct Op {
-    pub(crate) kind: OpKind,
-    pub(crate) name: String,
-    pub(crate) enqueue: Time,
-    /// The operation on another stream it waits for (a `Wait`).
-    pub(crate) dep: Option<OpRef>,
-    /// When it could start as far as its own stream and dependency go.
-    pub(crate) ready_at: Option<Time>,
-    pub(crate) finish: Option<Time>,
-    /// How many events, waits and parked threads refer to it (it is kept while pinned).
-    pub(crate) pins: u32,
-}
-
-/// One stream.
-#[derive(Debug)]
-pub(crate) struct StreamState {
-    pub(crate) device: usize,
-    pub(crate) id: u64,
-    pub(crate) high_priority: bool,
-    pub(crate) clock: VClock,
-    pub(crate) ops: BTreeMap<u64, Op>,
-    pub(crate) next_seq: u64,
-    pub(crate) first_unresolved: u64,
-    pub(crate) last_finish: Time,
-    /// The finish times (once known) of the operations from `inflight_base` on: those not yet known to be done
-    /// at the global time. Bounded by the launch-queue depth, it keeps finish times of pruned operations exact.
-    pub(crate) inflight: VecDeque<Option<Time>>,
-    pub(crate) inflight_base: u64,
-}
+use crate::sched::Inner;
+use crate::state::{Effect, KernelKind, KernelRecord, Op, OpKind, Recorded, State, StreamState};
+use crate::Mock;
 
 impl State {
     /// Adds a stream; returns its global index (also its actor index in vector clocks).
@@ -510,4 +415,107 @@ pub(crate) fn sync_streams<'a>(
         state.join_thread_clock(Some(tid), clock);
     }
     state
+}
+
+/// A simulated event; it exists in the world from its first record until the handle is dropped.
+pub struct MockEvent {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) id: u64,
+}
+
+impl fmt::Debug for MockEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockEvent").field("id", &self.id).finish()
+    }
+}
+
+impl MockEvent {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        let id = {
+            let mut state = inner.lock();
+            state.next_event += 1;
+            state.next_event
+        };
+        Self { inner, id }
+    }
+}
+
+impl Drop for MockEvent {
+    fn drop(&mut self) {
+        let mut state = self.inner.lock();
+        if let Some(op) = state.events.remove(&self.id).and_then(|e| e.recorded).and_then(|r| r.op) {
+            state.unpin(op);
+        }
+    }
+}
+
+impl pg_core::Event for MockEvent {
+    type B = Mock;
+
+    fn record(&self, stream: &MockStream) -> Result<()> {
+        let tid = self.inner.require("Event::record");
+        if !Arc::ptr_eq(&self.inner, &stream.inner) {
+            return Err(Error::invalid("Event::record: the stream belongs to another simulated world"));
+        }
+        let cost = self.inner.config.host.event_record;
+        self.inner.with(|st| {
+            st.charge(Some(tid), cost);
+            let op = st.last_op(stream.index);
+            if let Some(op) = op {
+                st.pin(op);
+            }
+            let s = &st.streams[stream.index];
+            let recorded = Recorded { op, clock: s.clock.clone(), stream_id: s.id, device: s.device };
+            let previous = st.events.entry(self.id).or_default().recorded.replace(recorded);
+            if let Some(old) = previous.and_then(|r| r.op) {
+                st.unpin(old);
+            }
+            Ok(())
+        })
+    }
+
+    fn query(&self) -> Result<bool> {
+        let tid = self.inner.current();
+        let cost = self.inner.config.host.query;
+        self.inner.with(|st| {
+            st.charge(tid, cost);
+            st.resolve();
+            let Some(recorded) = st.events.get(&self.id).and_then(|e| e.recorded.clone()) else { return Ok(true) };
+            let done = recorded.op.is_none_or(|op| st.op_done_now(op));
+            if done {
+                st.join_thread_clock(tid, &recorded.clock);
+            }
+            Ok(done)
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let tid = self.inner.require("Event::synchronize");
+        let mut state = self.inner.lock();
+        let Some(recorded) = state.events.get(&self.id).and_then(|e| e.recorded.clone()) else { return Ok(()) };
+        let poison = &self.inner.poison[recorded.device];
+        if let Err(error) = poison.check() {
+            drop(state);
+            return Err(error);
+        }
+        if let Some(op) = recorded.op {
+            // The event pins `op`; pin it again in case the event is re-recorded while this thread waits.
+            state.pin(op);
+            let what = format!("synchronizing an event on stream {}", recorded.stream_id);
+            let (s, woke) = self.inner.park(state, tid, Cond::OpsDone(vec![op]), None, Some(poison.flag()), what);
+            state = s;
+            state.unpin(op);
+            if woke == crate::clock::Wake::Interrupted {
+                self.inner.raise(state);
+                return poison.check();
+            }
+        }
+        state.join_thread_clock(Some(tid), &recorded.clock);
+        self.inner.raise(state);
+        poison.check()
+    }
+
+    fn is_created(&self) -> bool {
+        self.inner.lock().events.get(&self.id).is_some_and(|e| e.recorded.is_some())
+    }
 }

@@ -337,3 +337,19 @@ fn a4_the_mock_refuses_a_communicator_of_absurd_size() {
     });
     assert_eq!(kinds[0], Err(ErrorKind::InvalidArgument));
 }
+
+#[test]
+fn a3_the_groups_of_one_split_rendezvous_under_keys_of_their_own() {
+    // Two colors, each group running an all_reduce at once: they must not meet on one unique-id key.
+    let world = world(4);
+    let store = world.store();
+    let sums = world.run(4, move |rank, device| {
+        let all = group(&store, "split", rank, 4, &device, options().build()).expect("group");
+        let color = if rank == 0 || rank == 3 { 7 } else { 1 };
+        let split = all.split_by_color(Some(color), options().build()).expect("split").expect("a member");
+        let buffer = filled(&device, 4, (rank + 1) as f64);
+        split.all_reduce_sync(&buffer, ReduceOp::Sum).expect("the split group's all_reduce");
+        read(&device, &buffer).expect("read")[0]
+    });
+    assert_eq!(sums, vec![5.0, 5.0, 5.0, 5.0], "ranks 0+3 give 1+4, ranks 1+2 give 2+3");
+}

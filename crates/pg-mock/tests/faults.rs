@@ -1,4 +1,4 @@
-//! The fault matrix of issue 5 on the simulated backend, one test per scenario (`cargo xtask faults` prints
+//! The fault matrix on the simulated backend, one test per scenario (`cargo xtask faults` prints
 //! the same scenarios as a table).
 #![forbid(unsafe_code)]
 
@@ -9,8 +9,9 @@ mod matrix;
 fn check(id: &str) {
     let scenario = matrix::scenarios().into_iter().find(|s| s.id == id).expect("a scenario with this id");
     let dir = std::env::temp_dir().join(format!("pg-faults-test-{}-{id}", std::process::id()));
-    // The debug-built mock runs a few thousand collectives a second: the test issues a tenth of the issue's
-    // 50,000 unwaited ops, `cargo xtask faults` all of them.
+    // The debug-built mock runs a few thousand collectives a second: the test issues 5,000 unwaited ops per
+    // variant (enough for 50 watchdog passes and about 50 stash releases racing the caller's drops),
+    // `cargo xtask faults` 50,000.
     let outcome = (scenario.run)(&matrix::Env { dir: dir.clone(), unwaited_ops: 5_000 });
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
@@ -107,7 +108,7 @@ mod healthy {
             let buffer = device.alloc(DType::F32, 8).unwrap();
             device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
             for _ in 0..5 {
-                // The timeout runs from the host's enqueue (S13), so the host keeps pace with the device.
+                // The timeout runs from the host's enqueue, so the host keeps pace with the device.
                 device.sleep_kernel(&device.current_stream(), Duration::from_secs(3)).unwrap();
                 pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
                 device.current_stream().synchronize().unwrap();

@@ -6,10 +6,9 @@ use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use nccl_sys::{Library, Status};
-use pg_core::{Buffer as _, CommConfig, Error, KernelKind, ReduceOp, UniqueId};
+use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
-use crate::launches;
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
@@ -206,8 +205,10 @@ impl Communicator {
             self.ready.store(true, Ordering::Release);
         }
         self.device.bind_to_thread().map_err(cuda_error)?;
+        #[cfg(feature = "testing")]
         let timed = call_timing::enabled().then(std::time::Instant::now);
         let status = call(self.library, comm.0).map_err(nccl_error);
+        #[cfg(feature = "testing")]
         if let Some(started) = timed {
             call_timing::add(started.elapsed());
         }
@@ -215,7 +216,10 @@ impl Communicator {
         if status.is_in_progress() {
             self.wait_while_in_progress()?;
         }
-        launches::log(self.device.ordinal(), stream.0.id(), KernelKind::Comm, name);
+        #[cfg(feature = "testing")]
+        crate::launches::log(self.device.ordinal(), stream.0.id(), pg_core::KernelKind::Comm, name);
+        #[cfg(not(feature = "testing"))]
+        let _ = (name, stream); // Only the launch log reads them.
         Ok(())
     }
 
@@ -487,7 +491,9 @@ impl fmt::Debug for Communicator {
 }
 
 /// Host time spent inside NCCL's enqueue calls, for telling the process group's own overhead from NCCL's
-/// (the benchmark reads it). Off unless `PG_NCCL_TIME_CALLS=1`, so the enqueue path pays one branch.
+/// (the benchmark reads it). Only with the `testing` feature, and then off unless `PG_NCCL_TIME_CALLS=1`, so the
+/// enqueue path pays one branch.
+#[cfg(feature = "testing")]
 pub mod call_timing {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;

@@ -4,10 +4,9 @@ use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use pg_core::{Buffer as _, CommConfig, DType, Error, KernelKind, KernelLaunch, UniqueId};
+use pg_core::{Buffer as _, CommConfig, DType, Error, UniqueId};
 
 use crate::conv::{cuda_error, fill_pattern, nccl_error};
-use crate::launches;
 use crate::{Buffer, Communicator, Event, Nccl, Stream};
 
 /// One GPU as this process sees it. Cloning gives another handle to the same device.
@@ -49,13 +48,6 @@ impl Device {
     }
 }
 
-/// The failure record of device `ordinal`, shared by every handle of it in this process (ordinals from 64 on,
-/// beyond any machine pg runs on, share one record).
-pub(crate) fn poison_of(ordinal: usize) -> &'static pg_core::Poison {
-    static RECORDS: [pg_core::Poison; 65] = [const { pg_core::Poison::new() }; 65];
-    &RECORDS[ordinal.min(64)]
-}
-
 impl pg_core::Device for Device {
     type B = Nccl;
 
@@ -92,7 +84,7 @@ impl pg_core::Device for Device {
     }
 
     fn poison(&self) -> &pg_core::Poison {
-        poison_of(self.cuda.ordinal())
+        crate::stream::poison_of(self.cuda.ordinal())
     }
 
     fn alloc(&self, dtype: DType, numel: usize) -> pg_core::Result<Buffer> {
@@ -121,18 +113,21 @@ impl pg_core::Device for Device {
         self.check_buffer(buffer)?;
         let (width, pattern) = fill_pattern(buffer.dtype, value);
         self.cuda.fill(&buffer.cuda, width, pattern, &stream.0).map_err(cuda_error)?;
-        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Fill, "fill");
+        #[cfg(feature = "testing")]
+        crate::launches::log(self.cuda.ordinal(), stream.0.id(), pg_core::KernelKind::Fill, "fill");
         Ok(())
     }
 
     fn sleep_kernel(&self, stream: &Stream, duration: Duration) -> pg_core::Result<()> {
         self.cuda.sleep_kernel(&stream.0, duration).map_err(cuda_error)?;
-        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Sleep, "sleep");
+        #[cfg(feature = "testing")]
+        crate::launches::log(self.cuda.ordinal(), stream.0.id(), pg_core::KernelKind::Sleep, "sleep");
         Ok(())
     }
 
-    fn kernel_launches(&self) -> Vec<KernelLaunch> {
-        launches::of(self.cuda.ordinal())
+    #[cfg(feature = "testing")]
+    fn kernel_launches(&self) -> Vec<pg_core::KernelLaunch> {
+        crate::launches::for_device(self.cuda.ordinal())
     }
 
     fn versions(&self) -> Vec<(String, String)> {

@@ -17,16 +17,21 @@ mod buffer;
 mod communicator;
 mod conv;
 mod device;
-mod event;
+#[cfg(feature = "testing")]
+pub mod launches;
+// The ring's own tests run in every `cargo test`, with or without the feature.
+#[cfg(all(test, not(feature = "testing")))]
 mod launches;
+#[cfg(feature = "testing")]
 pub mod raw;
 mod stream;
 
 pub use buffer::Buffer;
-pub use communicator::{call_timing, Communicator};
+#[cfg(feature = "testing")]
+pub use communicator::call_timing;
+pub use communicator::Communicator;
 pub use device::Device;
-pub use event::Event;
-pub use stream::Stream;
+pub use stream::{Event, Stream};
 
 pub use nccl_sys;
 pub use pg_cuda;

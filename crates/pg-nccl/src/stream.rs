@@ -1,7 +1,8 @@
-//! `Stream`: pg-core's stream concept on a CUDA stream.
+//! `Stream` and `Event`: pg-core's stream and event concepts on a CUDA stream and a lazily created, recycled
+//! CUDA event (one file: each names the other in its trait impl).
 
 use crate::conv::cuda_error;
-use crate::{Event, Nccl};
+use crate::Nccl;
 
 /// A CUDA stream of one device. Cloning gives another handle to the same stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,9 +40,44 @@ impl pg_core::Stream for Stream {
     }
 
     fn synchronize(&self) -> pg_core::Result<()> {
-        let poison = crate::device::poison_of(self.0.device_ordinal());
+        let poison = poison_of(self.0.device_ordinal());
         poison.check()?;
         self.0.synchronize().map_err(cuda_error)?;
         poison.check()
     }
+}
+
+/// A CUDA event whose driver object is made at its first record. The second field is the device ordinal,
+/// whose failure record its synchronisation reads.
+#[derive(Debug)]
+pub struct Event(pub(crate) pg_cuda::Event, pub(crate) usize);
+
+impl pg_core::Event for Event {
+    type B = Nccl;
+
+    fn record(&self, stream: &Stream) -> pg_core::Result<()> {
+        self.0.record(&stream.0).map_err(cuda_error)
+    }
+
+    fn query(&self) -> pg_core::Result<bool> {
+        self.0.query().map_err(cuda_error)
+    }
+
+    fn synchronize(&self) -> pg_core::Result<()> {
+        let poison = poison_of(self.1);
+        poison.check()?;
+        self.0.synchronize().map_err(cuda_error)?;
+        poison.check()
+    }
+
+    fn is_created(&self) -> bool {
+        self.0.is_created()
+    }
+}
+
+/// The failure record of device `ordinal`, shared by every handle of it in this process (ordinals from 64 on,
+/// beyond any machine pg runs on, share one record).
+pub(crate) fn poison_of(ordinal: usize) -> &'static pg_core::Poison {
+    static RECORDS: [pg_core::Poison; 65] = [const { pg_core::Poison::new() }; 65];
+    &RECORDS[ordinal.min(64)]
 }

@@ -68,7 +68,7 @@ enum Contestant<'a> {
     Raw { comm: &'a RawComm, stream: &'a Stream },
     /// The raw loop plus the driver calls the process group's semantics need and nothing else: an input-ready
     /// event recorded on the current stream and waited on by the communication stream, and a fresh end event
-    /// recorded after the op. Its distance from `Raw` is the floor any implementation of S9-S10 pays.
+    /// recorded after the op. Its distance from `Raw` is the floor any implementation of those semantics pays.
     ///
     /// With one input-ready event it is re-recorded every op, as PyTorch and the process group do; with a ring of
     /// them (`PG_BENCH_EVENT_RING=1`, contestant `raw-with-event-ring`), each op records one whose last record

@@ -1,4 +1,5 @@
-//! The seed's three experiments on real GPUs: the communicator cache, the completion semantics, the streams.
+//! The three reference experiments on real GPUs: the communicator cache, the completion semantics, the streams
+//! (the same as `cargo xtask experiments` on the mock, with PyTorch's settings).
 
 use std::time::Instant;
 
@@ -8,9 +9,9 @@ use serde_json::{json, Value};
 use crate::smoke::{all_equal, filled, group, rank_sum, read};
 use crate::Rank;
 
-/// The seed's sleep: 80,000,000 SM cycles (`torch.cuda._sleep(80000000)`, 40.4 ms on an H200).
+/// The sleep: 80,000,000 SM cycles (`torch.cuda._sleep(80000000)`, 40.4 ms on an H200).
 const SLEEP_CYCLES: u64 = 80_000_000;
-/// The seed's tensor: 16 MiB of f32.
+/// The tensor: 16 MiB of f32.
 const NUMEL: usize = 4 << 20;
 
 fn e(err: impl std::fmt::Display) -> String {
@@ -24,7 +25,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     Ok(json!({ "task": "experiments", "backend": "nccl", "cache": cache, "semantics": semantics, "streams": streams }))
 }
 
-/// Experiment 1 (S5): the world group and two clones of the same membership, three all_reduces each.
+/// Experiment 1 (communicator cache): the world group and two clones of the same membership, three all_reduces each.
 fn cache_experiment(ctx: &Rank) -> Result<Value, String> {
     let want = rank_sum(ctx.world);
     let me = (ctx.rank + 1) as f64;
@@ -62,7 +63,7 @@ fn cache_experiment(ctx: &Rank) -> Result<Value, String> {
     }))
 }
 
-/// Experiment 2 (S18): a long sleep on the current stream, then a 16 MiB all_reduce; four ways to wait.
+/// Experiment 2 (completion semantics): a long sleep on the current stream, then a 16 MiB all_reduce; four ways to wait.
 fn semantics_experiment(ctx: &Rank) -> Result<Value, String> {
     let device = &ctx.device;
     let want = rank_sum(ctx.world);
@@ -110,7 +111,7 @@ fn semantics_experiment(ctx: &Rank) -> Result<Value, String> {
     Ok(json!({ "sleep_cycles": SLEEP_CYCLES, "sleep_ms_nominal": sleep_ms, "numel": NUMEL, "rows": rows }))
 }
 
-/// Experiment 3 (S20): on which stream the comm kernels run, against the caller's current stream.
+/// Experiment 3 (streams): on which stream the comm kernels run, against the caller's current stream.
 fn streams_experiment(ctx: &Rank) -> Result<Value, String> {
     let device = &ctx.device;
     let pg = group(ctx, "exp-streams", Options::builder())?;

@@ -355,8 +355,8 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     if floor.is_finite() {
         let _ = writeln!(
             md,
-            "\nWhere the difference goes (same-rank differences, worst rank, median over sizes): the driver calls of S9-S10 \
-             alone (`raw-with-events` - `raw`) {floor:.2} us; pg's own bookkeeping (`pg` - `raw-with-events`) {:.2} us, \
+            "\nWhere the difference goes (same-rank differences, worst rank, median over sizes): the driver calls of the input-ready \
+             wait and the end event alone (`raw-with-events` - `raw`) {floor:.2} us; pg's own bookkeeping (`pg` - `raw-with-events`) {:.2} us, \
              of which the watchdog and flight recorder (`pg` - `pg-no-watchdog-no-fr`) {:.2} us.",
             median_of("pg_minus_raw_with_events_enqueue_us_same_rank"),
             median_of("pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank"),

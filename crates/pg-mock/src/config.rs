@@ -1,0 +1,100 @@
+//! How a simulated world is built: its devices, cost model, hazard mode and faults.
+
+use std::time::Duration;
+
+use crate::fault::Fault;
+use crate::hazard::HazardMode;
+
+/// The host-side costs of API calls, charged to the calling thread's local time (they never force lockstep).
+#[derive(Debug, Clone)]
+pub struct HostCosts {
+    /// Launching a kernel or a copy (`fill`, `sleep_kernel`, `copy_*`).
+    pub kernel_launch: Duration,
+    /// Recording an event.
+    pub event_record: Duration,
+    /// Making a stream wait for an event.
+    pub stream_wait: Duration,
+    /// Querying an event, a stream or a communicator.
+    pub query: Duration,
+    /// Enqueuing a collective or a point-to-point operation.
+    pub collective_enqueue: Duration,
+    /// One store operation.
+    pub store_op: Duration,
+}
+
+impl Default for HostCosts {
+    fn default() -> Self {
+        Self {
+            kernel_launch: Duration::from_micros(5),
+            event_record: Duration::from_nanos(250),
+            stream_wait: Duration::from_nanos(250),
+            query: Duration::from_nanos(250),
+            collective_enqueue: Duration::from_micros(5),
+            store_op: Duration::from_micros(10),
+        }
+    }
+}
+
+/// How a [`World`] is built: its devices, cost model, hazard mode and faults.
+#[derive(Debug, Clone)]
+pub struct WorldConfig {
+    /// The number of simulated devices (device `i` is used by rank `i` in [`World::run`]).
+    pub devices: usize,
+    /// The fixed latency of every collective.
+    pub collective_latency: Duration,
+    /// The bus bandwidth of collectives, in bytes per second: an all-reduce of `b` bytes on `n` ranks takes
+    /// `latency + 2(n-1)/n * b / bandwidth`.
+    pub bus_bandwidth: f64,
+    /// The bandwidth of a fill kernel, in bytes per second.
+    pub fill_bandwidth: f64,
+    /// The bandwidth of host-device copies, in bytes per second.
+    pub copy_bandwidth: f64,
+    /// The virtual time a communicator takes to initialise once every rank has joined.
+    pub comm_init: Duration,
+    /// Host-side costs of API calls.
+    pub host: HostCosts,
+    /// What a detected hazard does.
+    pub hazard_mode: HazardMode,
+    /// How many operations a stream holds in flight before a launch blocks the host until the oldest finishes
+    /// (CUDA's launch queue; it also bounds the simulation's memory when the host runs far ahead).
+    pub launch_queue_depth: usize,
+    /// Streams per priority in each device's pool (PyTorch has 32).
+    pub streams_per_pool: usize,
+    /// How many kernel records each device keeps (the oldest are dropped).
+    pub kernel_log_capacity: usize,
+    /// Virtual time after which the world stops with a report (a livelock guard).
+    pub time_limit: Duration,
+    /// Real time with no simulated progress after which a parked thread stops with a report (a registered
+    /// thread blocked outside the simulation, on a real lock or a join, stops the clock).
+    pub stall_limit: Duration,
+    /// Injected faults.
+    pub faults: Vec<Fault>,
+}
+
+impl Default for WorldConfig {
+    fn default() -> Self {
+        Self {
+            devices: 4,
+            collective_latency: Duration::from_micros(10),
+            bus_bandwidth: 300e9,
+            fill_bandwidth: 1e12,
+            copy_bandwidth: 25e9,
+            comm_init: Duration::from_millis(50),
+            host: HostCosts::default(),
+            hazard_mode: HazardMode::Panic,
+            launch_queue_depth: 1024,
+            streams_per_pool: 32,
+            kernel_log_capacity: 4096,
+            time_limit: Duration::from_secs(24 * 3600),
+            stall_limit: Duration::from_secs(30),
+            faults: Vec::new(),
+        }
+    }
+}
+
+impl WorldConfig {
+    /// The default configuration with `devices` devices.
+    pub fn with_devices(devices: usize) -> Self {
+        Self { devices, ..Self::default() }
+    }
+}
