@@ -35,10 +35,10 @@ impl Default for HostCosts {
     }
 }
 
-/// How a [`World`] is built: its devices, cost model, hazard mode and faults.
+/// How a [`World`](crate::World) is built: its devices, cost model, hazard mode and faults.
 #[derive(Debug, Clone)]
 pub struct WorldConfig {
-    /// The number of simulated devices (device `i` is used by rank `i` in [`World::run`]).
+    /// The number of simulated devices (device `i` is used by rank `i` in [`World::run`](crate::World::run)).
     pub devices: usize,
     /// The fixed latency of every collective.
     pub collective_latency: Duration,

@@ -122,7 +122,7 @@ impl World {
         dur(self.inner.lock().now)
     }
 
-    /// Every hazard detected so far (in [`HazardMode::Record`]; in panic mode, the one that panicked).
+    /// Every hazard detected so far (in [`HazardMode::Record`](crate::HazardMode::Record); in panic mode, the one that panicked).
     pub fn hazards(&self) -> Vec<Hazard> {
         self.inner.lock().hazards.clone()
     }
