@@ -31,12 +31,16 @@ const GROUP_INSTANCE_KEY: &str = "pg_group_instance";
 /// The suffix of the store key beside each unique-id key that names the group instance that published it.
 const ID_OWNER_SUFFIX: &str = "/pg_group_instance";
 
-/// How a group uses the store around its unique ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Keys {
-    /// Each id key is claimed for this group instance beside it (see [`GROUP_INSTANCE_KEY`]).
-    Claimed,
-    /// PyTorch's keys alone: the id is set by the root and read by the others.
+/// What kind of group is made: its place in the world and how it uses the store around its unique ids.
+pub(crate) enum Kind {
+    /// A group that is its own world; each id key is claimed for this group instance beside it (see
+    /// [`GROUP_INSTANCE_KEY`]).
+    World,
+    /// A subgroup (`subgroups.rs`), which knows its members' world ranks; it claims its id keys too.
+    Subgroup(Membership),
+    /// A group that speaks PyTorch's store protocol exactly (`torch_compat.rs`): the id is set by the root and
+    /// read by the others, with no group-instance keys, so that PyTorch's ranks and this one form one
+    /// communicator.
     Torch,
 }
 
@@ -106,41 +110,16 @@ impl<B: Backend> ProcessGroup<B> {
     ///
     /// Creates no communicator unless `options.eager_init` (S3).
     pub fn new(store: Arc<dyn Store>, rank: usize, size: usize, device: B::Device, options: Options) -> Result<Self> {
-        Self::build(store, rank, size, device, options, None, Keys::Claimed)
+        Self::build(store, (rank, size), device, options, Kind::World)
     }
 
-    /// A group that speaks PyTorch's store protocol exactly (`torch_compat.rs`): the unique ids alone, with no
-    /// group-instance keys, so that PyTorch's ranks and this one form one communicator.
-    pub(crate) fn with_torch_keys(
+    /// [`ProcessGroup::new`] for a group of another kind: a subgroup, or a group on PyTorch's keys.
+    pub(crate) fn build(
         store: Arc<dyn Store>,
-        rank: usize,
-        size: usize,
+        (rank, size): (usize, usize),
         device: B::Device,
         options: Options,
-    ) -> Result<Self> {
-        Self::build(store, rank, size, device, options, None, Keys::Torch)
-    }
-
-    /// A subgroup's constructor: [`ProcessGroup::new`] that also knows the members' world ranks.
-    pub(crate) fn with_membership(
-        store: Arc<dyn Store>,
-        rank: usize,
-        size: usize,
-        device: B::Device,
-        options: Options,
-        membership: Membership,
-    ) -> Result<Self> {
-        Self::build(store, rank, size, device, options, Some(membership), Keys::Claimed)
-    }
-
-    fn build(
-        store: Arc<dyn Store>,
-        rank: usize,
-        size: usize,
-        device: B::Device,
-        options: Options,
-        membership: Option<Membership>,
-        keys: Keys,
+        kind: Kind,
     ) -> Result<Self> {
         if size == 0 {
             return Err(Error::invalid("a process group needs at least one rank (size was 0)"));
@@ -157,9 +136,14 @@ impl<B: Backend> ProcessGroup<B> {
         // Groups are told apart by creation order on each rank: the n-th group this rank creates on a store is
         // instance n, on every rank. The unique-id exchange checks it, so that two groups sharing one store
         // prefix fail instead of pairing their ranks across groups.
-        let instance = match keys {
-            Keys::Claimed => Some(store.add(&format!("{GROUP_INSTANCE_KEY}/{rank}"), 1)?),
-            Keys::Torch => None,
+        let (claims, membership) = match kind {
+            Kind::World => (true, None),
+            Kind::Subgroup(membership) => (true, Some(membership)),
+            Kind::Torch => (false, None),
+        };
+        let instance = match claims {
+            true => Some(store.add(&format!("{GROUP_INSTANCE_KEY}/{rank}"), 1)?),
+            false => None,
         };
         let local_id = NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed);
         let shared = Shared::new(store, (rank, size), device, options, (local_id, instance), membership);

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use pg_store::{PrefixStore, Store};
 
+use crate::process_group::Kind;
 use crate::shared::Membership;
 use crate::{Backend, Error, Options, ProcessGroup, Result};
 
@@ -141,8 +142,8 @@ impl<B: Backend> ProcessGroup<B> {
         };
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix, Arc::clone(self.store())));
         let membership = Membership { global_ranks };
-        ProcessGroup::with_membership(store, group_rank, members.len(), self.device().clone(), options, membership)
-            .map(Some)
+        let kind = Kind::Subgroup(membership);
+        ProcessGroup::build(store, (group_rank, members.len()), self.device().clone(), options, kind).map(Some)
     }
 }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use pg_store::{PrefixStore, Store};
 
+use crate::process_group::Kind;
 use crate::{Backend, Error, Options, ProcessGroup, Result};
 
 /// The largest world PyTorch forms with one unique id: above `TORCH_NCCL_RANKS_PER_ROOT` ranks (default 128)
@@ -69,5 +70,5 @@ pub fn join_torch_default_group<B: Backend>(
     }
     options.group_name = "0".to_owned();
     options.group_desc = "default_pg".to_owned();
-    ProcessGroup::with_torch_keys(torch_default_group_store(store, origin), rank, size, device, options)
+    ProcessGroup::build(torch_default_group_store(store, origin), (rank, size), device, options, Kind::Torch)
 }
