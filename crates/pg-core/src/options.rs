@@ -65,7 +65,8 @@ impl ErrorHandling {
 /// The settings of one process group. Build them with [`Options::builder`].
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Per-Work timeout, from the Work's host start time (default 10 min).
+    /// Per-Work timeout, from the Work's host start time, and the bound on creating a communicator (its unique
+    /// id, the other ranks' joins, a non-blocking init); default 10 min.
     pub timeout: Duration,
     /// Take the communication streams from the high-priority pool (`TORCH_NCCL_HIGH_PRIORITY`).
     pub high_priority_stream: bool,

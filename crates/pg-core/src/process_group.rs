@@ -108,7 +108,10 @@ enum WorkSource<B: Backend> {
 impl<B: Backend> ProcessGroup<B> {
     /// Creates this rank's handle of a group of `size` ranks that rendezvous through `store`.
     ///
-    /// Creates no communicator unless `options.eager_init` (S3).
+    /// Creates no communicator unless `options.eager_init` (S3). It counts the group in the store
+    /// (`pg_group_instance/{rank}`): the n-th group a rank creates on a store is told apart from the others by
+    /// that number, so every group needs a store prefix of its own ([`Error::PrefixCollision`] otherwise).
+    /// A size of 0 or above NCCL's `int` range, or a rank out of range, is an [`Error::InvalidArgument`].
     pub fn new(store: Arc<dyn Store>, rank: usize, size: usize, device: B::Device, options: Options) -> Result<Self> {
         Self::build(store, (rank, size), device, options, Kind::World)
     }
