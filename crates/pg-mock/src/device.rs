@@ -261,7 +261,14 @@ impl pg_core::Device for MockDevice {
         if woke != crate::clock::Wake::Interrupted {
             state.join_thread_clock(Some(tid), &clock);
         }
-        let bytes = state.to_host.remove(&op).unwrap_or_default();
+        let bytes = match state.to_host.remove(&op) {
+            Some(bytes) => bytes,
+            None => {
+                // Woken by the failure record before the copy ran: its bytes will have no taker.
+                state.abandoned_to_host.insert(op);
+                Vec::new()
+            }
+        };
         self.inner.raise(state);
         // Poisoned while it waited (woken early), or the copy read what a failed op left: the error either way.
         poison.check()?;

@@ -61,6 +61,9 @@ pub(crate) struct State {
     pub(crate) faults: Vec<Fault>,
     /// Bytes read by finished device-to-host copies, until their caller takes them.
     pub(crate) to_host: HashMap<OpRef, Vec<u8>>,
+    /// Device-to-host copies whose caller gave up before they ran (the device was poisoned): nobody takes their
+    /// bytes, so none are kept.
+    pub(crate) abandoned_to_host: std::collections::HashSet<OpRef>,
     pub(crate) kernel_log_capacity: usize,
     pub(crate) hazard_mode: HazardMode,
     /// A copy of the world's configuration (the cost model).
@@ -89,6 +92,7 @@ impl State {
             pending_panic: None,
             faults: config.faults.clone(),
             to_host: HashMap::new(),
+            abandoned_to_host: std::collections::HashSet::new(),
             kernel_log_capacity: config.kernel_log_capacity,
             hazard_mode: config.hazard_mode,
             config: config.clone(),

@@ -241,8 +241,10 @@ impl State {
                 }
             }
             Effect::ToHost { block } => {
-                let bytes = self.alloc.blocks.get(&block).map(|b| b.data.clone()).unwrap_or_default();
-                self.to_host.insert(op, bytes);
+                if !self.abandoned_to_host.remove(&op) {
+                    let bytes = self.alloc.blocks.get(&block).map(|b| b.data.clone()).unwrap_or_default();
+                    self.to_host.insert(op, bytes);
+                }
             }
         }
     }
