@@ -119,10 +119,7 @@ pub const ncclMin: RedOp = 3;
 /// `ncclAvg` (NCCL 2.10 and later).
 pub const ncclAvg: RedOp = 4;
 
-/// `NCCL_CONFIG_UNDEF_INT`: "let NCCL choose".
-pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
-/// `NCCL_API_MAGIC`, the config struct's magic.
-pub const NCCL_API_MAGIC: u32 = 0xcafe_beef;
+pub use crate::config::{NCCL_API_MAGIC, NCCL_CONFIG_UNDEF_INT};
 /// `NCCL_SPLIT_NOCOLOR`: this rank joins no communicator in a split.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
