@@ -79,16 +79,26 @@ fn a_dead_address_is_an_error_not_a_hang() {
     assert!(err.contains("timed out"), "{err}");
 }
 
-#[test]
-fn serve_runs_a_server_that_clients_can_use() {
+/// `pgstore serve` on a free port of 127.0.0.1 with `options`, its stderr piped, without `RUST_LOG`: the
+/// process and the address it announced.
+fn serve(options: &[&str]) -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_pgstore"))
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--coalesce-us", "1000"])
+        .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+        .args(options)
+        .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("pgstore serve starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr = line.trim().strip_prefix("pgstore: listening on ").expect("announces its address").to_owned();
+    (child, addr)
+}
+
+#[test]
+fn serve_runs_a_server_that_clients_can_use() {
+    let (mut child, addr) = serve(&["--coalesce-us", "1000"]);
     let (code, out, err) = pgstore(&addr, &["add", "k", "3"]);
     child.kill().unwrap();
     child.wait().unwrap();
@@ -144,16 +154,7 @@ fn a_refused_add_fails_with_the_reason() {
 /// `pgstore serve` logs a refused connection on stderr with the peer's address and the reason.
 #[test]
 fn serve_logs_each_refusal_with_the_peer_and_the_reason() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgstore"))
-        .args(["serve", "--host", "127.0.0.1", "--port", "0"])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("pgstore serve starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("pgstore: listening on ").expect("announces its address").to_owned();
+    let (mut child, addr) = serve(&[]);
     let mut socket = std::net::TcpStream::connect(&addr).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     // A command byte that is not VALIDATE first.

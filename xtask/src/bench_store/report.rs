@@ -74,9 +74,13 @@ pub fn write(options: &Options, command: &str, measured: &Measured) -> Result<()
     let _ = writeln!(md, "- Machine: {machine}");
     let _ = writeln!(md, "- PyTorch: {pytorch}");
     let shown: Vec<String> = options.pgstore_flags.iter().map(|(flag, value)| format!("{flag} {value}")).collect();
+    let theirs = match measured.torch {
+        Some(_) => " and a Python `TCPStore` master, each its own process",
+        None => ", its own process",
+    };
     let _ = writeln!(
         md,
-        "- Servers: `pgstore serve{}` (its defaults for this machine otherwise) and a Python `TCPStore` master, each its own process on 127.0.0.1.",
+        "- Servers: `pgstore serve{}` (its defaults for this machine otherwise){theirs} on 127.0.0.1.",
         shown.iter().map(|flag| format!(" {flag}")).collect::<String>()
     );
     let _ = writeln!(
