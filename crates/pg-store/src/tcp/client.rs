@@ -15,6 +15,8 @@ use crate::{Store, StoreError, DEFAULT_STORE_TIMEOUT};
 
 /// Every user key goes over the wire with this prefix, as PyTorch's client sends it.
 const KEY_PREFIX: &str = "/";
+/// How long explaining a refused request may take (one connection attempt and one GET).
+const EXPLAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// What a read reports when the server closed the connection.
 const CLOSED: &str = "the store server closed the connection";
 /// The worker counter, sent without the prefix.
@@ -408,10 +410,14 @@ impl TcpStore {
     /// connection, which replaces the closed one so that this handle stays usable, reads the key's value and
     /// says whether it is not a number or the sum overflows. `None` when neither explains the refusal.
     fn explain_refused_add(&self, key: &str, delta: i64) -> Option<StoreError> {
-        let timeout = self.timeout();
+        // One attempt, briefly: a server that is gone must not turn the error into a long retry.
+        let timeout = match self.timeout() {
+            forever if forever.is_zero() => EXPLAIN_TIMEOUT,
+            timeout => timeout.min(EXPLAIN_TIMEOUT),
+        };
         let limits = self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits;
-        let mut fresh =
-            connect(&self.host, self.port, timeout, TcpStoreOptions::default().initial_backoff, limits).ok()?;
+        let deadline = deadline_after(timeout);
+        let mut fresh = try_connect(&self.host, self.port, timeout, deadline, limits).ok()?;
         fresh.encoder.command(Command::Get).bytes(key.as_bytes());
         fresh.send().ok()?;
         let value = fresh.read_bytes(timeout, Command::Get).ok()?;

@@ -326,9 +326,10 @@ impl State {
         }
         let Some(blocked) = self.blocked.get_mut(&id) else { return };
         if let Some(mine) = blocked.waiting_on.get_mut(key) {
-            // The oldest registration on the key is this connection's oldest on it.
-            debug_assert_eq!(mine.front(), Some(&registration));
-            mine.pop_front();
+            // The oldest registration on the key is this connection's oldest on it, at the front.
+            if let Some(at) = mine.iter().position(|&other| other == registration) {
+                mine.remove(at);
+            }
             if mine.is_empty() {
                 blocked.waiting_on.remove(key);
             }
