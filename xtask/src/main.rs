@@ -22,7 +22,7 @@ Tasks:
   experiments [--backend mock|nccl] [--world-size N] [--json PATH]
                          three experiments: the communicator cache, completion semantics, streams
   gpu-test [--bundle DIR] build and run the real-GPU suite, one process per GPU
-  bench [store|all-reduce|host] [options]
+  bench [store|store-hostile|all-reduce|host] [options]
                          benchmarks; results go to bench/results/
   interop                store interop tests against PyTorch (sets up a virtual environment)
   faults [--backend mock|nccl] [--json PATH]
@@ -48,6 +48,9 @@ fn main() -> ExitCode {
         "tidy" => tidy::main(),
         "interop" => interop::main(rest),
         "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),
+        "bench" if rest.first().is_some_and(|sub| sub == "store-hostile") => bench_store::hostile_main(&rest[1..]),
+        bench_store::RUN_TASK => bench_store::run_main(rest),
+        bench_store::HOSTILE_TASK => bench_store::hostile_run_main(rest),
         "bench" if rest.first().is_some_and(|sub| sub == "host") => bench_host::main(&rest[1..]),
         "gpu-test" => gpu_test::run(rest),
         gpu::RANK_TASK => gpu::rank_main(rest),

@@ -9,8 +9,12 @@
 use std::ffi::{c_char, c_int};
 use std::mem::offset_of;
 
-use crate::sys::{NCCL_API_MAGIC, NCCL_CONFIG_UNDEF_INT};
 use crate::Version;
+
+/// `NCCL_CONFIG_UNDEF_INT`: "let NCCL choose".
+pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
+/// `NCCL_API_MAGIC`, the config struct's magic.
+pub const NCCL_API_MAGIC: u32 = 0xcafe_beef;
 
 /// The config layouts this crate knows, named by the NCCL version that introduced their last field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -130,10 +130,7 @@ pub const ncclScalarDevice: ScalarResidence = 0;
 /// `ncclScalarHostImmediate`: the scalar is in host memory, read during the create call.
 pub const ncclScalarHostImmediate: ScalarResidence = 1;
 
-/// `NCCL_CONFIG_UNDEF_INT`: "let NCCL choose".
-pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
-/// `NCCL_API_MAGIC`, the config struct's magic.
-pub const NCCL_API_MAGIC: u32 = 0xcafe_beef;
+pub use crate::config::{NCCL_API_MAGIC, NCCL_CONFIG_UNDEF_INT};
 /// `NCCL_SPLIT_NOCOLOR`: this rank joins no communicator in a split.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 

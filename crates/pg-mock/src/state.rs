@@ -71,6 +71,7 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// A world at virtual time zero: no threads yet, each device with its default stream.
     pub(crate) fn new(config: &WorldConfig) -> Self {
         let mut state = Self {
             now: 0,

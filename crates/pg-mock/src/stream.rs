@@ -73,6 +73,16 @@ impl State {
         self.op_finish(op).is_some_and(|t| t <= self.now)
     }
 
+    /// Whether `op` (none: nothing to wait for) has finished at the global time; if so, thread `tid` has seen it
+    /// finish and learns `clock`, what its stream knew then (a query that returns true orders the host after it).
+    pub(crate) fn observe_done(&mut self, tid: Option<usize>, op: Option<OpRef>, clock: &VClock) -> bool {
+        let done = op.is_none_or(|op| self.op_done_now(op));
+        if done {
+            self.join_thread_clock(tid, clock);
+        }
+        done
+    }
+
     pub(crate) fn pin(&mut self, op: OpRef) {
         if let Some(o) = self.streams[op.stream].ops.get_mut(&op.seq) {
             o.pins += 1;
@@ -367,12 +377,8 @@ impl pg_core::Stream for MockStream {
         self.inner.with(|st| {
             st.charge(tid, cost);
             st.resolve();
-            let done = st.last_op(self.index).is_none_or(|op| st.op_done_now(op));
-            if done {
-                let clock = st.streams[self.index].clock.clone();
-                st.join_thread_clock(tid, &clock);
-            }
-            Ok(done)
+            let clock = st.streams[self.index].clock.clone();
+            Ok(st.observe_done(tid, st.last_op(self.index), &clock))
         })
     }
 
@@ -483,11 +489,7 @@ impl pg_core::Event for MockEvent {
             st.charge(tid, cost);
             st.resolve();
             let Some(recorded) = st.events.get(&self.id).and_then(|e| e.recorded.clone()) else { return Ok(true) };
-            let done = recorded.op.is_none_or(|op| st.op_done_now(op));
-            if done {
-                st.join_thread_clock(tid, &recorded.clock);
-            }
-            Ok(done)
+            Ok(st.observe_done(tid, recorded.op, &recorded.clock))
         })
     }
 

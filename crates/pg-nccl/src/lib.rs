@@ -60,6 +60,30 @@ pub fn available() -> pg_core::Result<usize> {
     Ok(count)
 }
 
+/// Without the `testing` feature the hooks do not exist: each of these fails to compile (the same lines compile
+/// with `--features testing`).
+///
+/// ```compile_fail
+/// let _launches: Vec<pg_core::KernelLaunch> = pg_nccl::launches::for_device(0);
+/// ```
+///
+/// ```compile_fail
+/// let (_calls, _time) = pg_nccl::call_timing::totals();
+/// ```
+///
+/// ```compile_fail
+/// let _: Option<pg_nccl::raw::RawComm> = None;
+/// ```
+///
+/// The same crate and paths otherwise resolve:
+///
+/// ```
+/// let _: Option<pg_nccl::Communicator> = None;
+/// let _ = pg_nccl::available;
+/// ```
+#[cfg(all(doctest, not(feature = "testing")))]
+struct WithoutTestingThereAreNoHooks;
+
 #[cfg(test)]
 mod tests {
     use pg_core::{Buffer as _, Communicator as _, Device as _, Event as _, ReduceOp};

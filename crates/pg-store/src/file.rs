@@ -42,6 +42,9 @@ pub struct FileStore {
     num_workers: i64,
     cache: Mutex<Cache>,
     timeout: Mutex<Duration>,
+    /// Whether this handle counted itself in `refcount/`: only such a handle records its end on drop, so a
+    /// failed open writes nothing.
+    counted: bool,
 }
 
 /// A file held under `flock`; the lock is released when the file is closed.
@@ -57,13 +60,15 @@ impl FileStore {
     /// Opens (creating it when missing) the store at `path` for a job of `num_workers` workers; a negative
     /// number means "unknown" and turns off deleting the file at the end.
     pub fn new(path: impl Into<PathBuf>, num_workers: i64) -> Result<Self, StoreError> {
-        let store = Self {
+        let mut store = Self {
             path: path.into(),
             num_workers,
             cache: Mutex::default(),
             timeout: Mutex::new(DEFAULT_STORE_TIMEOUT),
+            counted: false,
         };
         store.add_raw(REFCOUNT_KEY.as_bytes(), 1)?;
+        store.counted = true;
         Ok(store)
     }
 
@@ -139,6 +144,8 @@ impl FileStore {
         StoreError::Other(format!("file store {}: truncated record at offset {offset}", self.path.display()))
     }
 
+    /// Appends one record; every caller has read the file up to its end under the same lock first, so a file
+    /// that cannot be parsed is refused before anything is written to it.
     fn append_record(&self, locked: &mut Locked, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         let too_long = |what: &str, len: usize| {
             StoreError::InvalidArgument(format!("file store {what} of {len} bytes does not fit a u32 length"))
@@ -215,8 +222,9 @@ fn regular(key: &str) -> Vec<u8> {
 
 impl Store for FileStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        let _cache = self.cache();
+        let mut cache = self.cache();
         let mut locked = self.open(true)?;
+        self.refresh(&mut locked, &mut cache)?;
         self.append_record(&mut locked, &regular(key), value)
     }
 
@@ -325,7 +333,7 @@ impl Store for FileStore {
 
 impl Drop for FileStore {
     fn drop(&mut self) {
-        if !self.path.exists() {
+        if !self.counted || !self.path.exists() {
             return;
         }
         let cleanup = || -> Result<(), StoreError> {
@@ -376,6 +384,53 @@ mod tests {
         std::fs::write(&path, [5, 0, 0, 0, b'a']).unwrap();
         let error = FileStore::new(&path, -1).unwrap_err();
         assert!(error.to_string().contains("truncated record at offset 0"), "{error}");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A record of `key` and `value` in the file's layout.
+    fn record(key: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for field in [key, value] {
+            bytes.extend_from_slice(&(field.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(field);
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_failed_open_writes_nothing() {
+        let path = temp_path("failed-open");
+        let contents = record(b"refcount/", b"not a number");
+        std::fs::write(&path, &contents).unwrap();
+        let error = FileStore::new(&path, 1).unwrap_err();
+        assert!(error.to_string().contains("not a decimal integer"), "{error}");
+        assert_eq!(std::fs::read(&path).unwrap(), contents, "the failed open appended a record");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn every_write_refuses_a_file_it_cannot_parse() {
+        let path = temp_path("garbage");
+        let store = FileStore::new(&path, -1).unwrap();
+        store.set("k", b"1").unwrap();
+        // A truncated record appended behind the handle's back.
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(&[5, 0, 0, 0, b'a']).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        type Attempt<'a> = Box<dyn Fn() -> Result<(), StoreError> + 'a>;
+        let writes: [(&str, Attempt<'_>); 6] = [
+            ("set", Box::new(|| store.set("k", b"2"))),
+            ("add", Box::new(|| store.add("n", 1).map(drop))),
+            ("compare_set", Box::new(|| store.compare_set("k", b"1", b"3").map(drop))),
+            ("delete_key", Box::new(|| store.delete_key("k").map(drop))),
+            ("append", Box::new(|| store.append("k", b"4"))),
+            ("multi_set", Box::new(|| store.multi_set(&["a", "b"], &[b"1", b"2"]))),
+        ];
+        for (name, write) in writes {
+            let error = write().expect_err(name);
+            assert!(error.to_string().contains("truncated record"), "{name}: {error}");
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), len, "{name} wrote to a file it cannot parse");
+        }
+        drop(store);
         let _ = std::fs::remove_file(&path);
     }
 }

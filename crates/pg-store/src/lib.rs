@@ -17,8 +17,9 @@
 //! into a store, a rank and a world size. The `pgstore` binary serves a store or talks to a live one.
 //!
 //! Architecture invariants: this crate knows nothing about devices, tensors or communicators; the TCP
-//! server is one event-driven thread (no thread per connection); nothing a client sends makes the server
-//! buffer more than [`tcp::protocol::Limits`] allows for one request.
+//! server runs a few event-driven threads (one or two by default; no thread per connection); what a client
+//! can make the server hold is bounded by [`Limits`] (per request, per connection's pending waits, and for
+//! the queued large replies of all connections).
 #![forbid(unsafe_code)]
 
 mod error;
@@ -27,11 +28,18 @@ mod hash;
 mod prefix;
 pub mod rendezvous;
 mod store;
-pub mod tcp;
+mod tcp;
 
 pub use error::StoreError;
 pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use store::{Store, DEFAULT_STORE_TIMEOUT};
-pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer};
+pub use tcp::{Limits, ServerOptions, ServerStats, TcpStore, TcpStoreOptions, TcpStoreServer, DEFAULT_PORT};
+
+/// The wire protocol's codec, for this crate's tests and fuzzing only: not part of the API, and it may
+/// change at any time.
+#[doc(hidden)]
+pub mod wire {
+    pub use crate::tcp::protocol::{decode_request, encode_request, Request, VALIDATION_MAGIC};
+}

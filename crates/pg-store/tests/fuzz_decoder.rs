@@ -9,8 +9,8 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
-use pg_store::tcp::protocol::{decode_request, encode_request, Limits, Request, VALIDATION_MAGIC};
-use pg_store::tcp::{ServerOptions, TcpStoreServer};
+use pg_store::wire::{decode_request, encode_request, Request, VALIDATION_MAGIC};
+use pg_store::{Limits, ServerOptions, TcpStoreServer};
 use pg_store::{Store, TcpStore};
 
 /// A small deterministic generator (xorshift64*).
@@ -74,7 +74,14 @@ fn rounds(base: usize) -> usize {
 }
 
 fn small_limits() -> Limits {
-    Limits { max_key_len: 64, max_value_len: 1024, max_key_count: 16, max_message_len: 4096, max_reply_len: 8192 }
+    Limits {
+        max_key_len: 64,
+        max_value_len: 1024,
+        max_key_count: 16,
+        max_message_len: 4096,
+        max_reply_len: 8192,
+        ..Limits::default()
+    }
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The `pgstore` command against a live server.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -79,16 +79,26 @@ fn a_dead_address_is_an_error_not_a_hang() {
     assert!(err.contains("timed out"), "{err}");
 }
 
-#[test]
-fn serve_runs_a_server_that_clients_can_use() {
+/// `pgstore serve` on a free port of 127.0.0.1 with `options`, its stderr piped, without `RUST_LOG`: the
+/// process and the address it announced.
+fn serve(options: &[&str]) -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_pgstore"))
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--coalesce-us", "1000", "--flood-rcvbuf-bytes", "65536"])
+        .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+        .args(options)
+        .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("pgstore serve starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr = line.trim().strip_prefix("pgstore: listening on ").expect("announces its address").to_owned();
+    (child, addr)
+}
+
+#[test]
+fn serve_runs_a_server_that_clients_can_use() {
+    let (mut child, addr) = serve(&["--coalesce-us", "1000"]);
     let (code, out, err) = pgstore(&addr, &["add", "k", "3"]);
     child.kill().unwrap();
     child.wait().unwrap();
@@ -112,8 +122,51 @@ fn serve_rejects_bad_option_values() {
     check_bad_serve_option("--threads", "many");
     check_bad_serve_option("--coalesce-us", "-1");
     check_bad_serve_option("--coalesce-us", "2000000");
-    check_bad_serve_option("--flood-rcvbuf-bytes", "-1");
-    check_bad_serve_option("--flood-rcvbuf-bytes", "100000000");
     check_bad_serve_option("--busy-poll-us", "soon");
     check_bad_serve_option("--port", "70000");
+}
+
+#[test]
+fn an_over_limit_key_or_value_fails_with_the_limit_named() {
+    let store = TcpStore::serve(0, Duration::from_secs(20)).unwrap();
+    let addr = format!("127.0.0.1:{}", store.port());
+    let key = "k".repeat(9 * 1024);
+    let (code, _, err) = pgstore(&addr, &["set", &key, "v"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("key limit of 8192 bytes"), "{err}");
+    let (code, _, err) = pgstore(&addr, &["get", &key]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("key limit of 8192 bytes"), "{err}");
+    assert_eq!(store.num_keys().unwrap(), 0, "nothing was stored");
+    assert_eq!(store.server().unwrap().stats().protocol_errors, 0, "nothing over the limit was sent");
+}
+
+#[test]
+fn a_refused_add_fails_with_the_reason() {
+    let store = TcpStore::serve(0, Duration::from_secs(20)).unwrap();
+    let addr = format!("127.0.0.1:{}", store.port());
+    store.set("word", b"abc").unwrap();
+    let (code, _, err) = pgstore(&addr, &["add", "word", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("refused ADD of 1 to key 'word'") && err.contains("not a decimal integer"), "{err}");
+}
+
+/// `pgstore serve` logs a refused connection on stderr with the peer's address and the reason.
+#[test]
+fn serve_logs_each_refusal_with_the_peer_and_the_reason() {
+    let (mut child, addr) = serve(&[]);
+    let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // A command byte that is not VALIDATE first.
+    socket.write_all(&[0xEE]).unwrap();
+    let peer = socket.local_addr().unwrap().to_string();
+    let mut rest = Vec::new();
+    let _ = socket.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "a refused connection gets no bytes: {rest:?}");
+    // The log line is written before the connection is closed, so it is there once the close was seen.
+    child.kill().unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child.wait().unwrap();
+    assert!(err.contains("refused") && err.contains(&peer) && err.contains("not VALIDATE"), "{err}");
 }

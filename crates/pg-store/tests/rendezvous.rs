@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use pg_store::rendezvous::{rendezvous_with, Rendezvous};
-use pg_store::tcp::{ServerOptions, TcpStoreServer};
+use pg_store::{ServerOptions, TcpStoreServer};
 use pg_store::{Store, StoreError, TcpStore};
 
 const TIMEOUT: Duration = Duration::from_secs(20);

@@ -6,8 +6,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pg_store::tcp::protocol::{encode_request, Limits, Request, VALIDATION_MAGIC};
-use pg_store::tcp::{ServerOptions, TcpStoreServer};
+use pg_store::wire::{encode_request, Request, VALIDATION_MAGIC};
+use pg_store::{Limits, ServerOptions, TcpStoreServer};
 use pg_store::{Store, StoreError, TcpStore, TcpStoreOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -604,57 +604,38 @@ fn fire_and_forget_requests_get_no_reply_and_the_others_do() {
     check_reply_presence(port, Request::QueueLen { key: b"/q".to_vec() });
 }
 
-/// A server on `threads` threads that reads streams of SETs `coalesce` late, busy polling for `busy_poll`.
+/// A server on `threads` threads that reads floods of SETs `coalesce` late, busy polling for `busy_poll`.
 fn coalescing_server(threads: usize, coalesce: Duration, busy_poll: Duration) -> TcpStoreServer {
     TcpStoreServer::start(ServerOptions { port: 0, threads, coalesce, busy_poll, ..ServerOptions::default() }).unwrap()
 }
 
-/// A stream of SETs on a server that reads such streams late: nothing is lost or reordered, a waiter on
-/// another connection is woken by a SET inside the stream, and the reads did wait (`coalesced_reads`).
-fn check_coalescing(threads: usize, coalesce: Duration, busy_poll: Duration) {
-    let server = coalescing_server(threads, coalesce, busy_poll);
-    let port = server.port();
-    let setter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
-    let waiter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
-    // Three SETs, each read on its own (the other connection sees it before the next is sent): the first two
-    // make the connection a stream, so the third is read late when coalescing is on.
-    for key in ["s/1", "s/2", "s/3"] {
-        setter.set(key, b"1").unwrap();
-        assert_eq!(waiter.get(key).unwrap(), b"1");
-    }
-    let waiting = std::thread::spawn(move || waiter.get("k/1500"));
-    for i in 0..3000 {
-        setter.set(&format!("k/{}", i % 2000), i.to_string().as_bytes()).unwrap();
-    }
-    assert_eq!(setter.get("k/1999").unwrap(), b"1999", "the first request with a reply sees the whole stream");
-    assert_eq!(setter.get("k/0").unwrap(), b"2000", "later SETs of a key win");
-    assert_eq!(setter.num_keys().unwrap(), 2003);
-    assert_eq!(waiting.join().unwrap().unwrap(), b"1500");
-    let stats = server.stats();
-    assert_eq!(stats.protocol_errors, 0);
-    assert_eq!(
-        stats.coalesced_reads > 0,
-        !coalesce.is_zero(),
-        "{threads} threads, {coalesce:?}, busy polling {busy_poll:?}: {stats:?}"
-    );
+/// `count` SETs of `prefix/i` to `i`, encoded back to back, for one write.
+fn set_flood(prefix: &str, range: std::ops::Range<usize>) -> Vec<u8> {
+    range
+        .flat_map(|i| {
+            encode_request(&Request::Set {
+                key: format!("/{prefix}/{i}").into_bytes(),
+                value: i.to_string().into_bytes(),
+            })
+        })
+        .collect()
 }
 
-/// Checks the default thread count for `cpus` CPUs and the congestion control `congestion`.
-fn check_default_threads(cpus: usize, congestion: Option<&str>, expected: usize) {
-    assert_eq!(pg_store::tcp::threads_for(cpus, congestion), expected, "{cpus} CPUs, {congestion:?}");
-}
+/// The interval the coalescing tests use: long enough that the batches of one buffered flood, handled back to
+/// back, are always within a stream's longest pause (twice this), so that the connection counts as flooding
+/// without depending on how fast the machine is.
+const FLOOD_COALESCE: Duration = Duration::from_millis(20);
 
-#[test]
-fn default_threads_follow_the_cpus_only_where_senders_run_bbr() {
-    check_default_threads(64, Some("bbr"), 2);
-    check_default_threads(32, Some("bbr"), 2);
-    check_default_threads(16, Some("bbr"), 2);
-    check_default_threads(15, Some("bbr"), 1);
-    check_default_threads(2, Some("bbr"), 1);
-    check_default_threads(32, Some("cubic"), 1);
-    check_default_threads(32, Some("reno"), 1);
-    check_default_threads(32, None, 1);
-    check_default_threads(1, Some("cubic"), 1);
+/// A client on the same server thread as the connection opened just before it: the server deals accepted
+/// connections to its `threads` threads in turn, so `threads - 1` connections opened in between make the next
+/// one land on the same thread. A round trip of this client then shows that the thread has finished the work
+/// it was doing for the other connection (it handles one connection's events at a time): the data that other
+/// connection sends next reaches the thread as a new readable event.
+fn loop_mate(port: u16, threads: usize) -> TcpStore {
+    for _ in 1..threads {
+        drop(raw(port));
+    }
+    TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap()
 }
 
 /// Runs `check` with every thread count of [`THREADS`], with busy polling off and on.
@@ -666,113 +647,86 @@ fn on_every_loop_setup(check: impl Fn(usize, Duration)) {
     }
 }
 
+/// A connection that floods SETs (2,000 in one write: several batches handled back to back) is read late
+/// when more arrive, exactly when coalescing is on; nothing is lost or reordered, and a waiter on another
+/// connection is woken by a SET inside the late read.
+fn check_coalescing(threads: usize, coalesce: Duration, busy_poll: Duration) {
+    let server = coalescing_server(threads, coalesce, busy_poll);
+    let port = server.port();
+    let waiter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    let mut flood = validated(port);
+    let observer = loop_mate(port, threads);
+    flood.write_all(&set_flood("k", 0..2000)).unwrap();
+    observer.wait(&["k/1999"], Some(TIMEOUT)).unwrap();
+    observer.ping().unwrap();
+    let waiting = std::thread::spawn(move || waiter.get("k/2500"));
+    flood.write_all(&set_flood("k", 2000..3000)).unwrap();
+    assert_eq!(waiting.join().unwrap().unwrap(), b"2500");
+    observer.wait(&["k/2999"], Some(TIMEOUT)).unwrap();
+    assert_eq!(observer.get("k/1500").unwrap(), b"1500");
+    assert_eq!(observer.num_keys().unwrap(), 3000);
+    let stats = server.stats();
+    assert_eq!(stats.protocol_errors, 0);
+    let context = format!("{threads} threads, {coalesce:?}, busy polling {busy_poll:?}: {stats:?}");
+    assert_eq!(stats.coalesced_reads > 0, !coalesce.is_zero(), "{context}");
+}
+
 #[test]
-fn a_coalescing_server_reads_set_streams_late_and_loses_nothing() {
+fn a_coalescing_server_reads_set_floods_late_and_loses_nothing() {
     on_every_loop_setup(|threads, busy_poll| {
         check_coalescing(threads, Duration::ZERO, busy_poll);
-        check_coalescing(threads, Duration::from_micros(50), busy_poll);
-        check_coalescing(threads, Duration::from_millis(2), busy_poll);
+        check_coalescing(threads, FLOOD_COALESCE, busy_poll);
     });
 }
 
-/// A flood far larger than the fixed receive buffer a flooding connection gets (`flood_receive_buffer`, when
-/// not zero): the buffer is fixed once for the connection, and every SET arrives.
-fn check_flood_receive_buffer(threads: usize, busy_poll: Duration) {
-    for size in [0, 64 * 1024] {
-        let options = ServerOptions {
-            port: 0,
-            threads,
-            busy_poll,
-            coalesce: Duration::from_millis(1),
-            flood_receive_buffer: size,
-            ..ServerOptions::default()
-        };
-        let server = TcpStoreServer::start(options).unwrap();
-        let setter = TcpStore::connect("127.0.0.1", server.port(), TIMEOUT).unwrap();
-        let value = [b'v'; 64];
-        for i in 0..20_000 {
-            setter.set(&format!("flood/{}", i % 500), &value).unwrap();
-        }
-        setter.set("flood/last", b"1").unwrap();
-        assert_eq!(setter.get("flood/last").unwrap(), b"1");
-        assert_eq!(setter.num_keys().unwrap(), 501);
-        let stats = server.stats();
-        let context = format!("{threads} threads, busy polling {busy_poll:?}, buffer {size}: {stats:?}");
-        assert!(stats.coalesced_reads > 0, "{context}");
-        assert_eq!(stats.fixed_receive_buffers, u64::from(size > 0), "{context}");
-    }
-}
-
-#[test]
-fn a_flooding_connection_gets_its_fixed_receive_buffer_once_and_loses_nothing() {
-    on_every_loop_setup(check_flood_receive_buffer);
-}
-
-/// SETs that come further apart than a stream's longest pause (here 4 ms: twice the coalescing interval) are
-/// read at once however many arrive in a row: a rank setting its rendezvous keys one by one is not made to wait
-/// for coalescing. Each SET is seen on another connection before the pause that precedes the next, so that the
-/// server handles them apart.
-fn check_spaced_sets_are_not_coalesced(threads: usize, busy_poll: Duration) {
-    let server = coalescing_server(threads, Duration::from_millis(2), busy_poll);
-    let port = server.port();
-    let setter = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
-    let observer = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
-    for i in 0..5 {
-        let key = format!("spaced/{i}");
-        setter.set(&key, b"1").unwrap();
-        observer.wait(&[&key], Some(TIMEOUT)).unwrap();
-        // Spacing, not waiting for anything: the next SET is sent (and handled) at least this much later.
-        std::thread::sleep(Duration::from_millis(10));
+/// A client that sets keys and reads others', as a rank in a rendezvous does, is never read late: each of its
+/// batches holds a request with a reply or follows one.
+fn check_request_reply_clients_are_read_at_once(threads: usize, busy_poll: Duration) {
+    let server = coalescing_server(threads, FLOOD_COALESCE, busy_poll);
+    let store = TcpStore::connect("127.0.0.1", server.port(), TIMEOUT).unwrap();
+    for i in 0..300 {
+        store.set(&format!("rank/{i}"), b"1").unwrap();
+        assert_eq!(store.get(&format!("rank/{i}")).unwrap(), b"1");
     }
     let stats = server.stats();
     assert_eq!(stats.coalesced_reads, 0, "{threads} threads, busy polling {busy_poll:?}: {stats:?}");
-    // The same connection flooding is read late.
-    for i in 0..3000 {
-        setter.set(&format!("flood/{}", i % 100), b"1").unwrap();
-    }
-    assert_eq!(setter.num_keys().unwrap(), 105);
-    let stats = server.stats();
-    assert!(stats.coalesced_reads > 0, "{threads} threads, busy polling {busy_poll:?}: {stats:?}");
 }
 
 #[test]
-fn spaced_sets_are_read_at_once_and_a_flood_late() {
-    on_every_loop_setup(check_spaced_sets_are_not_coalesced);
+fn clients_that_await_replies_are_read_at_once() {
+    on_every_loop_setup(check_request_reply_clients_are_read_at_once);
 }
 
-/// Streaming connections that close while their reads wait: every SET they sent is applied, every connection
+/// Flooding connections that close while their reads wait: every SET they sent is applied, every connection
 /// closes, and connections opened after them (which may reuse their slots) work normally.
 fn check_streams_closing_while_deferred(threads: usize, busy_poll: Duration) {
-    let server = coalescing_server(threads, Duration::from_millis(2), busy_poll);
+    let server = coalescing_server(threads, FLOOD_COALESCE, busy_poll);
     let port = server.port();
     let observer = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
-    for round in 0..4 {
-        let streams: Vec<TcpStore> =
-            (0..threads * 2).map(|_| TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap()).collect();
-        for (s, stream) in streams.iter().enumerate() {
-            // Two SETs the observer sees one by one make the connection a stream; the rest are read late.
-            for i in 0..2 {
-                stream.set(&format!("r{round}/s{s}/{i}"), b"1").unwrap();
-                observer.wait(&[&format!("r{round}/s{s}/{i}")], Some(TIMEOUT)).unwrap();
-            }
-            for i in 2..200 {
-                stream.set(&format!("r{round}/s{s}/{i}"), i.to_string().as_bytes()).unwrap();
-            }
+    for round in 0..3 {
+        let mut streams: Vec<(TcpStream, TcpStore)> =
+            (0..threads * 2).map(|_| (validated(port), loop_mate(port, threads))).collect();
+        for (s, (stream, mate)) in streams.iter_mut().enumerate() {
+            // A flood in one write makes the connection a stream; what follows is read late.
+            stream.write_all(&set_flood(&format!("r{round}/s{s}"), 0..2000)).unwrap();
+            mate.wait(&[&format!("r{round}/s{s}/1999")], Some(TIMEOUT)).unwrap();
+            mate.ping().unwrap();
+            stream.write_all(&set_flood(&format!("r{round}/s{s}"), 2000..2200)).unwrap();
         }
         // Closed with SETs unread on the server.
         drop(streams);
         for s in 0..threads * 2 {
-            observer.wait(&[&format!("r{round}/s{s}/199")], Some(TIMEOUT)).unwrap();
-            assert_eq!(observer.get(&format!("r{round}/s{s}/150")).unwrap(), b"150");
+            observer.wait(&[&format!("r{round}/s{s}/2199")], Some(TIMEOUT)).unwrap();
+            assert_eq!(observer.get(&format!("r{round}/s{s}/2150")).unwrap(), b"2150");
         }
         // The server notices each end of stream once the deferred read is done: only the observer stays.
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         while server.stats().open_connections != 1 {
             assert!(start.elapsed() < TIMEOUT, "closed streams stay open: {:?}", server.stats());
             std::thread::yield_now();
         }
     }
-    assert_eq!(observer.num_keys().unwrap(), 4 * threads as i64 * 2 * 200, "every SET applied");
+    assert_eq!(observer.num_keys().unwrap(), 3 * threads as i64 * 2 * 2200, "every SET applied");
     let stats = server.stats();
     assert_eq!(stats.protocol_errors, 0);
     assert!(stats.coalesced_reads > 0, "{threads} threads, busy polling {busy_poll:?}: {stats:?}");

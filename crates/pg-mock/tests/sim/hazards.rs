@@ -258,10 +258,12 @@ fn panic_mode_panics_with_the_message() {
     );
 }
 
-/// Runs an all-reduce on a buffer without `record_stream`; a helper thread keeps the buffer alive until it
-/// `observes` the end event complete (or not), then drops it; the rank then allocates the same size.
+/// Runs an all-reduce on a buffer without `record_stream` and hands a handle of it to a keeper thread, which
+/// drops it after it `observes` the end event complete (or at once). The rank, which never observes the op, drops
+/// its own handle before the keeper lets go, or after it (`caller_drops_last`, the stash pattern: the Work's
+/// stash is released by the watchdog and the caller's handle goes later); then it allocates the same size.
 /// Returns rank 0's hazard kinds and whether the memory was reused.
-fn keep_alive_until_observed(observes: bool) -> (Vec<HazardKind>, bool) {
+fn free_with_a_keeper(observes: bool, caller_drops_last: bool) -> (Vec<HazardKind>, bool) {
     let w = World::new(WorldConfig { hazard_mode: HazardMode::Record, ..WorldConfig::with_devices(2) });
     let store = w.store();
     let reused = w.run(2, move |rank, device| {
@@ -273,6 +275,8 @@ fn keep_alive_until_observed(observes: bool) -> (Vec<HazardKind>, bool) {
         c.all_reduce(&buffer, &buffer, ReduceOp::Sum, &comm_stream).unwrap();
         let end = device.create_event();
         end.record(&comm_stream).unwrap();
+        let kept = buffer.clone();
+        let caller = caller_drops_last.then_some(buffer);
         let helper = {
             let device = device.clone();
             let store = Arc::clone(&store);
@@ -282,7 +286,7 @@ fn keep_alive_until_observed(observes: bool) -> (Vec<HazardKind>, bool) {
                     while observes && !end.query().unwrap() {
                         device.sleep(Duration::from_micros(100), &AtomicBool::new(false));
                     }
-                    drop(buffer);
+                    drop(kept);
                     store.set(&format!("freed{rank}"), b"1").unwrap();
                 }),
             )
@@ -292,6 +296,7 @@ fn keep_alive_until_observed(observes: bool) -> (Vec<HazardKind>, bool) {
         // carries no ordering of device work.
         store.get(&format!("freed{rank}")).unwrap();
         helper.join().unwrap();
+        drop(caller);
         let fresh = device.alloc(DType::F32, 64).unwrap();
         device.fill(&fresh, 1.0, &current).unwrap();
         device.synchronize().unwrap();
@@ -302,58 +307,14 @@ fn keep_alive_until_observed(observes: bool) -> (Vec<HazardKind>, bool) {
 
 #[test]
 fn a_free_after_observed_completion_is_safe_for_any_allocating_thread() {
-    assert_eq!(keep_alive_until_observed(true), (vec![], true));
-    assert_eq!(keep_alive_until_observed(false), (vec![HazardKind::ReuseWhileInUse], true));
-}
-
-/// Runs an all-reduce on a buffer without `record_stream` and hands a second handle of it to a helper thread,
-/// which drops it after it `observes` the end event complete (or at once); the rank, which never observes the
-/// op, drops the last handle afterwards and allocates the same size. Returns rank 0's hazard kinds and whether
-/// the memory was reused.
-fn last_handle_dropped_after_an_observer(observes: bool) -> (Vec<HazardKind>, bool) {
-    let w = World::new(WorldConfig { hazard_mode: HazardMode::Record, ..WorldConfig::with_devices(2) });
-    let store = w.store();
-    let reused = w.run(2, move |rank, device| {
-        let c = comm(&store, "id", &device, rank, 2);
-        let current = device.current_stream();
-        let comm_stream = device.stream_from_pool(false).unwrap();
-        let buffer = device.alloc(DType::F32, 64).unwrap();
-        let address = buffer.address();
-        c.all_reduce(&buffer, &buffer, ReduceOp::Sum, &comm_stream).unwrap();
-        let end = device.create_event();
-        end.record(&comm_stream).unwrap();
-        let stashed = buffer.clone();
-        let helper = {
-            let device = device.clone();
-            let store = Arc::clone(&store);
-            device.clone().spawn_host_thread(
-                "stash",
-                Box::new(move || {
-                    while observes && !end.query().unwrap() {
-                        device.sleep(Duration::from_micros(100), &AtomicBool::new(false));
-                    }
-                    drop(stashed);
-                    store.set(&format!("released{rank}"), b"1").unwrap();
-                }),
-            )
-        }
-        .unwrap();
-        store.get(&format!("released{rank}")).unwrap();
-        helper.join().unwrap();
-        // The caller's handle is the last one: dropping it frees the block without this thread seeing the op end.
-        drop(buffer);
-        let fresh = device.alloc(DType::F32, 64).unwrap();
-        device.fill(&fresh, 1.0, &current).unwrap();
-        device.synchronize().unwrap();
-        fresh.address() == address
-    });
-    (w.hazards().into_iter().filter(|h| h.device == 0).map(|h| h.kind).collect(), reused[0])
+    assert_eq!(free_with_a_keeper(true, false), (vec![], true));
+    assert_eq!(free_with_a_keeper(false, false), (vec![HazardKind::ReuseWhileInUse], true));
 }
 
 #[test]
 fn the_last_handle_dropped_after_an_observer_let_go_frees_safely() {
-    // The stash pattern: the observer's drop is ordered before the caller's last drop, so the reuse is safe.
-    assert_eq!(last_handle_dropped_after_an_observer(true), (vec![], true));
+    // The observer's drop is ordered before the caller's last drop (a reference count orders them): safe.
+    assert_eq!(free_with_a_keeper(true, true), (vec![], true));
     // Nobody observed the op: the reuse is still a hazard.
-    assert_eq!(last_handle_dropped_after_an_observer(false), (vec![HazardKind::ReuseWhileInUse], true));
+    assert_eq!(free_with_a_keeper(false, true), (vec![HazardKind::ReuseWhileInUse], true));
 }

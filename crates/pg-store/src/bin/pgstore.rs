@@ -3,16 +3,12 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pg_store::tcp::{ServerOptions, TcpStoreServer, DEFAULT_PORT};
-use pg_store::{Store, StoreError, TcpStore};
-
-/// The largest `--flood-rcvbuf-bytes` (64 MiB; the kernel caps it lower still, at `net.core.rmem_max`).
-const MAX_FLOOD_RCVBUF: usize = 64 << 20;
+use pg_store::{ServerOptions, Store, StoreError, TcpStore, TcpStoreServer, DEFAULT_PORT};
 
 /// The `serve` usage line, shared by the help text and the error for a malformed `serve`.
 macro_rules! serve_usage {
     () => {
-        "pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N] [--flood-rcvbuf-bytes N]"
+        "pgstore serve [--host H] [--port P] [--busy-poll-us N] [--threads N] [--coalesce-us N]"
     };
 }
 
@@ -32,10 +28,9 @@ Usage:
                                            1 to 2, where the host's TCP congestion control is bbr,
                                            else 1; PyTorch's server has one); --coalesce-us N reads a
                                            flood of SETs N us late, many at a time (default 200
-                                           on a machine with 4 or more CPUs, else 0: off);
-                                           --flood-rcvbuf-bytes N gives a flooding connection a fixed
-                                           N-byte receive buffer (experimental; default 0: the
-                                           kernel's autotuning)
+                                           on a machine with 4 or more CPUs, else 0: off). Refused
+                                           connections are logged on stderr with the peer and the
+                                           reason (RUST_LOG sets the level; default warn)
   pgstore [--addr HOST:PORT] [--timeout S] <command>
 
 Commands (keys are the user keys PyTorch's clients see; they go over the wire with a leading '/'):
@@ -80,7 +75,6 @@ struct Args {
     busy_poll_us: Option<String>,
     threads: Option<String>,
     coalesce_us: Option<String>,
-    flood_rcvbuf_bytes: Option<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -94,7 +88,6 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         busy_poll_us: None,
         threads: None,
         coalesce_us: None,
-        flood_rcvbuf_bytes: None,
     };
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
@@ -106,7 +99,6 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--busy-poll-us" => &mut parsed.busy_poll_us,
             "--threads" => &mut parsed.threads,
             "--coalesce-us" => &mut parsed.coalesce_us,
-            "--flood-rcvbuf-bytes" => &mut parsed.flood_rcvbuf_bytes,
             "--" => {
                 parsed.positional.extend(iter.by_ref().cloned());
                 break;
@@ -176,6 +168,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         "set" => {
             arity(2, "set K V")?;
             store.set(&rest[0], rest[1].as_bytes()).map_err(failed)?;
+            // SET has no reply: a round trip after it shows that the server took it and kept the connection.
+            store.ping().map_err(|e| format!("the server did not accept the SET: {e}"))?;
         }
         "get" => {
             arity(1, "get K")?;
@@ -247,12 +241,10 @@ fn serve(args: &Args) -> Result<ExitCode, String> {
             _ => return Err(format!("--coalesce-us {text}: expected 0 to 1000000 microseconds")),
         };
     }
-    if let Some(text) = &args.flood_rcvbuf_bytes {
-        options.flood_receive_buffer = match text.parse() {
-            Ok(bytes @ 0..=MAX_FLOOD_RCVBUF) => bytes,
-            _ => return Err(format!("--flood-rcvbuf-bytes {text}: expected 0 to {MAX_FLOOD_RCVBUF} bytes")),
-        };
-    }
+    // Refusals and failures are logged: without a subscriber they would be lost.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let server = TcpStoreServer::start(options).map_err(|e| e.to_string())?;
     println!("pgstore: listening on {}", server.local_addr());
     server.join();

@@ -6,15 +6,21 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use super::protocol::{Command, Encoder, Limits, CHECK_READY, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED};
+use super::protocol::{
+    decode_framed, parse_stoll, Command, Encoder, Limits, CHECK_READY, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
+};
 use super::server::{ServerOptions, TcpStoreServer};
 use super::DEFAULT_PORT;
 use crate::{Store, StoreError, DEFAULT_STORE_TIMEOUT};
 
 /// Every user key goes over the wire with this prefix, as PyTorch's client sends it.
 const KEY_PREFIX: &str = "/";
+/// How long explaining a refused request may take (one connection attempt and one GET).
+const EXPLAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// What a read reports when the server closed the connection.
+const CLOSED: &str = "the store server closed the connection";
 /// The worker counter, sent without the prefix.
-pub const INIT_KEY: &str = "init/";
+const INIT_KEY: &str = "init/";
 
 /// How to open a [`TcpStore`] (PyTorch's `TCPStoreOptions`).
 #[derive(Debug, Clone)]
@@ -32,9 +38,10 @@ pub struct TcpStoreOptions {
     pub wait_workers: bool,
     /// The timeout of connecting and of every blocking operation; zero means no timeout.
     pub timeout: Duration,
-    /// The limits of the in-process server.
+    /// The limits of the in-process server, which the client also checks before sending a request (the
+    /// default is PyTorch's: a request its server would refuse is an error here, naming the limit).
     pub limits: Limits,
-    /// The in-process server's event-loop threads (pg's own; 0 picks [`super::default_threads`]).
+    /// The in-process server's event-loop threads (pg's own; 0 picks the server's default).
     pub server_threads: usize,
     /// The first pause between connection attempts; it grows 1.5 times per attempt, with jitter, up to 60 s.
     pub initial_backoff: Duration,
@@ -69,6 +76,8 @@ struct Conn {
     encoder: Encoder,
     /// Set when an earlier failure left the byte stream in an unknown state.
     broken: Option<String>,
+    /// What the server accepts: a request beyond it is refused here, before it is sent.
+    limits: Limits,
 }
 
 /// Why reading a reply stopped.
@@ -78,7 +87,7 @@ enum ReadFailure {
 }
 
 impl Conn {
-    fn new(stream: TcpStream) -> Self {
+    fn new(stream: TcpStream, limits: Limits) -> Self {
         Self {
             stream,
             rbuf: vec![0; 16 * 1024],
@@ -87,10 +96,26 @@ impl Conn {
             read_timeout: None,
             encoder: Encoder::new(),
             broken: None,
+            limits,
         }
     }
 
+    /// Sends the encoded request, after checking it against the server's limits (a request the server would
+    /// refuse is an [`StoreError::InvalidArgument`] naming the limit, and the connection stays usable).
     fn send(&mut self) -> Result<(), StoreError> {
+        let mut at = 0;
+        while at < self.encoder.as_bytes().len() {
+            match decode_framed(&self.encoder.as_bytes()[at..], true, &self.limits) {
+                Ok(Some((_, used))) => at += used,
+                Ok(None) => break,
+                Err(error) => {
+                    self.encoder.clear();
+                    return Err(StoreError::InvalidArgument(format!(
+                        "the store server would refuse this request: {error} (keys count the '/' the client adds)"
+                    )));
+                }
+            }
+        }
         let result = self.stream.write_all(self.encoder.as_bytes());
         self.encoder.clear();
         result.map_err(|e| self.fail(format!("cannot send to the store server: {e}")))
@@ -131,7 +156,7 @@ impl Conn {
                 self.read_timeout = timeout;
             }
             match self.stream.read(&mut self.rbuf) {
-                Ok(0) => return Err(ReadFailure::Failed("the store server closed the connection".into())),
+                Ok(0) => return Err(ReadFailure::Failed(CLOSED.into())),
                 Ok(n) => {
                     self.rstart = 0;
                     self.rend = n;
@@ -291,7 +316,7 @@ impl TcpStore {
     /// and `options.num_workers`, joins the worker count.
     fn join(host: &str, server: Option<Arc<TcpStoreServer>>, options: &TcpStoreOptions) -> Result<Self, StoreError> {
         let port = server.as_ref().map_or(options.port, |s| s.port());
-        let store = Self::connect_with(host, port, options.timeout, options.initial_backoff, server)?;
+        let store = Self::connect_with(host, port, options, server)?;
         if options.wait_workers {
             if let Some(workers) = options.num_workers {
                 store.wait_for_workers(workers, options.is_server)?;
@@ -302,7 +327,7 @@ impl TcpStore {
 
     /// A plain client of the server at `host:port`, with `timeout` and no worker counting.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self, StoreError> {
-        Self::connect_with(host, port, timeout, TcpStoreOptions::default().initial_backoff, None)
+        Self::connect_with(host, port, &TcpStoreOptions { timeout, ..TcpStoreOptions::default() }, None)
     }
 
     /// Hosts a server and returns a client of it (PyTorch's `TCPStore(host, port, is_master=True)` without
@@ -311,7 +336,7 @@ impl TcpStore {
         Self::serve_on_threads(port, timeout, 0)
     }
 
-    /// As [`TcpStore::serve`], with `threads` server event-loop threads (0 picks [`super::default_threads`]).
+    /// As [`TcpStore::serve`], with `threads` server event-loop threads (0 picks the server's default).
     pub fn serve_on_threads(port: u16, timeout: Duration, threads: usize) -> Result<Self, StoreError> {
         let options = TcpStoreOptions {
             port,
@@ -327,12 +352,12 @@ impl TcpStore {
     fn connect_with(
         host: &str,
         port: u16,
-        timeout: Duration,
-        initial_backoff: Duration,
+        options: &TcpStoreOptions,
         server: Option<Arc<TcpStoreServer>>,
     ) -> Result<Self, StoreError> {
-        let conn = connect(host, port, timeout, initial_backoff)?;
-        Ok(Self { host: host.to_owned(), port, conn: Mutex::new(conn), timeout: Mutex::new(timeout), server })
+        let conn = connect(host, port, options.timeout, options.initial_backoff, options.limits)?;
+        let timeout = Mutex::new(options.timeout);
+        Ok(Self { host: host.to_owned(), port, conn: Mutex::new(conn), timeout, server })
     }
 
     /// The server's host as given.
@@ -372,7 +397,38 @@ impl TcpStore {
         let mut conn = self.lock()?;
         conn.encoder.command(Command::Add).bytes(key.as_bytes()).i64(delta);
         conn.send()?;
-        conn.read_i64(timeout, Command::Add)
+        match conn.read_i64(timeout, Command::Add) {
+            Err(StoreError::Network(message)) if message == CLOSED => {
+                drop(conn);
+                Err(self.explain_refused_add(key, delta).unwrap_or(StoreError::Network(message)))
+            }
+            result => result,
+        }
+    }
+
+    /// Why the server refused an `ADD` (the protocol has no error reply: it closes the connection): on a new
+    /// connection, which replaces the closed one so that this handle stays usable, reads the key's value and
+    /// says whether it is not a number or the sum overflows. `None` when neither explains the refusal.
+    fn explain_refused_add(&self, key: &str, delta: i64) -> Option<StoreError> {
+        // One attempt, briefly: a server that is gone must not turn the error into a long retry.
+        let timeout = match self.timeout() {
+            forever if forever.is_zero() => EXPLAIN_TIMEOUT,
+            timeout => timeout.min(EXPLAIN_TIMEOUT),
+        };
+        let limits = self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits;
+        let deadline = deadline_after(timeout);
+        let mut fresh = try_connect(&self.host, self.port, timeout, deadline, limits).ok()?;
+        fresh.encoder.command(Command::Get).bytes(key.as_bytes());
+        fresh.send().ok()?;
+        let value = fresh.read_bytes(timeout, Command::Get).ok()?;
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+        let shown = key.strip_prefix(KEY_PREFIX).unwrap_or(key);
+        let reason = match parse_stoll(&value) {
+            None => format!("its value {:?} is not a decimal integer", String::from_utf8_lossy(&value)),
+            Some(current) if current.checked_add(delta).is_none() => format!("{current} + {delta} overflows i64"),
+            Some(_) => return None,
+        };
+        Some(StoreError::InvalidArgument(format!("the store server refused ADD of {delta} to key '{shown}': {reason}")))
     }
 
     /// Every key of the server as raw bytes, the `init/` counter included.
@@ -477,13 +533,19 @@ fn jitter_seed() -> u64 {
 }
 
 /// Connects, validates and pings, retrying with exponential backoff and jitter until `timeout` passes.
-fn connect(host: &str, port: u16, timeout: Duration, initial_backoff: Duration) -> Result<Conn, StoreError> {
+fn connect(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+    initial_backoff: Duration,
+    limits: Limits,
+) -> Result<Conn, StoreError> {
     let deadline = deadline_after(timeout);
     let mut backoff = initial_backoff;
     let mut attempt: u32 = 0;
     loop {
         attempt += 1;
-        let error = match try_connect(host, port, timeout, deadline) {
+        let error = match try_connect(host, port, timeout, deadline, limits) {
             Ok(conn) => return Ok(conn),
             Err(error) => error,
         };
@@ -503,7 +565,13 @@ fn connect(host: &str, port: u16, timeout: Duration, initial_backoff: Duration) 
     }
 }
 
-fn try_connect(host: &str, port: u16, timeout: Duration, deadline: Option<Instant>) -> Result<Conn, String> {
+fn try_connect(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    limits: Limits,
+) -> Result<Conn, String> {
     let addrs = (host, port).to_socket_addrs().map_err(|e| format!("cannot resolve {host}: {e}"))?;
     let mut last = format!("{host} resolves to no address");
     for addr in addrs {
@@ -519,7 +587,7 @@ fn try_connect(host: &str, port: u16, timeout: Duration, deadline: Option<Instan
             }
         };
         let _ = stream.set_nodelay(true);
-        let mut conn = Conn::new(stream);
+        let mut conn = Conn::new(stream, limits);
         conn.encoder.command(Command::Validate).u32(VALIDATION_MAGIC);
         let handshake = conn.send().and_then(|()| ping(&mut conn, if timeout.is_zero() { left } else { timeout }));
         match handshake {
@@ -690,7 +758,8 @@ impl Store for TcpStore {
 
     fn clone_store(&self) -> Result<Arc<dyn Store>, StoreError> {
         let timeout = self.timeout();
-        let conn = connect(&self.host, self.port, timeout, TcpStoreOptions::default().initial_backoff)?;
+        let limits = self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits;
+        let conn = connect(&self.host, self.port, timeout, TcpStoreOptions::default().initial_backoff, limits)?;
         Ok(Arc::new(Self {
             host: self.host.clone(),
             port: self.port,

@@ -2,15 +2,13 @@
 
 mod client;
 mod key_hash;
-pub mod protocol;
+pub(crate) mod protocol;
 mod server;
 mod state;
 
-pub use client::{TcpStore, TcpStoreOptions, INIT_KEY};
-pub use server::{
-    default_busy_poll, default_coalesce, default_threads, host_congestion_control, threads_for, ServerOptions,
-    ServerStats, TcpStoreServer, DEFAULT_BUSY_POLL, DEFAULT_COALESCE, MAX_DEFAULT_THREADS,
-};
+pub use client::{TcpStore, TcpStoreOptions};
+pub use protocol::Limits;
+pub use server::{ServerOptions, ServerStats, TcpStoreServer};
 
 /// PyTorch's default TCPStore port.
 pub const DEFAULT_PORT: u16 = 29500;

@@ -125,6 +125,14 @@ pub struct Limits {
     /// The longest reply to one `MULTI_GET`: naming one large value many times must not make the server
     /// build an arbitrarily large reply.
     pub max_reply_len: usize,
+    /// The most `WAIT` key registrations one connection may have pending. A client has one `WAIT` in flight
+    /// at a time, so only a connection that pipelines waits it never collects comes near the default (twice
+    /// `max_key_count`).
+    pub max_waits_per_connection: usize,
+    /// The most bytes of large replies (64 KiB and more: `GET`, `MULTI_GET`, `LIST_KEYS`) that the whole
+    /// server queues for clients that have not read them yet. A large reply that would go past it waits until
+    /// others are read, unless none is queued (so one reply up to `max_reply_len` always proceeds).
+    pub max_queued_reply_bytes: usize,
 }
 
 impl Default for Limits {
@@ -135,6 +143,8 @@ impl Default for Limits {
             max_key_count: 128 * 1024,
             max_message_len: 32 << 20,
             max_reply_len: 256 << 20,
+            max_waits_per_connection: 256 * 1024,
+            max_queued_reply_bytes: 256 << 20,
         }
     }
 }
@@ -192,7 +202,7 @@ pub enum DecodeError {
     #[error("validation magic is {0:#010x}, expected {VALIDATION_MAGIC:#010x}")]
     BadMagic(u32),
     /// A key is longer than the limit.
-    #[error("{command} key of {len} bytes exceeds the limit of {max}")]
+    #[error("{command} key of {len} bytes exceeds the key limit of {max} bytes")]
     KeyTooLong {
         /// The command.
         command: Command,
@@ -202,7 +212,7 @@ pub enum DecodeError {
         max: usize,
     },
     /// A value is longer than the limit.
-    #[error("{command} value of {len} bytes exceeds the limit of {max}")]
+    #[error("{command} value of {len} bytes exceeds the value limit of {max} bytes")]
     ValueTooLong {
         /// The command.
         command: Command,
@@ -212,7 +222,7 @@ pub enum DecodeError {
         max: usize,
     },
     /// A multi-key request names too many keys (or a negative number).
-    #[error("{command} with {count} keys exceeds the limit of {max}")]
+    #[error("{command} with {count} keys exceeds the limit of {max} keys per request")]
     TooManyKeys {
         /// The command.
         command: Command,
@@ -222,7 +232,7 @@ pub enum DecodeError {
         max: usize,
     },
     /// The whole request is longer than the limit.
-    #[error("{command} request of at least {len} bytes exceeds the limit of {max}")]
+    #[error("{command} request of at least {len} bytes exceeds the request limit of {max} bytes")]
     MessageTooLong {
         /// The command.
         command: Command,

@@ -3,13 +3,19 @@
 //! The server keeps PyTorch's semantics: a connection must open with `VALIDATE`, `WAIT` replies when every
 //! awaited key exists, `CANCEL_WAIT` drops the connection's registrations, `QUEUE_PUSH` wakes one waiter and
 //! `BARRIER` wakes everyone when the count is reached.
-//! A connection that breaks the protocol or a limit is closed with a logged reason; the others go on.
+//! A connection that breaks the protocol or a limit is refused: the refusal is logged with the peer and the
+//! reason, the requests it sent before the offending one are answered, and it is closed once those replies are
+//! sent. The other connections go on.
 //!
 //! With several threads the store's state sits behind one mutex. Every request is handled under it, and every
 //! byte it sends is appended to the receiving connection's outbox under it, so a connection receives its bytes
 //! in the order the state decided them: a `STOP_WAITING` decided by a `SET` on another thread always precedes
 //! the `WAIT_CANCELED` of a `CANCEL_WAIT` handled after it. Only the thread that owns a connection reads or
 //! writes its socket; a thread that appends to another thread's connection asks the owner to send.
+//!
+//! Memory a client can make the server hold is bounded: a request by [`Limits`], the unsent replies of one
+//! connection by a high-water mark plus one reply (the server stops reading a connection past it), and the
+//! large replies of all connections together by [`Limits::max_queued_reply_bytes`].
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -23,7 +29,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::protocol::{decode_framed, Framed, Limits, Request};
-use super::state::{lock, Close, Outbox, Requester, State};
+use super::state::{lock, Outbox, Requester, State};
 use crate::StoreError;
 
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -41,11 +47,17 @@ const STREAM_BATCHES: u8 = 2;
 const STREAM_GAP: Duration = Duration::from_millis(1);
 /// How many bytes one `read` call takes from a socket.
 const READ_CHUNK: usize = 64 * 1024;
-/// Above this many unsent reply bytes, the server stops reading a connection until the peer reads.
+/// Above this many unsent reply bytes, the server stops reading and handling a connection until the peer
+/// reads: a connection's queued replies stay below this plus one reply.
 const WRITE_HIGH_WATER: usize = 4 << 20;
+/// Replies at least this long draw on the server-wide [`Limits::max_queued_reply_bytes`].
+const LARGE_REPLY: usize = 64 * 1024;
 /// The most requests handled in one hold of the state lock, so that one busy connection cannot keep the
 /// other threads out for long.
 const REQUESTS_PER_LOCK: usize = 256;
+/// The most bytes read and dropped from a refused connection before it is closed (its unread input would
+/// make the close a reset, which can discard the replies it is owed).
+const DISCARD_ON_CLOSE: usize = 1 << 20;
 
 /// How to start a server.
 #[derive(Debug, Clone)]
@@ -54,54 +66,23 @@ pub struct ServerOptions {
     pub host: Option<String>,
     /// The port; 0 picks a free one (see [`TcpStoreServer::port`]).
     pub port: u16,
-    /// What one request may carry.
+    /// What one request may carry, and the bounds on waits and queued replies.
     pub limits: Limits,
     /// After a batch of events that sent a reply, how long a server thread keeps polling without blocking
-    /// before it sleeps in the kernel. The client that got the reply is about to send its next request, which
-    /// is then served without the wake-up of a sleeping thread, most of a round trip's latency on a virtual
-    /// machine; the cost is at most this much CPU time after each burst of traffic (fire-and-forget SETs do
-    /// not start it). Zero turns it off. The default is [`DEFAULT_BUSY_POLL`] on a machine with four or
-    /// more CPUs and zero on a smaller one, where the spinning thread would take a CPU from the clients.
+    /// before it sleeps, so that the client's next request is served without a thread wake-up; zero turns it
+    /// off. Default: 50 us on a machine with four or more CPUs, else off (the spinning thread would take a
+    /// CPU from the clients).
     pub busy_poll: Duration,
-    /// How many event-loop threads serve the connections (new connections are dealt out in turn); 0 means
-    /// [`default_threads`]. PyTorch's libuv server has one.
+    /// How many event-loop threads serve the connections (new connections are dealt out in turn); 0 picks
+    /// the default: one per eight CPUs, one or two, and one where the host's TCP congestion control is not
+    /// `bbr`. PyTorch's libuv server has one.
     pub threads: usize,
-    /// Receive coalescing (zero turns it off; the default is [`default_coalesce`]): a connection whose last
-    /// two batches held only fire-and-forget requests and came less than 1 ms apart (or twice this interval,
-    /// when that is longer: a flood of SETs) leaves the poll and is read this long after its data arrived, so
-    /// that one read takes many requests, the sender's data arrives without waking anyone, and the sender's
-    /// SETs queue in its socket and leave it several to a TCP segment. Meanwhile the loop sleeps on a timer
-    /// (busy polling too spends no CPU on such a connection: it is out of the poll, so its sender's data wakes
-    /// nothing). The first request with a reply after such a flood waits up to this long.
+    /// Receive coalescing; zero turns it off. A connection whose last batches held only fire-and-forget
+    /// requests (a flood of SETs) is read this long after its data arrived, so that one read takes many
+    /// requests and the sender's SETs share TCP segments; the first request with a reply after such a flood
+    /// waits up to this long. Default: 200 us on a machine with four or more CPUs, else off.
     pub coalesce: Duration,
-    /// The receive buffer (`SO_RCVBUF`, which the kernel doubles) a connection gets the first time it is read
-    /// late as a flood (see [`ServerOptions::coalesce`]); zero, the default, leaves the buffer to the kernel's
-    /// autotuning. A small fixed buffer closes the sender's window between two late reads, so that a long
-    /// flood's SETs keep queueing on the sender's side instead of leaving one TCP segment each once the
-    /// sender's congestion window has grown. Experimental and not recommended: with 64 KiB and a 1 ms
-    /// interval, floods of 125,000 SETs per client ran ahead of PyTorch's server in 4 of 4 results but below
-    /// the defaults' good runs, and the default benchmark's short floods lost a quarter of their rate, since
-    /// a sender's queued SETs then drain at one window per interval (`bench/results/store-session14`); a
-    /// buffer too small for the sender's tiny segments (16 KiB) overflows and stalls it.
-    pub flood_receive_buffer: usize,
 }
-
-/// The default of [`ServerOptions::busy_poll`] on a machine with a CPU to spare.
-pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
-
-/// The default of [`ServerOptions::coalesce`] on a machine with a CPU to spare. Measured with 8 clients
-/// flooding SETs on a 16-core host (`bench/results/store-session12/`): 200 us leaves 0.04 TCP segments per SET
-/// (50 us: 0.12 to 0.16) and gives 5.3 to 6.8 million SETs a second in every run (50 us: 2.2 to 5.3).
-pub const DEFAULT_COALESCE: Duration = Duration::from_micros(200);
-
-/// The most event-loop threads [`default_threads`] picks. More threads answer requests with replies faster
-/// still, but they also read and acknowledge streams of fire-and-forget SETs sooner, and a sender whose
-/// segments are acknowledged at once sends each SET as its own segment, through the whole loopback path,
-/// where a sender that waits for acknowledgements appends SETs to one queued segment for a fraction of the
-/// cost (measured on a 32-core host with 8 senders: 0.05 segments per SET with 1 thread, as with PyTorch's
-/// server, 0.12 to 0.41 with 2, 0.24 to 0.43 with 4; `bench/results/store-session10/`). Two threads keep most
-/// of the gain on requests with replies and lose less on SET floods than four.
-pub const MAX_DEFAULT_THREADS: usize = 2;
 
 /// The number of CPUs this process may use.
 fn cpus() -> usize {
@@ -116,46 +97,15 @@ fn with_a_cpu_to_spare(interval: Duration) -> Duration {
     }
 }
 
-/// [`DEFAULT_BUSY_POLL`] when this machine has four or more CPUs, else zero.
-pub fn default_busy_poll() -> Duration {
-    with_a_cpu_to_spare(DEFAULT_BUSY_POLL)
-}
-
-/// [`DEFAULT_COALESCE`] when this machine has four or more CPUs, else zero: on a smaller one the clients need
-/// the loop's CPU more than fewer reads.
-pub fn default_coalesce() -> Duration {
-    with_a_cpu_to_spare(DEFAULT_COALESCE)
-}
-
-/// The event-loop threads a server starts with by default: [`threads_for`] this machine's CPUs and its
-/// default TCP congestion control ([`host_congestion_control`]).
-pub fn default_threads() -> usize {
-    threads_for(cpus(), host_congestion_control().as_deref())
-}
-
-/// One event-loop thread per eight CPUs, from 1 to [`MAX_DEFAULT_THREADS`] (the clients of a busy store, often
-/// on the same machine, need the rest), where the senders' congestion control is `bbr`; one thread otherwise,
-/// and where it is unknown.
-///
-/// A flood of SETs costs its sender a TCP segment per SET unless something holds the sender back, so that its
-/// SETs queue and leave together. With `bbr` the sender's congestion window stays small and does that. With
-/// `cubic` (Linux's usual default) or `reno` the window grows without bound on loopback, and only a receive
-/// window that closes holds the sender back: a server that falls behind, as PyTorch's single-threaded one
-/// does. A second thread keeps up and so costs the senders (`bench/results/store-session14/README.md`,
-/// sections 5 and 6: with cubic, SET at 8 clients ran at 0.76x to 0.90x PyTorch's rate with 2 threads and at 1.11x and
-/// 1.17x with 1, every other row of a full run with 1 thread ahead; with bbr, every row ahead with either, the
-/// rows with replies by far more with 2).
-pub fn threads_for(cpus: usize, congestion_control: Option<&str>) -> usize {
-    match congestion_control {
-        Some("bbr") => (cpus / 8).clamp(1, MAX_DEFAULT_THREADS),
-        _ => 1,
+/// The default of [`ServerOptions::threads`].
+pub(super) fn default_threads() -> usize {
+    // Senders with any other congestion control grow their window without bound on loopback, and a second
+    // thread then acknowledges a SET flood so fast that each SET leaves as its own TCP segment.
+    let bbr = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").is_ok_and(|cc| cc.trim() == "bbr");
+    match bbr {
+        true => (cpus() / 8).clamp(1, 2),
+        false => 1,
     }
-}
-
-/// The TCP congestion control new connections on this host get (`net.ipv4.tcp_congestion_control`), `None`
-/// where it cannot be read. For clients on the same host, as a rendezvous store's often are, it is theirs.
-pub fn host_congestion_control() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").ok().map(|text| text.trim().to_owned())
 }
 
 impl Default for ServerOptions {
@@ -164,10 +114,9 @@ impl Default for ServerOptions {
             host: None,
             port: super::DEFAULT_PORT,
             limits: Limits::default(),
-            busy_poll: default_busy_poll(),
+            busy_poll: with_a_cpu_to_spare(Duration::from_micros(50)),
             threads: 0,
-            coalesce: default_coalesce(),
-            flood_receive_buffer: 0,
+            coalesce: with_a_cpu_to_spare(Duration::from_micros(200)),
         }
     }
 }
@@ -180,7 +129,8 @@ struct Counters {
     protocol_errors: AtomicU64,
     peak_buffered: AtomicUsize,
     coalesced_reads: AtomicU64,
-    fixed_receive_buffers: AtomicU64,
+    peak_queued_reply_bytes: AtomicUsize,
+    reply_waits: AtomicU64,
 }
 
 /// A snapshot of the server's counters.
@@ -190,14 +140,18 @@ pub struct ServerStats {
     pub open_connections: usize,
     /// Connections accepted since the start.
     pub accepted: u64,
-    /// Connections closed because they broke the protocol or a limit.
+    /// Connections refused because they broke the protocol or a limit.
     pub protocol_errors: u64,
     /// The most bytes of unparsed requests one connection ever held.
     pub peak_buffered: usize,
     /// Times a streaming connection left the poll to be read late ([`ServerOptions::coalesce`]).
     pub coalesced_reads: u64,
-    /// Connections given a fixed receive buffer as floods ([`ServerOptions::flood_receive_buffer`]).
-    pub fixed_receive_buffers: u64,
+    /// Bytes of large replies queued now and not yet sent ([`Limits::max_queued_reply_bytes`]).
+    pub queued_reply_bytes: usize,
+    /// The most bytes of large replies ever queued at once.
+    pub peak_queued_reply_bytes: usize,
+    /// Times a request with a large reply waited for other connections to read theirs.
+    pub reply_waits: u64,
 }
 
 /// A running TCP store server; dropping it (or [`TcpStoreServer::shutdown`]) stops it and closes every
@@ -254,7 +208,7 @@ impl TcpStoreServer {
             busy_poll: options.busy_poll,
             coalesce: options.coalesce,
             stream_gap: STREAM_GAP.max(options.coalesce.saturating_mul(2)),
-            flood_receive_buffer: options.flood_receive_buffer,
+            budget: Mutex::new(ReplyBudget::default()),
             next_conn_id: AtomicU64::new(0),
         });
         let mut listener = Some(listener);
@@ -319,7 +273,9 @@ impl TcpStoreServer {
             protocol_errors: counters.protocol_errors.load(Ordering::Relaxed),
             peak_buffered: counters.peak_buffered.load(Ordering::Relaxed),
             coalesced_reads: counters.coalesced_reads.load(Ordering::Relaxed),
-            fixed_receive_buffers: counters.fixed_receive_buffers.load(Ordering::Relaxed),
+            queued_reply_bytes: lock(&self.shared.budget).queued,
+            peak_queued_reply_bytes: counters.peak_queued_reply_bytes.load(Ordering::Relaxed),
+            reply_waits: counters.reply_waits.load(Ordering::Relaxed),
         }
     }
 
@@ -422,8 +378,51 @@ struct Shared {
     coalesce: Duration,
     /// [`STREAM_GAP`] or twice `coalesce`, whichever is longer.
     stream_gap: Duration,
-    flood_receive_buffer: usize,
+    /// Large replies queued, and the connections waiting for room (server-wide).
+    budget: Mutex<ReplyBudget>,
     next_conn_id: AtomicU64,
+}
+
+/// The large replies of all connections that are queued and not yet sent.
+#[derive(Debug, Default)]
+struct ReplyBudget {
+    /// Their bytes.
+    queued: usize,
+    /// Connections whose next request waits for room: (owning loop, slot, connection id).
+    waiting: Vec<(usize, usize, u64)>,
+}
+
+impl Shared {
+    /// Takes room for a reply of `len` bytes for connection `outbox`; when there is none, puts the connection
+    /// on the waiting list (unless `listed`: it is on it already) and returns false.
+    fn charge(&self, len: usize, outbox: &Outbox, listed: bool) -> bool {
+        let mut budget = lock(&self.budget);
+        if budget.queued > 0 && budget.queued + len > self.limits.max_queued_reply_bytes {
+            if !listed {
+                budget.waiting.push((outbox.owner, outbox.slot, outbox.id));
+                self.counters.reply_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            return false;
+        }
+        budget.queued += len;
+        self.counters.peak_queued_reply_bytes.fetch_max(budget.queued, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives back room for `len` bytes of sent (or dropped) replies and asks the owners of the waiting
+    /// connections to try again.
+    fn release(&self, len: usize) {
+        let waiting = {
+            let mut budget = lock(&self.budget);
+            budget.queued -= len;
+            std::mem::take(&mut budget.waiting)
+        };
+        for (owner, slot, id) in waiting {
+            let handle = &self.loops[owner];
+            lock(&handle.inbox).to_resume.push((slot, id));
+            handle.notify();
+        }
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -457,6 +456,8 @@ struct Inbox {
     accepted: Vec<(TcpStream, SocketAddr)>,
     /// This loop's connections whose outboxes another loop appended to: (slot, connection id).
     to_flush: Vec<(usize, u64)>,
+    /// This loop's connections whose requests wait for room for their replies, now that some was given back.
+    to_resume: Vec<(usize, u64)>,
 }
 
 /// A connection, owned by one event loop.
@@ -479,8 +480,14 @@ struct Conn {
     last_stream_batch: Option<Instant>,
     /// Whether the connection is on its loop's deferred list.
     deferred: bool,
-    /// Whether it has been read late before (and given [`ServerOptions::flood_receive_buffer`], if any).
-    flooded: bool,
+    /// Bytes of large replies this connection holds room for; given back once its replies are all sent.
+    charged: usize,
+    /// Whether its next request waits for room for its reply (the connection is not read meanwhile).
+    starved: bool,
+    /// Why the connection was refused: it is closed once the replies it is owed are sent.
+    refused: Option<String>,
+    /// Whether the peer closed its sending side: the connection is closed once every reply is sent.
+    eof: bool,
     outbox: Arc<Outbox>,
 }
 
@@ -489,6 +496,42 @@ impl Conn {
     fn unsent(&self, outbox_len: usize) -> usize {
         self.wbuf.len() - self.wstart + outbox_len
     }
+
+    /// Whether the connection reads no more requests and is closed once its replies are sent.
+    fn ending(&self) -> bool {
+        self.eof || self.refused.is_some()
+    }
+
+    /// Refuses the connection for `reason` (the first reason counts): it reads no more requests.
+    fn refuse(&mut self, counters: &Counters, reason: String) {
+        if self.refused.is_some() {
+            return;
+        }
+        counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+        let peer = self.peer.map_or_else(|| "?".to_owned(), |p| p.to_string());
+        tracing::warn!(%peer, %reason, "TCP store server refused a connection that broke the protocol or a limit");
+        self.refused = Some(reason);
+    }
+}
+
+/// Why a connection ends.
+enum Close {
+    /// The peer closed it, or closed its sending side and got every reply.
+    Eof,
+    Io(io::Error),
+    /// It was refused (the reason was logged then) and got every reply owed.
+    Protocol(String),
+}
+
+/// How handling a connection's buffered requests stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handled {
+    /// No whole request is left to handle.
+    Done,
+    /// Requests wait behind more unsent replies than the high-water mark.
+    Backlogged,
+    /// A request waits for room in the server-wide reply budget.
+    Starved,
 }
 
 struct EventLoop {
@@ -598,7 +641,7 @@ impl EventLoop {
             return false;
         }
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { return false };
-        if conn.stream_batches < STREAM_BATCHES || conn.wstart < conn.wbuf.len() {
+        if conn.stream_batches < STREAM_BATCHES || conn.wstart < conn.wbuf.len() || conn.ending() {
             return false;
         }
         if conn.deferred {
@@ -608,16 +651,6 @@ impl EventLoop {
         // sender's send does not have to wake this thread.
         if self.poll.registry().deregister(&mut conn.stream).is_err() {
             return false;
-        }
-        if !conn.flooded {
-            conn.flooded = true;
-            let size = self.shared.flood_receive_buffer;
-            if size > 0 {
-                match rustix::net::sockopt::set_socket_recv_buffer_size(&conn.stream, size) {
-                    Ok(()) => _ = self.shared.counters.fixed_receive_buffers.fetch_add(1, Ordering::Relaxed),
-                    Err(error) => tracing::debug!(%error, size, "TCP store server cannot fix a flood's receive buffer"),
-                }
-            }
         }
         conn.deferred = true;
         self.deferred.push_back((slot, conn.outbox.id, Instant::now() + self.shared.coalesce));
@@ -728,8 +761,11 @@ impl EventLoop {
             pending: VecDeque::new(),
             stream_batches: 0,
             last_stream_batch: None,
-            flooded: false,
             deferred: false,
+            charged: 0,
+            starved: false,
+            refused: None,
+            eof: false,
             outbox,
         });
         self.shared.counters.open_connections.fetch_add(1, Ordering::Relaxed);
@@ -749,6 +785,13 @@ impl EventLoop {
         for (slot, id) in inbox.to_flush {
             self.flush_if(slot, id);
         }
+        for (slot, id) in inbox.to_resume {
+            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { continue };
+            if conn.outbox.id == id {
+                conn.starved = false;
+                self.drive(slot, false);
+            }
+        }
     }
 
     /// Sends connection `id`'s outbox if it still sits in `slot` (it may have closed since).
@@ -757,9 +800,13 @@ impl EventLoop {
         if conn.outbox.id != id {
             return;
         }
-        match flush(conn) {
+        match flush(conn, &self.shared) {
             Ok(sent) => self.replied |= sent,
-            Err(reason) => self.close(slot, reason),
+            Err(reason) => return self.close(slot, reason),
+        }
+        // A connection that ends once its replies are sent may have just sent the last.
+        if conn.ending() {
+            self.drive(slot, false);
         }
     }
 
@@ -797,16 +844,27 @@ impl EventLoop {
         loop {
             let handled = self.handle_buffered(slot);
             self.deliver_woken();
-            let backlogged = handled?;
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else { return Ok(()) };
-            self.replied |= flush(conn)?;
-            if conn.unsent(lock(&conn.outbox.bytes).len()) > WRITE_HIGH_WATER {
-                // The peer does not read its replies; a writable event resumes this connection.
+            self.replied |= flush(conn, &self.shared)?;
+            let unsent = conn.unsent(lock(&conn.outbox.bytes).len());
+            if unsent > WRITE_HIGH_WATER || handled == Handled::Starved {
+                // The peer does not read its replies, or others do not read theirs: a writable event, or room
+                // given back, resumes this connection. It is not read meanwhile.
                 return Ok(());
             }
-            if backlogged {
+            if handled == Handled::Backlogged {
                 // Requests wait in the buffer behind replies that are now sent: handle them first.
                 continue;
+            }
+            if conn.ending() {
+                if unsent > 0 {
+                    // A writable event comes once the peer reads; the connection closes after its last reply.
+                    return Ok(());
+                }
+                if conn.refused.is_some() {
+                    discard_input(conn);
+                }
+                return Err(conn.refused.take().map_or(Close::Eof, Close::Protocol));
             }
             if drained {
                 return Ok(());
@@ -817,7 +875,8 @@ impl EventLoop {
                 conn.rstart = 0;
             }
             match conn.stream.read(&mut self.scratch) {
-                Ok(0) => return Err(Close::Eof),
+                // The peer sends no more: what it sent is handled and answered first.
+                Ok(0) => conn.eof = true,
                 Ok(n) => {
                     conn.rbuf.extend_from_slice(&self.scratch[..n]);
                     // Read first: every loop reads this counter, and a write on every read would make its
@@ -835,19 +894,19 @@ impl EventLoop {
         }
     }
 
-    /// Handles every whole request in the connection's buffer; returns `true` when it stopped because too
-    /// many reply bytes are pending (requests may remain), `false` when the buffer holds no whole request.
+    /// Handles the whole requests in the connection's buffer (those that waited first), until none is left,
+    /// too many reply bytes are pending, or a large reply must wait for room.
     ///
     /// Requests are decoded outside the state lock, up to [`REQUESTS_PER_LOCK`] at a time, and handled under
-    /// one hold of it; the values they replace are freed after it is released.
-    fn handle_buffered(&mut self, slot: usize) -> Result<bool, Close> {
+    /// one hold of it; the values they replace are freed after it is released. A request that breaks the
+    /// protocol or a limit refuses the connection: the requests before it are answered, none after it.
+    fn handle_buffered(&mut self, slot: usize) -> Handled {
         let EventLoop { shared, conns, woken, batch, garbage, .. } = self;
-        let Some(conn) = conns.get_mut(slot).and_then(Option::as_mut) else { return Ok(false) };
+        let Some(conn) = conns.get_mut(slot).and_then(Option::as_mut) else { return Handled::Done };
         loop {
-            // Requests left by a batch that reached the high-water mark go first.
+            // Requests left by a batch that stopped early go first.
             batch.extend(conn.pending.drain(..).map(Framed::Owned));
-            let mut broken = None;
-            while batch.len() < REQUESTS_PER_LOCK {
+            while batch.len() < REQUESTS_PER_LOCK && conn.refused.is_none() {
                 // A SET's or GET's bytes stay in the buffer (which does not change until the batch is handled) and
                 // are named by their positions in it.
                 match decode_framed(&conn.rbuf[conn.rstart..], conn.validated, &shared.limits) {
@@ -860,15 +919,11 @@ impl EventLoop {
                         }
                     }
                     Ok(None) => break,
-                    // The requests before the bad one are handled; then the connection closes.
-                    Err(error) => {
-                        broken = Some(Close::Protocol(error.to_string()));
-                        break;
-                    }
+                    Err(error) => conn.refuse(&shared.counters, error.to_string()),
                 }
             }
             let full = batch.len() == REQUESTS_PER_LOCK;
-            let mut backlogged = false;
+            let mut outcome = Handled::Done;
             if !batch.is_empty() {
                 conn.stream_batches = match batch.iter().any(Framed::has_reply) {
                     true => 0,
@@ -886,27 +941,47 @@ impl EventLoop {
                 let mut state = lock(&shared.state);
                 let mut out = lock(&conn.outbox.bytes);
                 let mut requests = batch.drain(..);
+                let mut refusal = None;
                 for request in requests.by_ref() {
                     if conn.unsent(out.len()) > WRITE_HIGH_WATER {
+                        outcome = Handled::Backlogged;
+                    } else {
+                        let large = state.reply_len(&request, &conn.rbuf).filter(|&len| len >= LARGE_REPLY);
+                        match large {
+                            Some(len) if !shared.charge(len, &conn.outbox, conn.starved) => {
+                                conn.starved = true;
+                                outcome = Handled::Starved;
+                            }
+                            Some(len) => conn.charged += len,
+                            None => {}
+                        }
+                    }
+                    if outcome != Handled::Done {
                         conn.pending.push_back(request.into_request(&conn.rbuf));
-                        backlogged = true;
                         break;
                     }
+                    conn.starved = false;
                     let mut me =
                         Requester { outbox: &conn.outbox, out: &mut out, woken: &mut *woken, garbage: &mut *garbage };
                     if let Err(reason) = state.handle_framed(&mut me, &shared.limits, request, &conn.rbuf) {
-                        broken = Some(reason);
+                        refusal = Some(reason);
                         break;
                     }
                 }
-                conn.pending.extend(requests.map(|request| request.into_request(&conn.rbuf)));
+                drop((out, state));
+                match refusal {
+                    // Nothing after the refused request is handled.
+                    Some(reason) => {
+                        requests.for_each(drop);
+                        conn.pending.clear();
+                        conn.refuse(&shared.counters, reason);
+                    }
+                    None => conn.pending.extend(requests.map(|request| request.into_request(&conn.rbuf))),
+                }
             }
             garbage.clear();
-            match (broken, backlogged) {
-                (Some(reason), _) => return Err(reason),
-                (None, true) => return Ok(true),
-                (None, false) if !full => return Ok(false),
-                (None, false) => {}
+            if outcome != Handled::Done || !full || conn.refused.is_some() {
+                return outcome;
             }
         }
     }
@@ -914,6 +989,9 @@ impl EventLoop {
     fn close(&mut self, slot: usize, reason: Close) {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::take) else { return };
         lock(&self.shared.state).unregister(conn.outbox.id);
+        if conn.charged > 0 {
+            self.shared.release(conn.charged);
+        }
         let mut stream = conn.stream;
         let _ = self.poll.registry().deregister(&mut stream);
         self.free.push(slot);
@@ -922,17 +1000,31 @@ impl EventLoop {
         match reason {
             Close::Eof => tracing::trace!(%peer, "TCP store client disconnected"),
             Close::Io(error) => tracing::debug!(%peer, %error, "TCP store connection failed"),
-            Close::Protocol(reason) => {
-                self.shared.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%peer, %reason, "TCP store server closed a connection that broke the protocol");
-            }
+            // Logged when it was refused.
+            Close::Protocol(reason) => tracing::debug!(%peer, %reason, "TCP store server closed a refused connection"),
+        }
+    }
+}
+
+/// Reads and drops what a refused peer sent after its refused request, up to [`DISCARD_ON_CLOSE`] bytes, so
+/// that closing the socket sends a FIN after the replies rather than a reset that may discard them.
+fn discard_input(conn: &mut Conn) {
+    let mut scratch = [0u8; 16 * 1024];
+    let mut dropped = 0;
+    while dropped < DISCARD_ON_CLOSE {
+        match conn.stream.read(&mut scratch) {
+            Ok(0) => return,
+            Ok(n) => dropped += n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
         }
     }
 }
 
 /// Sends the connection's unsent bytes and then its outbox, until the socket would block; returns whether
-/// anything was sent. A socket that would block raises a writable event once it drains.
-fn flush(conn: &mut Conn) -> Result<bool, Close> {
+/// anything was sent. A socket that would block raises a writable event once it drains. Once every reply is
+/// sent, the room the connection held for large replies is given back.
+fn flush(conn: &mut Conn, shared: &Shared) -> Result<bool, Close> {
     let mut sent = false;
     loop {
         if conn.wstart == conn.wbuf.len() {
@@ -940,6 +1032,10 @@ fn flush(conn: &mut Conn) -> Result<bool, Close> {
             conn.wstart = 0;
             let mut outbox = lock(&conn.outbox.bytes);
             if outbox.is_empty() {
+                drop(outbox);
+                if conn.charged > 0 {
+                    shared.release(std::mem::take(&mut conn.charged));
+                }
                 return Ok(sent);
             }
             // Swapping keeps both allocations: the outbox gets the emptied buffer back.

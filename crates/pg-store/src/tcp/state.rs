@@ -1,8 +1,7 @@
 //! The store's state behind the server's one lock (values, queues, waiters, barriers) and the handling of
 //! every request: what it changes, and which bytes go to which connection's outbox.
 
-use std::collections::{HashMap, VecDeque};
-use std::io;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::key_hash::KeyHash;
@@ -32,8 +31,10 @@ pub(super) struct Outbox {
 pub(super) struct State {
     values: HashMap<Vec<u8>, Vec<u8>, KeyHash>,
     queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>, KeyHash>,
-    /// Connections waiting on each key (one entry per registration), by connection id.
-    waiters: HashMap<Vec<u8>, Vec<u64>, KeyHash>,
+    /// Connections waiting on each key: registration number (in arrival order) to connection id.
+    waiters: HashMap<Vec<u8>, BTreeMap<u64, u64>, KeyHash>,
+    /// The number the next wait registration gets.
+    next_registration: u64,
     /// Connections blocked in a barrier, by barrier key.
     barrier_waiters: HashMap<Vec<u8>, Vec<u64>, KeyHash>,
     /// Every connection with a pending wait or barrier.
@@ -45,15 +46,16 @@ struct Blocked {
     outbox: Arc<Outbox>,
     /// How many key registrations of a `WAIT` are still pending.
     awaited: usize,
-    /// The keys this connection is registered on, one entry per registration.
-    waiting_on: Vec<Vec<u8>>,
+    /// This connection's registrations by key, oldest first: what its close or `CANCEL_WAIT` removes, each
+    /// in logarithmic time, so that dropping many registrations costs linear time in their number.
+    waiting_on: HashMap<Vec<u8>, VecDeque<u64>, KeyHash>,
     /// The barrier this connection is blocked in.
     barrier: Option<Vec<u8>>,
 }
 
 impl Blocked {
     fn new(outbox: &Arc<Outbox>) -> Self {
-        Self { outbox: Arc::clone(outbox), awaited: 0, waiting_on: Vec::new(), barrier: None }
+        Self { outbox: Arc::clone(outbox), awaited: 0, waiting_on: HashMap::default(), barrier: None }
     }
 }
 
@@ -79,13 +81,6 @@ impl Requester<'_> {
     }
 }
 
-/// Why a connection ends.
-pub(super) enum Close {
-    Eof,
-    Io(io::Error),
-    Protocol(String),
-}
-
 impl State {
     fn has_key(&self, key: &[u8]) -> bool {
         self.values.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
@@ -99,7 +94,7 @@ impl State {
         limits: &Limits,
         request: Framed,
         buf: &[u8],
-    ) -> Result<(), Close> {
+    ) -> Result<(), String> {
         match request {
             Framed::Set { key, value } => {
                 let (key, value) = (&buf[key], &buf[value]);
@@ -113,7 +108,7 @@ impl State {
     }
 
     /// Handles one request of `me`'s connection.
-    pub(super) fn handle(&mut self, me: &mut Requester<'_>, limits: &Limits, request: Request) -> Result<(), Close> {
+    pub(super) fn handle(&mut self, me: &mut Requester<'_>, limits: &Limits, request: Request) -> Result<(), String> {
         match request {
             // The event loop marks the connection validated before anything reaches the state.
             Request::Validate { .. } => {}
@@ -154,10 +149,19 @@ impl State {
                 } else {
                     let id = me.outbox.id;
                     let blocked = self.blocked.entry(id).or_insert_with(|| Blocked::new(me.outbox));
+                    if blocked.awaited + missing.len() > limits.max_waits_per_connection {
+                        return Err(format!(
+                            "WAIT would leave {} key registrations pending on this connection; the limit is {}",
+                            blocked.awaited + missing.len(),
+                            limits.max_waits_per_connection
+                        ));
+                    }
                     blocked.awaited += missing.len();
                     for key in missing {
-                        self.waiters.entry(key.clone()).or_default().push(id);
-                        blocked.waiting_on.push(key);
+                        let registration = self.next_registration;
+                        self.next_registration += 1;
+                        self.waiters.entry(key.clone()).or_default().insert(registration, id);
+                        blocked.waiting_on.entry(key).or_default().push_back(registration);
                     }
                 }
             }
@@ -176,10 +180,10 @@ impl State {
             Request::MultiGet { keys } => {
                 let reply_len: usize = keys.iter().map(|key| 8 + self.values.get(key).map_or(0, Vec::len)).sum();
                 if reply_len > limits.max_reply_len {
-                    return Err(Close::Protocol(format!(
+                    return Err(format!(
                         "MULTI_GET reply of {reply_len} bytes exceeds the limit of {}",
                         limits.max_reply_len
-                    )));
+                    ));
                 }
                 for key in keys {
                     self.reply_value(me, &key);
@@ -241,6 +245,19 @@ impl State {
         Ok(())
     }
 
+    /// The length of the reply to `request` (decoded from `buf`) for the requests whose replies can be large:
+    /// `GET`, `MULTI_GET` and `LIST_KEYS`; `None` for the others.
+    pub(super) fn reply_len(&self, request: &Framed, buf: &[u8]) -> Option<usize> {
+        let value_reply = |key: &[u8]| 8 + self.values.get(key).map_or(0, Vec::len);
+        match request {
+            Framed::Get { key } => Some(value_reply(&buf[key.clone()])),
+            Framed::Owned(Request::Get { key }) => Some(value_reply(key)),
+            Framed::Owned(Request::MultiGet { keys }) => Some(keys.iter().map(|key| value_reply(key)).sum()),
+            Framed::Owned(Request::ListKeys) => Some(8 + self.values.keys().map(|key| 8 + key.len()).sum::<usize>()),
+            _ => None,
+        }
+    }
+
     /// Answers with `key`'s value; PyTorch's libuv server answers a missing key with an empty value.
     fn reply_value(&self, me: &mut Requester<'_>, key: &[u8]) {
         me.reply_bytes(self.values.get(key).map_or(&[][..], Vec::as_slice));
@@ -271,49 +288,59 @@ impl State {
         }
     }
 
-    fn add(&mut self, me: &mut Requester<'_>, key: &[u8], delta: i64) -> Result<i64, Close> {
+    fn add(&mut self, me: &mut Requester<'_>, key: &[u8], delta: i64) -> Result<i64, String> {
         let current = match self.values.get(key) {
             None => 0,
-            Some(value) => parse_stoll(value).ok_or_else(|| {
-                Close::Protocol(format!("ADD on key {:?} whose value is not a decimal integer", show(key)))
-            })?,
+            Some(value) => parse_stoll(value)
+                .ok_or_else(|| format!("ADD on key {:?} whose value is not a decimal integer", show(key)))?,
         };
         let sum = current
             .checked_add(delta)
-            .ok_or_else(|| Close::Protocol(format!("ADD of {delta} to {current} on key {:?} overflows", show(key))))?;
+            .ok_or_else(|| format!("ADD of {delta} to {current} on key {:?} overflows", show(key)))?;
         self.values.insert(key.to_vec(), sum.to_string().into_bytes());
         self.wake_all(me, key);
         Ok(sum)
     }
 
-    /// Counts one arrival for every connection waiting on `key` and answers those whose waits are complete.
+    /// Counts one arrival for every registration on `key` and answers the connections whose waits are complete.
     fn wake_all(&mut self, me: &mut Requester<'_>, key: &[u8]) {
         if self.waiters.is_empty() {
             return;
         }
-        if let Some(ids) = self.waiters.remove(key) {
-            for id in ids {
-                self.arrived(me, id, key);
-            }
+        let Some(registrations) = self.waiters.remove(key) else { return };
+        // A connection registered many times on the key is looked up once per registration, in constant time.
+        for id in registrations.into_values() {
+            let Some(blocked) = self.blocked.get_mut(&id) else { continue };
+            // All of a connection's registrations on the key are counted at its first one.
+            let Some(mine) = blocked.waiting_on.remove(key) else { continue };
+            self.arrived(me, id, mine.len());
         }
     }
 
-    /// Counts one arrival for the first connection waiting on `key` (a queue push feeds one pop).
+    /// Counts one arrival for the oldest registration on `key` (a queue push feeds one pop).
     fn wake_one(&mut self, me: &mut Requester<'_>, key: &[u8]) {
-        let Some(ids) = self.waiters.get_mut(key) else { return };
-        let id = ids.remove(0);
-        if ids.is_empty() {
+        let Some(registrations) = self.waiters.get_mut(key) else { return };
+        let Some((registration, id)) = registrations.pop_first() else { return };
+        if registrations.is_empty() {
             self.waiters.remove(key);
         }
-        self.arrived(me, id, key);
+        let Some(blocked) = self.blocked.get_mut(&id) else { return };
+        if let Some(mine) = blocked.waiting_on.get_mut(key) {
+            // The oldest registration on the key is this connection's oldest on it, at the front.
+            if let Some(at) = mine.iter().position(|&other| other == registration) {
+                mine.remove(at);
+            }
+            if mine.is_empty() {
+                blocked.waiting_on.remove(key);
+            }
+        }
+        self.arrived(me, id, 1);
     }
 
-    fn arrived(&mut self, me: &mut Requester<'_>, id: u64, key: &[u8]) {
+    /// Counts `count` arrivals for connection `id`'s wait and answers it once nothing is pending.
+    fn arrived(&mut self, me: &mut Requester<'_>, id: u64, count: usize) {
         let Some(blocked) = self.blocked.get_mut(&id) else { return };
-        if let Some(at) = blocked.waiting_on.iter().position(|k| k == key) {
-            blocked.waiting_on.swap_remove(at);
-        }
-        blocked.awaited = blocked.awaited.saturating_sub(1);
+        blocked.awaited = blocked.awaited.saturating_sub(count);
         if blocked.awaited == 0 {
             self.send(me, id, &[STOP_WAITING]);
         }
@@ -337,14 +364,15 @@ impl State {
     /// Drops every wait and barrier registration of a connection.
     pub(super) fn unregister(&mut self, id: u64) {
         let Some(blocked) = self.blocked.remove(&id) else { return };
-        for key in blocked.waiting_on {
-            if let Some(ids) = self.waiters.get_mut(&key) {
-                if let Some(at) = ids.iter().position(|&other| other == id) {
-                    ids.remove(at);
-                }
-                if ids.is_empty() {
-                    self.waiters.remove(&key);
-                }
+        for (key, mine) in blocked.waiting_on {
+            let Some(registrations) = self.waiters.get_mut(&key) else { continue };
+            if registrations.len() == mine.len() {
+                // Only this connection waits on the key.
+                self.waiters.remove(&key);
+                continue;
+            }
+            for registration in mine {
+                registrations.remove(&registration);
             }
         }
         if let Some(key) = blocked.barrier {
