@@ -62,6 +62,11 @@ impl Capabilities<Mock> for MockCaps {
     }
 }
 
+/// The capabilities of `world`: its kernel logs, virtual clock, spare device, faults and hazard report.
+pub fn capabilities(world: &World) -> Arc<dyn Capabilities<Mock>> {
+    Arc::new(MockCaps(world.clone()))
+}
+
 /// The kernels device `rank` of `world` ran, by start time, as the suite sees them.
 pub fn kernel_log(world: &World, rank: usize) -> Vec<KernelLaunch> {
     world
@@ -108,7 +113,7 @@ impl Harness for MockHarness {
             hazard_mode: pg_mock::HazardMode::Record,
             ..WorldConfig::default()
         });
-        let caps: Arc<dyn Capabilities<Mock>> = Arc::new(MockCaps(world.clone()));
+        let caps = capabilities(&world);
         let store = world.store();
         let results = world.run(n, |rank, device| {
             body(&Rank { rank, size: n, device, store: Arc::clone(&store), caps: Arc::clone(&caps) })

@@ -31,7 +31,7 @@ pub use future::Future;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
 pub use process_group::{Counters, ProcessGroup};
 pub use stream_guard::StreamGuard;
-pub use types::{CommConfig, DType, KernelKind, KernelLaunch, OpType, ReduceOp, UniqueId};
+pub use types::{CommConfig, DType, OpType, ReduceOp, UniqueId};
 pub use watchdog::{ErrorType, GroupStatus};
 pub use work::{Work, WorkHandle};
 

@@ -20,8 +20,18 @@ use crate::event::MockEvent;
 use crate::hazard::VClock;
 use crate::world::{Inner, State};
 
-/// What kind of kernel a [`KernelRecord`] is (the same kinds every backend reports).
-pub use pg_core::KernelKind;
+/// What kind of kernel a [`KernelRecord`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// A communication kernel (a collective or point-to-point op).
+    Comm,
+    /// A sleep/spin kernel.
+    Sleep,
+    /// A fill kernel.
+    Fill,
+    /// A copy between host and device.
+    Copy,
+}
 
 /// One kernel a device ran, as a profiler would show it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,10 +6,10 @@ use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use nccl_sys::{Library, Status};
-use pg_core::{Buffer as _, CommConfig, Error, KernelKind, ReduceOp, UniqueId};
+use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
-use crate::launches;
+use crate::launches::{self, KernelKind};
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.

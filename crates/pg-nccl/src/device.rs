@@ -4,10 +4,10 @@ use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use pg_core::{Buffer as _, CommConfig, DType, Error, KernelKind, KernelLaunch, UniqueId};
+use pg_core::{Buffer as _, CommConfig, DType, Error, UniqueId};
 
 use crate::conv::{cuda_error, fill_pattern, nccl_error};
-use crate::launches;
+use crate::launches::{self, KernelKind};
 use crate::{Buffer, Communicator, Event, Nccl, Stream};
 
 /// One GPU as this process sees it. Cloning gives another handle to the same device.
@@ -111,10 +111,6 @@ impl pg_core::Device for Device {
         self.cuda.sleep_kernel(&stream.0, duration).map_err(cuda_error)?;
         launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Sleep, "sleep");
         Ok(())
-    }
-
-    fn kernel_launches(&self) -> Vec<KernelLaunch> {
-        launches::of(self.cuda.ordinal())
     }
 
     fn versions(&self) -> Vec<(String, String)> {

@@ -1,4 +1,5 @@
-//! The kernels this backend launched itself, per device: a bounded, lock-free log of the newest [`KEPT`].
+//! The kernels this backend launched itself, per device: a bounded, lock-free log of the newest [`KEPT`],
+//! read with [`for_device`] (the conformance harness's kernel log and the streams experiment).
 //!
 //! Logging is on every op's enqueue path, so it takes no lock: a launch claims a ticket and writes its slot
 //! of a ring, seqlock-style (invalidate, write, publish). A reader skips a slot that is being rewritten, so a
@@ -6,7 +7,29 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pg_core::{KernelKind, KernelLaunch};
+/// What kind of kernel a launch was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// A communication kernel (a collective or point-to-point op).
+    Comm,
+    /// A sleep/spin kernel.
+    Sleep,
+    /// A fill kernel.
+    Fill,
+    /// A copy between host and device.
+    Copy,
+}
+
+/// One logged launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelLaunch {
+    /// The stream it was launched on ([`pg_core::Stream::id`]).
+    pub stream_id: u64,
+    /// What it was.
+    pub kind: KernelKind,
+    /// Its name (`all_reduce`, `sleep`, ...).
+    pub name: String,
+}
 
 /// Entries kept per process.
 pub(crate) const KEPT: usize = 4096;
@@ -48,8 +71,8 @@ pub(crate) fn log(device: usize, stream_id: u64, kind: KernelKind, name: &'stati
     slot.ticket.store(ticket + 1, Ordering::Release);
 }
 
-/// The logged launches on `device`, oldest first.
-pub(crate) fn of(device: usize) -> Vec<KernelLaunch> {
+/// The logged launches on the device of ordinal `device`, oldest first.
+pub fn for_device(device: usize) -> Vec<KernelLaunch> {
     let end = NEXT.load(Ordering::Acquire);
     let mut launches = Vec::new();
     for ticket in end.saturating_sub(KEPT as u64)..end {
@@ -84,10 +107,10 @@ mod tests {
         log(device, 7, KernelKind::Comm, "all_reduce");
         log(device, (1 << 40) - 1, KernelKind::Fill, "fill");
         log(device + 1, 7, KernelKind::Sleep, "sleep");
-        let mine = of(device);
+        let mine = for_device(device);
         let found: Vec<(u64, KernelKind, &str)> = mine.iter().map(|l| (l.stream_id, l.kind, l.name.as_str())).collect();
         assert_eq!(found, [(7, KernelKind::Comm, "all_reduce"), ((1 << 40) - 1, KernelKind::Fill, "fill")]);
-        assert_eq!(of(device + 1).len(), 1);
+        assert_eq!(for_device(device + 1).len(), 1);
     }
 
     #[test]
@@ -102,7 +125,7 @@ mod tests {
                         let name = if writer % 2 == 0 { "send" } else { "recv" };
                         log(device, 1000 + writer, KernelKind::Comm, name);
                         if i % 500 == 0 {
-                            for launch in of(device) {
+                            for launch in for_device(device) {
                                 let expected = if (launch.stream_id - 1000) % 2 == 0 { "send" } else { "recv" };
                                 assert_eq!(launch.name, expected, "a torn entry: {launch:?}");
                             }
@@ -111,6 +134,6 @@ mod tests {
                 });
             }
         });
-        assert!(of(device).len() <= KEPT);
+        assert!(for_device(device).len() <= KEPT);
     }
 }

@@ -15,10 +15,12 @@
 
 mod buffer;
 mod communicator;
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod conv;
 mod device;
 mod event;
-mod launches;
+pub mod launches;
 pub mod raw;
 mod stream;
 
