@@ -10,18 +10,8 @@ use pg_core::{Backend, DType, Device, OptionsBuilder, ProcessGroup};
 use crate::check::{Check, Context};
 use crate::values;
 
-/// What kind of kernel a launch was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelKind {
-    /// A communication kernel (a collective or point-to-point op).
-    Comm,
-    /// A sleep/spin kernel.
-    Sleep,
-    /// A fill kernel.
-    Fill,
-    /// A copy between host and device.
-    Copy,
-}
+/// What kind of kernel a launch was (the simulator's kinds, which every harness reports).
+pub use pg_mock::KernelKind;
 
 /// One kernel launch in a rank's kernel log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,18 +35,8 @@ pub enum Clock {
     Wall,
 }
 
-/// The kind of a detected stream hazard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum HazardKind {
-    /// A read not ordered after the write before it.
-    ReadAfterWrite,
-    /// A write not ordered after the write before it.
-    WriteAfterWrite,
-    /// A write not ordered after a read before it.
-    WriteAfterRead,
-    /// Memory handed to a new allocation while another stream may still use it.
-    ReuseWhileInUse,
-}
+/// The kind of a detected stream hazard (the simulator's detector is the one there is).
+pub use pg_mock::HazardKind;
 
 /// A stream hazard a backend detected during a world's run.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,9 +5,7 @@ use std::sync::Arc;
 
 use pg_mock::{Mock, MockDevice, World, WorldConfig};
 
-use crate::harness::{
-    Capabilities, Clock, Fault, Harness, Hazard, HazardKind, KernelKind, KernelLaunch, Offers, Ran, Rank,
-};
+use crate::harness::{Capabilities, Clock, Fault, Harness, Hazard, KernelLaunch, Offers, Ran, Rank};
 
 /// Runs the suite on the simulated backend at a given world size.
 #[derive(Debug, Clone)]
@@ -48,16 +46,7 @@ impl Capabilities<Mock> for MockCaps {
     }
 
     fn hazards(&self) -> Option<Vec<Hazard>> {
-        let hazards = self.0.hazards().into_iter().map(|h| Hazard {
-            kind: match h.kind {
-                pg_mock::HazardKind::ReadAfterWrite => HazardKind::ReadAfterWrite,
-                pg_mock::HazardKind::WriteAfterWrite => HazardKind::WriteAfterWrite,
-                pg_mock::HazardKind::WriteAfterRead => HazardKind::WriteAfterRead,
-                pg_mock::HazardKind::ReuseWhileInUse => HazardKind::ReuseWhileInUse,
-            },
-            rank: h.device,
-            message: h.message,
-        });
+        let hazards = self.0.hazards().into_iter().map(|h| Hazard { kind: h.kind, rank: h.device, message: h.message });
         Some(hazards.collect())
     }
 }
@@ -72,17 +61,7 @@ pub fn kernel_log(world: &World, rank: usize) -> Vec<KernelLaunch> {
     world
         .kernel_log(rank)
         .into_iter()
-        .map(|k| KernelLaunch {
-            stream_id: k.stream_id,
-            kind: match k.kind {
-                pg_mock::KernelKind::Comm => KernelKind::Comm,
-                pg_mock::KernelKind::Sleep => KernelKind::Sleep,
-                pg_mock::KernelKind::Fill => KernelKind::Fill,
-                pg_mock::KernelKind::Copy => KernelKind::Copy,
-            },
-            name: k.name,
-            span: Some((k.start, k.end)),
-        })
+        .map(|k| KernelLaunch { stream_id: k.stream_id, kind: k.kind, name: k.name, span: Some((k.start, k.end)) })
         .collect()
 }
 

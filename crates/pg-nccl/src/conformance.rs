@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pg_conformance::{Capabilities, Clock, Harness, KernelKind, KernelLaunch, Offers, Ran, Rank};
+use pg_conformance::{Capabilities, Clock, Harness, KernelLaunch, Offers, Ran, Rank};
 use pg_core::store::{PrefixStore, Store};
 
 use crate::launches;
@@ -31,22 +31,7 @@ pub fn capabilities(device: &Device) -> Arc<dyn Capabilities<Nccl>> {
 impl Capabilities<Nccl> for NcclCapabilities {
     fn kernel_log(&self, _rank: usize) -> Option<Vec<KernelLaunch>> {
         let launches = launches::for_device(pg_core::Device::index(&self.device));
-        Some(
-            launches
-                .into_iter()
-                .map(|l| KernelLaunch {
-                    stream_id: l.stream_id,
-                    kind: match l.kind {
-                        launches::KernelKind::Comm => KernelKind::Comm,
-                        launches::KernelKind::Sleep => KernelKind::Sleep,
-                        launches::KernelKind::Fill => KernelKind::Fill,
-                        launches::KernelKind::Copy => KernelKind::Copy,
-                    },
-                    name: l.name,
-                    span: None,
-                })
-                .collect(),
-        )
+        Some(launches.into_iter().collect())
     }
 
     fn clock(&self) -> Option<Clock> {

@@ -1,5 +1,6 @@
-//! The kernels this backend launched itself, per device: a bounded, lock-free log of the newest [`KEPT`],
-//! read with [`for_device`] (the conformance harness's kernel log and the streams experiment).
+//! The kernels this backend launched itself, per device (with the `testing` feature only): a bounded, lock-free
+//! log of the newest [`KEPT`], read with [`for_device`] (the conformance harness's kernel log and the streams
+//! experiment).
 //!
 //! Logging is on every op's enqueue path, so it takes no lock: a launch claims a ticket and writes its slot
 //! of a ring, seqlock-style (invalidate, write, publish). A reader skips a slot that is being rewritten, so a
@@ -7,29 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What kind of kernel a launch was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelKind {
-    /// A communication kernel (a collective or point-to-point op).
-    Comm,
-    /// A sleep/spin kernel.
-    Sleep,
-    /// A fill kernel.
-    Fill,
-    /// A copy between host and device.
-    Copy,
-}
-
-/// One logged launch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelLaunch {
-    /// The stream it was launched on ([`pg_core::Stream::id`]).
-    pub stream_id: u64,
-    /// What it was.
-    pub kind: KernelKind,
-    /// Its name (`all_reduce`, `sleep`, ...).
-    pub name: String,
-}
+pub use pg_conformance::{KernelKind, KernelLaunch};
 
 /// Entries kept per process.
 pub(crate) const KEPT: usize = 4096;
@@ -58,7 +37,7 @@ fn pack(device: usize, stream_id: u64, kind: KernelKind, name: &str) -> u64 {
 fn unpack(word: u64) -> (usize, KernelLaunch) {
     let name = NAMES.get((word & 0xff) as usize).copied().unwrap_or("?");
     let kind = KINDS[((word >> 8) & 0xff) as usize % KINDS.len()];
-    let launch = KernelLaunch { stream_id: word >> 24, kind, name: name.to_owned() };
+    let launch = KernelLaunch { stream_id: word >> 24, kind, name: name.to_owned(), span: None };
     (((word >> 16) & 0xff) as usize, launch)
 }
 

@@ -20,6 +20,7 @@ pub mod conformance;
 mod conv;
 mod device;
 mod event;
+#[cfg(feature = "testing")]
 pub mod launches;
 pub mod raw;
 mod stream;

@@ -9,7 +9,9 @@ use pg_core::{
     Device as _, ErrorHandling, ErrorKind, ErrorType, OpType, Options, ProcessGroup, ReduceOp, Work, WorkHandle,
 };
 
-use super::{all_equal, case, clock_of, triangle, SLEEP};
+use super::{
+    all_equal, case, clock_of, held_all_reduce, need, needs_faults, needs_virtual_clock, pair_p2p, triangle, SLEEP,
+};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Fault, Harness, Rank};
 use crate::registry::{not_applicable, pass, Case, Outcome};
@@ -35,32 +37,6 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(is_success_and_seq_follow_each_work, 1),
         case!(works_are_usable_through_dyn_work, 1),
     ]
-}
-
-/// Unwraps a capability lookup inside a case: a missing one makes the case not applicable.
-macro_rules! need {
-    ($e:expr) => {
-        match $e {
-            Ok(value) => value,
-            Err(outcome) => return Ok(outcome),
-        }
-    };
-}
-
-fn needs_faults<H: Harness>(h: &H) -> Result<(), Outcome> {
-    match h.offers().faults {
-        true => Ok(()),
-        false => Err(Outcome::NotApplicable("the harness cannot inject faults".into())),
-    }
-}
-
-fn needs_virtual_clock<H: Harness>(h: &H) -> Result<(), Outcome> {
-    match h.offers().clock {
-        Some(Clock::Virtual) => Ok(()),
-        _ => Err(Outcome::NotApplicable(
-            "needs a virtual host clock (it waits out timeouts and watchdog periods)".into(),
-        )),
-    }
 }
 
 fn non_blocking_init_through_the_group_gives_a_working_communicator<H: Harness>(h: &H) -> Check<Outcome> {
@@ -272,15 +248,7 @@ fn abort_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outc
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 4)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
-        let mut comms = 1;
-        if n > 1 && r.rank < 2 {
-            let p2p = match r.rank {
-                0 => group.send(&buffer, 1),
-                _ => group.recv(&buffer, 0),
-            };
-            p2p.and_then(|w| w.wait()).ctx("p2p")?;
-            comms += 1;
-        }
+        let comms = 1 + usize::from(pair_p2p(r, &group, &buffer)?.is_some());
         ensure_eq!(group.status().aborted_comms, 0, "aborted communicators before the abort");
         group.abort("the case aborts");
         ensure_eq!(group.status().aborted_comms, comms, "aborted communicators after the abort");
@@ -303,15 +271,7 @@ fn clean_up_after_a_timeout_aborts_every_communicator_of_the_group<H: Harness>(h
         let group = r.group("0", options)?;
         let buffer = r.filled(1.0, 4)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
-        let mut comms = 1;
-        if n > 1 && r.rank < 2 {
-            let p2p = match r.rank {
-                0 => group.send(&buffer, 1),
-                _ => group.recv(&buffer, 0),
-            };
-            p2p.and_then(|w| w.wait()).ctx("p2p")?;
-            comms += 1;
-        }
+        let comms = 1 + usize::from(pair_p2p(r, &group, &buffer)?.is_some());
         group.barrier_sync().ctx("barrier")?;
         // The next op times out behind a long kernel; the watchdog's clean-up aborts every communicator.
         group.set_timeout(Duration::from_millis(10));
@@ -494,11 +454,8 @@ fn shutdown_stops_the_watchdog<H: Harness>(h: &H) -> Check<Outcome> {
 
 fn future_gpu_completed_turns_true_when_the_device_finishes<H: Harness>(h: &H) -> Check<Outcome> {
     let ran = h.run(h.world_size(), |r| -> Check {
-        let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 64)?;
-        group.barrier_sync().ctx("barrier")?;
-        r.sleep_current(SLEEP)?;
-        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
         let future = work.future();
         ensure!(!future.gpu_completed().ctx("gpu_completed")?, "gpu_completed before the device finished");
         work.synchronize().ctx("synchronize")?;
@@ -528,14 +485,8 @@ fn is_success_and_seq_follow_each_work<H: Harness>(h: &H) -> Check<Outcome> {
             work.synchronize().ctx("synchronize")?;
         }
         ensure!(works.iter().all(WorkHandle::is_success), "not is_success after the device finished");
-        if n > 1 && r.rank < 2 {
-            let p2p = match r.rank {
-                0 => group.send(&buffer, 1),
-                _ => group.recv(&buffer, 0),
-            }
-            .ctx("p2p")?;
+        if let Some(p2p) = pair_p2p(r, &group, &buffer)? {
             ensure_eq!((p2p.seq(), p2p.op_type().is_p2p()), (1, true), "point-to-point ops count from 1 on their own");
-            p2p.wait().ctx("wait")?;
         }
         // A Work that failed is completed but not a success.
         let timed = r.group("1", Options::builder().blocking_wait(true).timeout(Duration::from_millis(5)))?;

@@ -11,6 +11,7 @@ use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness, Rank};
 use crate::registry::Outcome;
 use pg_core::{Backend, CommConfig, Device as _, UniqueId};
+use pg_core::{OptionsBuilder, ProcessGroup, ReduceOp, WorkHandle};
 
 /// The sleep kernel that keeps the device busy while a case looks at the host.
 pub(crate) const SLEEP: Duration = Duration::from_millis(40);
@@ -22,6 +23,49 @@ macro_rules! case {
     };
 }
 pub(crate) use case;
+
+/// Unwraps a capability lookup inside a case: a missing one makes the case not applicable.
+macro_rules! need {
+    ($e:expr) => {
+        match $e {
+            Ok(value) => value,
+            Err(outcome) => return Ok(outcome),
+        }
+    };
+}
+pub(crate) use need;
+
+pub(crate) fn needs_log<H: Harness>(h: &H, spans: bool) -> Result<(), Outcome> {
+    let offers = h.offers();
+    match (offers.kernel_log, offers.kernel_spans || !spans) {
+        (true, true) => Ok(()),
+        (false, _) => Err(Outcome::NotApplicable("the harness keeps no kernel log".into())),
+        (true, false) => Err(Outcome::NotApplicable("the kernel log has no device times".into())),
+    }
+}
+
+pub(crate) fn needs_hazards<H: Harness>(h: &H) -> Result<(), Outcome> {
+    match h.offers().hazards {
+        true => Ok(()),
+        false => Err(Outcome::NotApplicable("the backend has no stream-hazard detector".into())),
+    }
+}
+
+pub(crate) fn needs_virtual_clock<H: Harness>(h: &H) -> Result<(), Outcome> {
+    match h.offers().clock {
+        Some(Clock::Virtual) => Ok(()),
+        _ => Err(Outcome::NotApplicable(
+            "needs a virtual host clock (it places host threads exactly or waits out timeouts)".into(),
+        )),
+    }
+}
+
+pub(crate) fn needs_faults<H: Harness>(h: &H) -> Result<(), Outcome> {
+    match h.offers().faults {
+        true => Ok(()),
+        false => Err(Outcome::NotApplicable("the harness cannot inject faults".into())),
+    }
+}
 
 /// The sum of rank + 1 over `n` ranks.
 pub(crate) fn triangle(n: usize) -> f64 {
@@ -62,4 +106,37 @@ pub(crate) fn communicator<B: Backend>(r: &Rank<B>, key: &str) -> Check<B::Commu
         _ => UniqueId(r.store.get(key).ctx("reading the unique id")?),
     };
     r.device.create_communicator(&id, r.size, r.rank, &CommConfig::default()).ctx("create_communicator")
+}
+
+/// A send from rank 0 to rank 1 (and the matching receive), waited on: `None` on the other ranks and in a world
+/// of one.
+pub(crate) fn pair_p2p<B: Backend>(
+    r: &Rank<B>,
+    group: &ProcessGroup<B>,
+    buffer: &B::Buffer,
+) -> Check<Option<WorkHandle<B>>> {
+    let work = match r.rank {
+        _ if r.size < 2 => return Ok(None),
+        0 => group.send(buffer, 1),
+        1 => group.recv(buffer, 0),
+        _ => return Ok(None),
+    };
+    let work = work.ctx("p2p")?;
+    work.wait().ctx("p2p wait")?;
+    Ok(Some(work))
+}
+
+/// A group named `name`, a barrier so its communicator exists, then an all_reduce of `buffer` held back on the
+/// device behind a sleep kernel on the current stream: the op is enqueued but cannot have finished.
+pub(crate) fn held_all_reduce<B: Backend>(
+    r: &Rank<B>,
+    name: &str,
+    options: OptionsBuilder,
+    buffer: &B::Buffer,
+) -> Check<(ProcessGroup<B>, WorkHandle<B>)> {
+    let group = r.group(name, options)?;
+    group.barrier_sync().ctx("barrier")?;
+    r.sleep_current(SLEEP)?;
+    let work = group.all_reduce(buffer, ReduceOp::Sum).ctx("all_reduce")?;
+    Ok((group, work))
 }

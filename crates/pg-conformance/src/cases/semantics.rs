@@ -10,7 +10,10 @@ use pg_core::{
     CommKey, DType, Device as _, ErrorKind, Event as _, Options, ProcessGroup, ReduceOp, Stream as _, StreamGuard,
 };
 
-use super::{all_equal, at_once, case, clock_of, triangle, SLEEP};
+use super::{
+    all_equal, at_once, case, clock_of, held_all_reduce, need, needs_hazards, needs_log, needs_virtual_clock, triangle,
+    SLEEP,
+};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness, HazardKind, KernelKind, KernelLaunch};
 use crate::registry::{pass, Case, Outcome};
@@ -45,39 +48,6 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(mistake_treating_future_done_as_gpu_completion_is_caught, 1),
         case!(bad_arguments_are_typed_errors_naming_what_was_wrong, 1),
     ]
-}
-
-/// Unwraps a capability lookup inside a case: a missing one makes the case not applicable.
-macro_rules! need {
-    ($e:expr) => {
-        match $e {
-            Ok(value) => value,
-            Err(outcome) => return Ok(outcome),
-        }
-    };
-}
-
-fn needs_log<H: Harness>(h: &H, spans: bool) -> Result<(), Outcome> {
-    let offers = h.offers();
-    match (offers.kernel_log, offers.kernel_spans || !spans) {
-        (true, true) => Ok(()),
-        (false, _) => Err(Outcome::NotApplicable("the harness keeps no kernel log".into())),
-        (true, false) => Err(Outcome::NotApplicable("the kernel log has no device times".into())),
-    }
-}
-
-fn needs_hazards<H: Harness>(h: &H) -> Result<(), Outcome> {
-    match h.offers().hazards {
-        true => Ok(()),
-        false => Err(Outcome::NotApplicable("the backend has no stream-hazard detector".into())),
-    }
-}
-
-fn needs_virtual_clock<H: Harness>(h: &H) -> Result<(), Outcome> {
-    match h.offers().clock {
-        Some(Clock::Virtual) => Ok(()),
-        _ => Err(Outcome::NotApplicable("needs a virtual host clock to place host threads exactly".into())),
-    }
 }
 
 fn span(k: &KernelLaunch) -> Check<(Duration, Duration)> {
@@ -429,11 +399,8 @@ fn s10_the_end_event_is_recorded_right_after_the_op<H: Harness>(h: &H) -> Check<
 fn s11_default_wait_orders_the_current_stream_and_returns_at_once<H: Harness>(h: &H) -> Check<Outcome> {
     let clock = need!(clock_of(h));
     let ran = h.run(h.world_size(), |r| -> Check {
-        let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 1024)?;
-        group.barrier_sync().ctx("barrier")?;
-        r.sleep_current(SLEEP)?;
-        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
         let (waited, host) = r.host_time(|| work.wait());
         waited.ctx("wait")?;
         ensure!(host < at_once(clock), "wait() blocked the host for {host:?}");
@@ -526,11 +493,8 @@ fn s13_work_start_time_is_host_time_and_bounds_the_timeout<H: Harness>(h: &H) ->
 
 fn s14_is_completed_is_the_end_event_or_an_exception<H: Harness>(h: &H) -> Check<Outcome> {
     let ran = h.run(h.world_size(), |r| -> Check {
-        let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 64)?;
-        group.barrier_sync().ctx("barrier")?;
-        r.sleep_current(SLEEP)?;
-        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
         let after_enqueue = work.is_completed();
         work.wait().ctx("wait")?;
         let after_wait = work.is_completed();
@@ -585,11 +549,8 @@ fn s15_blocking_wait_polls_until_done_and_aborts_on_timeout<H: Harness>(h: &H) -
     let clock = need!(clock_of(h));
     let n = h.world_size();
     let ran = h.run(n, |r| -> Check {
-        let group = r.group("0", Options::builder().blocking_wait(true))?;
         let buffer = r.filled(1.0, 64)?;
-        group.barrier_sync().ctx("barrier")?;
-        r.sleep_current(SLEEP)?;
-        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let (_group, work) = held_all_reduce(r, "0", Options::builder().blocking_wait(true), &buffer)?;
         let (result, host) = r.host_time(|| work.wait());
         result.ctx("wait")?;
         let (low, high) = match clock {
@@ -602,11 +563,9 @@ fn s15_blocking_wait_polls_until_done_and_aborts_on_timeout<H: Harness>(h: &H) -
     })?;
     ran.all_ok()?;
     let ran = h.run(n, |r| -> Check {
-        let group = r.group("0", Options::builder().blocking_wait(true).timeout(Duration::from_millis(5)))?;
         let buffer = r.filled(1.0, 64)?;
-        group.barrier_sync().ctx("barrier")?;
-        r.sleep_current(SLEEP)?;
-        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let (group, work) =
+            held_all_reduce(r, "0", Options::builder().blocking_wait(true).timeout(Duration::from_millis(5)), &buffer)?;
         let error = work.wait().err().ok_or("wait() returned Ok before the op could finish")?;
         ensure_eq!(error.kind(), ErrorKind::WorkTimeout, "{error}");
         let next = group.all_reduce(&buffer, ReduceOp::Sum).and_then(|w| w.wait());
@@ -640,11 +599,8 @@ fn s17_future_is_done_at_once_and_its_wait_only_orders_the_stream<H: Harness>(h:
     let clock = need!(clock_of(h));
     let n = h.world_size();
     let ran = h.run(n, |r| -> Check {
-        let group = r.group("0", Options::builder())?;
         let buffer = r.filled((r.rank + 1) as f64, 256)?;
-        group.barrier_sync().ctx("barrier")?;
-        r.sleep_current(SLEEP)?;
-        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
         let future = work.future();
         ensure!(future.is_done(), "the Future is not done right after the enqueue");
         ensure!(!future.gpu_completed().ctx("gpu_completed")?, "gpu_completed while the device is busy");
@@ -705,11 +661,8 @@ fn s18_the_four_wait_configurations_behave_as_documented<H: Harness>(h: &H) -> C
 
 fn s19_default_wait_orders_only_the_current_stream<H: Harness>(h: &H) -> Check<Outcome> {
     let ran = h.run(h.world_size(), |r| -> Check {
-        let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 1024)?;
-        group.barrier_sync().ctx("barrier")?;
-        r.sleep_current(SLEEP)?;
-        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
         work.wait().ctx("wait")?;
         let free = r.device.stream_from_pool(false).ctx("stream")?;
         let marker = r.device.alloc(DType::F32, 1).ctx("alloc")?;
