@@ -537,7 +537,8 @@ fn completed_works_nobody_holds_are_reused_and_held_ones_never_are<H: Harness>(h
         // 42 in-place sums over n ranks of an initial 1.0.
         let want = (n as f64).powi(42);
         let got = r.read(&buffer)?[0];
-        ensure!((got - want).abs() <= want * 1e-5, "the value is {got}, not {want}");
+        let close = (got - want).abs() <= want * 1e-5;
+        ensure!(close, "the value is {got}, not {want}");
         Ok(())
     })?;
     ran.no_hazards()?;
