@@ -34,7 +34,7 @@ pub fn json(backend: &str, world_size: usize, reports: &[CaseReport]) -> Value {
     json!({ "backend": backend, "world_size": world_size, "cases": cases })
 }
 
-/// Reads back what [`json`] wrote (the cases of one process), for [`merge`].
+/// Reads back what [`json()`] wrote (the cases of one process), for [`merge`].
 pub fn from_json(value: &Value) -> Result<Vec<CaseReport>, String> {
     let cases = value["cases"].as_array().ok_or("no \"cases\" array")?;
     cases

@@ -1,5 +1,5 @@
 //! The kernels this backend launched itself, per device (with the `testing` feature only): a bounded, lock-free
-//! log of the newest [`KEPT`], read with [`for_device`] (the conformance harness's kernel log and the streams
+//! log of the newest 4,096 launches, read with [`for_device`] (the conformance harness's kernel log and the streams
 //! experiment).
 //!
 //! Logging is on every op's enqueue path, so it takes no lock: a launch claims a ticket and writes its slot
