@@ -10,11 +10,12 @@ use pg_core::{
 };
 
 use super::{
-    all_equal, case, clock_of, held_all_reduce, need, needs_faults, needs_virtual_clock, pair_p2p, triangle, SLEEP,
+    all_equal, case, clock_of, held_all_reduce, need, needs_faults, needs_virtual_clock, on_each_rank, pair_p2p,
+    triangle, SLEEP,
 };
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Fault, Harness, Rank};
-use crate::registry::{not_applicable, pass, Case, Outcome};
+use crate::registry::{not_applicable, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
@@ -41,7 +42,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
 
 fn non_blocking_init_through_the_group_gives_a_working_communicator<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         for eager in [false, true] {
             let name = if eager { "eager" } else { "lazy" };
             let group = r.group(name, Options::builder().nonblocking_init(true).eager_init(eager))?;
@@ -54,9 +55,7 @@ fn non_blocking_init_through_the_group_gives_a_working_communicator<H: Harness>(
             group.shutdown().ctx("shutdown")?;
         }
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn non_blocking_init_of_a_peer_that_never_joins_times_out<H: Harness>(h: &H) -> Check<Outcome> {
@@ -64,7 +63,7 @@ fn non_blocking_init_of_a_peer_that_never_joins_times_out<H: Harness>(h: &H) -> 
     need!(needs_virtual_clock(h));
     let n = h.world_size();
     let timeout = Duration::from_secs(2);
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         if r.rank == 0 && !r.caps.inject(Fault::NeverJoin { rank: n - 1 }) {
             return Err("the fault was refused".into());
         }
@@ -83,14 +82,12 @@ fn non_blocking_init_of_a_peer_that_never_joins_times_out<H: Harness>(h: &H) -> 
         ensure!(error.to_string().contains("timed out"), "the error does not say it timed out: {error}");
         ensure!(took >= timeout && took < timeout * 2, "gave up after {took:?}, not the group's {timeout:?}");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn two_threads_of_a_rank_racing_to_create_a_communicator_create_one<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let group = r.group("0", Options::builder())?;
         // Both buffers hold rank + 1: whichever op of another rank each one meets, the sum is the same.
         let first = r.filled((r.rank + 1) as f64, 16)?;
@@ -129,9 +126,7 @@ fn two_threads_of_a_rank_racing_to_create_a_communicator_create_one<H: Harness>(
         ensure_eq!(group.counters().ops_issued, 2, "both ops ran");
         ensure_eq!(group.next_comm_counter(), 1, "one store key was used");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn a_buffer_on_another_device_is_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
@@ -139,7 +134,7 @@ fn a_buffer_on_another_device_is_refused_by_name<H: Harness>(h: &H) -> Check<Out
         return not_applicable("the harness has no second device");
     }
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let other = r.caps.other_device(r.rank).ok_or("no other device")?;
         let group = r.group("0", Options::builder())?;
         let theirs = other.alloc(pg_core::DType::F32, 4 * n).ctx("alloc")?;
@@ -163,9 +158,7 @@ fn a_buffer_on_another_device_is_refused_by_name<H: Harness>(h: &H) -> Check<Out
         ensure_eq!(group.counters().ops_issued, 0, "a refused call enqueued something");
         ensure_eq!(group.counters().comms_created, 0, "a refused call created a communicator");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 /// Every op of the group, each giving its result's error kind (Ok -> None).
@@ -201,7 +194,7 @@ fn check_all_aborted(calls: Vec<(&'static str, Option<ErrorKind>)>) -> Check {
 }
 
 fn every_call_after_abort_returns_aborted<H: Harness>(h: &H) -> Check<Outcome> {
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 4)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
@@ -218,13 +211,11 @@ fn every_call_after_abort_returns_aborted<H: Harness>(h: &H) -> Check<Outcome> {
         group.abort("again");
         let _ = group.shutdown();
         check_all_aborted(every_call(r, &group)?)
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn every_call_after_shutdown_returns_aborted<H: Harness>(h: &H) -> Check<Outcome> {
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         for first_op in [true, false] {
             let name = if first_op { "used" } else { "unused" };
             let group = r.group(name, Options::builder())?;
@@ -237,14 +228,12 @@ fn every_call_after_shutdown_returns_aborted<H: Harness>(h: &H) -> Check<Outcome
             ensure!(group.comm_keys().is_empty(), "{name} group: shutdown left communicators in the cache");
         }
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn abort_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 4)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
@@ -253,15 +242,13 @@ fn abort_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outc
         group.abort("the case aborts");
         ensure_eq!(group.status().aborted_comms, comms, "aborted communicators after the abort");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn clean_up_after_a_timeout_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outcome> {
     let clock = need!(clock_of(h));
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let period = Duration::from_millis(5);
         let options = Options::builder()
             .error_handling(ErrorHandling::CleanUpOnly)
@@ -288,15 +275,13 @@ fn clean_up_after_a_timeout_aborts_every_communicator_of_the_group<H: Harness>(h
         // Clean-up only: the group is not torn down.
         ensure!(group.error().is_none(), "clean-up only tore the group down: {:?}", group.error());
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn an_async_error_with_nothing_in_flight_fails_the_group<H: Harness>(h: &H) -> Check<Outcome> {
     need!(needs_faults(h));
     need!(needs_virtual_clock(h));
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         if !r.caps.inject(Fault::AsyncError { rank: r.rank, after_ops: 1 }) {
             return Err("the fault was refused".into());
         }
@@ -310,13 +295,11 @@ fn an_async_error_with_nothing_in_flight_fails_the_group<H: Harness>(h: &H) -> C
         let next = group.all_reduce(&buffer, ReduceOp::Sum).err().ok_or("the next op was accepted")?;
         ensure_eq!(next.kind(), ErrorKind::Communicator, "the next op's error: {next}");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn without_a_watchdog_the_in_flight_list_is_pruned<H: Harness>(h: &H) -> Check<Outcome> {
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let group = r.group("0", Options::builder().enable_watchdog(false))?;
         let buffer = r.filled(1.0, 4)?;
         for _ in 0..300 {
@@ -326,9 +309,7 @@ fn without_a_watchdog_the_in_flight_list_is_pruned<H: Harness>(h: &H) -> Check<O
         let in_flight = group.status().in_flight;
         ensure!(in_flight <= 128, "{in_flight} completed Works are still listed after 300 ops with no watchdog");
         all_equal(&r.read(&buffer)?, 1.0)
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote<H: Harness>(h: &H) -> Check<Outcome> {
@@ -336,7 +317,7 @@ fn a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote<H: 
     let n = h.world_size();
     // The group's PrefixStore("0/") adds its own "/": the key is "0//remote_error:0" in the world's store.
     let key = "0//remote_error:0";
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let options = Options::builder()
             .propagate_error(true)
             .dump_on_timeout(false)
@@ -362,14 +343,12 @@ fn a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote<H: 
             ensure!(matches!(error, pg_core::Error::Remote { rank: 0 }), "the peer's error: {error}");
         }
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn desync_debug_writes_the_trace_keys_as_ops_start_and_complete<H: Harness>(h: &H) -> Check<Outcome> {
     need!(clock_of(h));
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let options = Options::builder().desync_debug(true).watchdog_period(Duration::from_millis(2));
         let group = r.group("0", options)?;
         let (start_key, end_key) = (format!("0//NCCL_{}_trace_start", r.rank), format!("0//NCCL_{}_trace_end", r.rank));
@@ -387,14 +366,12 @@ fn desync_debug_writes_the_trace_keys_as_ops_start_and_complete<H: Harness>(h: &
         let end_after = r.store.get(&end_key).ctx("the end key")?;
         ensure!(end_before != end_after, "the end key was not rewritten when the second op completed");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn started_and_completed_are_counted_apart_from_enqueued<H: Harness>(h: &H) -> Check<Outcome> {
     need!(clock_of(h));
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let options = Options::builder().desync_debug(true).watchdog_period(Duration::from_millis(2));
         let group = r.group("0", options)?;
         let buffer = r.filled(1.0, 4)?;
@@ -426,14 +403,12 @@ fn started_and_completed_are_counted_apart_from_enqueued<H: Harness>(h: &H) -> C
             "after op 2 (started, completed, op)"
         );
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn shutdown_stops_the_watchdog<H: Harness>(h: &H) -> Check<Outcome> {
     need!(clock_of(h));
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let period = Duration::from_millis(2);
         let group = r.group("0", Options::builder().watchdog_period(period).propagate_error(true))?;
         let buffer = r.filled(1.0, 4)?;
@@ -447,13 +422,11 @@ fn shutdown_stops_the_watchdog<H: Harness>(h: &H) -> Check<Outcome> {
         r.host_sleep(period * 10);
         ensure_eq!(group.status().watchdog_passes, stopped, "watchdog passes after shutdown");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn future_gpu_completed_turns_true_when_the_device_finishes<H: Harness>(h: &H) -> Check<Outcome> {
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let buffer = r.filled(1.0, 64)?;
         let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
         let future = work.future();
@@ -462,14 +435,12 @@ fn future_gpu_completed_turns_true_when_the_device_finishes<H: Harness>(h: &H) -
         ensure!(future.gpu_completed().ctx("gpu_completed")?, "gpu_completed stayed false after the op finished");
         ensure!(work.is_completed(), "the Work is completed after its end event");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn is_success_and_seq_follow_each_work<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 64)?;
         group.barrier_sync().ctx("barrier")?;
@@ -497,15 +468,13 @@ fn is_success_and_seq_follow_each_work<H: Harness>(h: &H) -> Check<Outcome> {
         ensure!(failing.is_completed() && !failing.is_success(), "a timed-out Work is completed, not a success");
         ensure_eq!(failing.seq(), 2, "the second group counts its own seqs");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn works_are_usable_through_dyn_work<H: Harness>(h: &H) -> Check<Outcome> {
     let clock = need!(clock_of(h));
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled((r.rank + 1) as f64, 64)?;
         group.barrier_sync().ctx("barrier")?;
@@ -531,7 +500,5 @@ fn works_are_usable_through_dyn_work<H: Harness>(h: &H) -> Check<Outcome> {
         ensure_eq!(error.kind(), ErrorKind::WorkTimeout, "{error}");
         ensure_eq!(slow.exception().map(|e| e.kind()), Some(ErrorKind::WorkTimeout), "the Work's own error");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }

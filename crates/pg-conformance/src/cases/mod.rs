@@ -140,3 +140,9 @@ pub(crate) fn held_all_reduce<B: Backend>(
     let work = group.all_reduce(buffer, ReduceOp::Sum).ctx("all_reduce")?;
     Ok((group, work))
 }
+
+/// Runs `body` on every rank of a world of `n`: the case passes if every rank's checks held.
+pub(crate) fn on_each_rank<H: Harness>(h: &H, n: usize, body: impl Fn(&Rank<H::B>) -> Check + Sync) -> Check<Outcome> {
+    h.run(n, body)?.all_ok()?;
+    Ok(Outcome::Pass)
+}

@@ -3,7 +3,7 @@
 
 use pg_core::{Backend, Buffer as _, Communicator as _, DType, Device as _, ErrorKind, Options, ReduceOp};
 
-use super::{all_equal, case, communicator, triangle};
+use super::{all_equal, case, communicator, on_each_rank, triangle};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
 use crate::registry::{pass, Case, Outcome};
@@ -89,7 +89,7 @@ fn all_reduce_every_op_and_dtype<H: Harness>(h: &H) -> Check<Outcome> {
         (DType::Bool, ReduceOp::Min),
     ];
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let comm = communicator(r, "all_reduce")?;
         let stream = r.device.current_stream();
         for &(dtype, op) in cases {
@@ -101,14 +101,12 @@ fn all_reduce_every_op_and_dtype<H: Harness>(h: &H) -> Check<Outcome> {
             ensure!(close(dtype, &got, &want), "{dtype} {}: got {got:?}, want {want:?}", op.torch_name());
         }
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn broadcast_all_gather_reduce_scatter_and_send_recv_move_the_right_data<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let comm = communicator(r, "others")?;
         let stream = r.device.current_stream();
         let rank = r.rank as f64;
@@ -144,9 +142,7 @@ fn broadcast_all_gather_reduce_scatter_and_send_recv_move_the_right_data<H: Harn
             all_equal(&r.read(&out)?, want).map_err(|e| format!("send/recv: {e}"))?;
         }
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn refused<T>(what: &str, result: pg_core::Result<T>) -> Check {
@@ -160,7 +156,7 @@ fn refused<T>(what: &str, result: pg_core::Result<T>) -> Check {
 fn backend_refuses_bad_arguments_with_typed_errors<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     let other_device = h.offers().other_device;
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let comm = communicator(r, "bad")?;
         let s = r.device.current_stream();
         let a = r.device.alloc(DType::F32, 4).ctx("alloc")?;
@@ -188,9 +184,7 @@ fn backend_refuses_bad_arguments_with_typed_errors<H: Harness>(h: &H) -> Check<O
         let ok = r.holding(DType::F32, &[1.0; 4])?;
         comm.all_reduce(&ok, &ok, ReduceOp::Sum, &s).ctx("all_reduce after the refusals")?;
         all_equal(&r.read(&ok)?, n as f64)
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 /// Reads `buffer` through a group-op check: `want` element-wise.

@@ -11,8 +11,8 @@ use pg_core::{
 };
 
 use super::{
-    all_equal, at_once, case, clock_of, held_all_reduce, need, needs_hazards, needs_log, needs_virtual_clock, triangle,
-    SLEEP,
+    all_equal, at_once, case, clock_of, held_all_reduce, need, needs_hazards, needs_log, needs_virtual_clock,
+    on_each_rank, triangle, SLEEP,
 };
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness, HazardKind, KernelKind, KernelLaunch};
@@ -130,7 +130,7 @@ fn s02_call_chain_runs_on_the_comm_stream_after_the_input_is_ready<H: Harness>(h
 }
 
 fn s03_communicators_are_created_lazily_and_reused<H: Harness>(h: &H) -> Check<Outcome> {
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let group = r.group("0", Options::builder())?;
         let before = group.counters().comms_created;
         let buffer = r.filled(1.0, 8)?;
@@ -144,9 +144,7 @@ fn s03_communicators_are_created_lazily_and_reused<H: Harness>(h: &H) -> Check<O
         ensure_eq!(after, vec![1, 1, 1], "the first op creates it, later ops reuse it");
         ensure_eq!(eager.counters().comms_created, 1, "eager init creates the collective communicator with the group");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s04_cache_keys_are_the_device_sequence_and_the_sorted_pair<H: Harness>(h: &H) -> Check<Outcome> {
@@ -160,7 +158,7 @@ fn s04_cache_keys_are_the_device_sequence_and_the_sorted_pair<H: Harness>(h: &H)
         ensure_eq!(key.cache_key(), expected, "cache key of {key:?}");
     }
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled(r.rank as f64, 4)?;
         // The last rank sends to rank 0 (when there are two ranks or more): the pair key is sorted.
@@ -180,14 +178,12 @@ fn s04_cache_keys_are_the_device_sequence_and_the_sorted_pair<H: Harness>(h: &H)
         expected.sort();
         ensure_eq!(group.comm_keys(), expected, "rank {}: the collective key is the device ordinal", r.rank);
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s05_groups_with_identical_membership_never_share_a_communicator<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         for name in ["0", "1", "2"] {
             let group = r.group(name, Options::builder().high_priority_stream(name == "2"))?;
             for op in 0..3 {
@@ -198,14 +194,12 @@ fn s05_groups_with_identical_membership_never_share_a_communicator<H: Harness>(h
             }
         }
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s06_single_p2p_uses_the_pair_key_and_does_not_advance_the_counter<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled((r.rank + 1) as f64, 16)?;
         let before = group.next_comm_counter();
@@ -228,9 +222,7 @@ fn s06_single_p2p_uses_the_pair_key_and_does_not_advance_the_counter<H: Harness>
         ensure!(r.store.check(&["0//0"]).ctx("store")?, "the collective id did not go through counter key 0");
         ensure!(!r.store.check(&["0//1"]).ctx("store")?, "a second collective key was written");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s07_a_communicator_being_created_sits_in_the_initialisation_map<H: Harness>(h: &H) -> Check<Outcome> {
@@ -278,7 +270,7 @@ fn s07_a_communicator_being_created_sits_in_the_initialisation_map<H: Harness>(h
 fn s08_each_key_gets_a_dedicated_stream_from_the_pool_by_priority<H: Harness>(h: &H) -> Check<Outcome> {
     let env_high = |name: &str| (name == "TORCH_NCCL_HIGH_PRIORITY").then(|| "1".to_owned());
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let normal = r.group("0", Options::builder())?;
         let high = r.group("1", Options::builder().high_priority_stream(true))?;
         let from_env = {
@@ -313,9 +305,7 @@ fn s08_each_key_gets_a_dedicated_stream_from_the_pool_by_priority<H: Harness>(h:
             }
         }
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s09_the_collective_waits_for_the_input_ready_event<H: Harness>(h: &H) -> Check<Outcome> {
@@ -492,7 +482,7 @@ fn s13_work_start_time_is_host_time_and_bounds_the_timeout<H: Harness>(h: &H) ->
 }
 
 fn s14_is_completed_is_the_end_event_or_an_exception<H: Harness>(h: &H) -> Check<Outcome> {
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let buffer = r.filled(1.0, 64)?;
         let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
         let after_enqueue = work.is_completed();
@@ -502,9 +492,7 @@ fn s14_is_completed_is_the_end_event_or_an_exception<H: Harness>(h: &H) -> Check
         let row = (after_enqueue, after_wait, work.is_completed(), work.exception().is_none());
         ensure_eq!(row, (false, false, true, true), "host return is never completion");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn completed_works_nobody_holds_are_reused_and_held_ones_never_are<H: Harness>(h: &H) -> Check<Outcome> {
@@ -563,7 +551,7 @@ fn s15_blocking_wait_polls_until_done_and_aborts_on_timeout<H: Harness>(h: &H) -
         Ok(())
     })?;
     ran.all_ok()?;
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let buffer = r.filled(1.0, 64)?;
         let (group, work) =
             held_all_reduce(r, "0", Options::builder().blocking_wait(true).timeout(Duration::from_millis(5)), &buffer)?;
@@ -572,14 +560,12 @@ fn s15_blocking_wait_polls_until_done_and_aborts_on_timeout<H: Harness>(h: &H) -
         let next = group.all_reduce(&buffer, ReduceOp::Sum).and_then(|w| w.wait());
         ensure!(next.is_err(), "the communicator was aborted: a later op must fail instead of hanging");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s16_barrier_synchronises_the_current_stream_not_the_device<H: Harness>(h: &H) -> Check<Outcome> {
     need!(clock_of(h));
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let group = r.group("0", Options::builder())?;
         group.barrier_sync().ctx("barrier")?;
         let other = r.device.stream_from_pool(false).ctx("stream")?;
@@ -591,9 +577,7 @@ fn s16_barrier_synchronises_the_current_stream_not_the_device<H: Harness>(h: &H)
         ensure!(host < SLEEP * 3, "the host waited for the device's other streams: {host:?}");
         ensure!(!other.query().ctx("query")?, "the other stream finished: the barrier synchronised the device");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s17_future_is_done_at_once_and_its_wait_only_orders_the_stream<H: Harness>(h: &H) -> Check<Outcome> {
@@ -619,7 +603,7 @@ fn s17_future_is_done_at_once_and_its_wait_only_orders_the_stream<H: Harness>(h:
 fn s18_the_four_wait_configurations_behave_as_documented<H: Harness>(h: &H) -> Check<Outcome> {
     let clock = need!(clock_of(h));
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let nonblocking = r.group("0", Options::builder())?;
         let blocking = r.group("1", Options::builder().blocking_wait(true))?;
         nonblocking.barrier_sync().ctx("barrier")?;
@@ -655,13 +639,11 @@ fn s18_the_four_wait_configurations_behave_as_documented<H: Harness>(h: &H) -> C
             }
         }
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s19_default_wait_orders_only_the_current_stream<H: Harness>(h: &H) -> Check<Outcome> {
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let buffer = r.filled(1.0, 1024)?;
         let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
         work.wait().ctx("wait")?;
@@ -674,14 +656,12 @@ fn s19_default_wait_orders_only_the_current_stream<H: Harness>(h: &H) -> Check<O
         free.synchronize().ctx("synchronize")?;
         ensure!(!work.is_completed(), "an unrelated stream was ordered after the op by wait()");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn s20_comm_kernels_run_only_on_the_dedicated_stream<H: Harness>(h: &H) -> Check<Outcome> {
     need!(needs_log(h, false));
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 64)?;
         group.barrier_sync().ctx("barrier")?;
@@ -702,9 +682,7 @@ fn s20_comm_kernels_run_only_on_the_dedicated_stream<H: Harness>(h: &H) -> Check
         ensure_eq!(count(current, KernelKind::Comm)?, 0, "comm kernels on the current stream");
         ensure_eq!(count(current, KernelKind::Sleep)? - sleep_before, 1, "sleep kernels on the current stream");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 /// A tracing subscriber that keeps the fields of "created communicator" events.
@@ -740,7 +718,7 @@ impl tracing::Subscriber for CreationLog {
 }
 
 fn s27_every_communicator_creation_is_logged_and_counted<H: Harness>(h: &H) -> Check<Outcome> {
-    let ran = h.run(h.world_size(), |r| -> Check {
+    on_each_rank(h, h.world_size(), |r| {
         let log = CreationLog::default();
         let created = tracing::subscriber::with_default(log.clone(), || -> Check<u64> {
             let mut created = 0;
@@ -767,9 +745,7 @@ fn s27_every_communicator_creation_is_logged_and_counted<H: Harness>(h: &H) -> C
         let want = vec![("0".to_owned(), rank.clone(), key.clone()), ("1".to_owned(), rank, key)];
         ensure_eq!(seen, want, "(group, rank, key) of each creation");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 /// Runs `body` on every rank and returns rank 0's hazards (kind, message).
@@ -830,7 +806,7 @@ fn mistake_treating_future_done_as_gpu_completion_is_caught<H: Harness>(h: &H) -
 
 fn bad_arguments_are_typed_errors_naming_what_was_wrong<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let ran = h.run(n, |r| -> Check {
+    on_each_rank(h, n, |r| {
         let group = r.group("0", Options::builder())?;
         let f32s = |numel| r.device.alloc(DType::F32, numel).ctx("alloc");
         let check = |what: &str, result: pg_core::Result<()>, words: &[String]| -> Check {
@@ -874,7 +850,5 @@ fn bad_arguments_are_typed_errors_naming_what_was_wrong<H: Harness>(h: &H) -> Ch
         )?;
         ensure_eq!(group.counters().ops_issued, 0, "a refused call enqueued something");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
