@@ -110,3 +110,31 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         "a non-text panic".to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::MockHarness;
+
+    /// `docs/semantics.md` names every case, and every name it gives in backticks that looks like a case is one.
+    #[test]
+    fn the_semantics_page_names_every_case_and_only_cases() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/semantics.md");
+        let page = std::fs::read_to_string(path).expect("docs/semantics.md");
+        let cases = cases::<MockHarness>();
+        let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+        let mut seen = std::collections::HashSet::new();
+        for (i, name) in names.iter().enumerate() {
+            assert!(seen.insert(*name), "case {name} is registered twice");
+            assert!(page.contains(&format!("`{name}`")), "docs/semantics.md does not name case {name} (#{i})");
+        }
+        let quoted = page.split('`').skip(1).step_by(2);
+        for word in quoted {
+            let looks_like_a_case = word.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && word.matches('_').count() >= 3;
+            if looks_like_a_case {
+                assert!(names.contains(&word), "docs/semantics.md names {word}, which is no case");
+            }
+        }
+    }
+}
