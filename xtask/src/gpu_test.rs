@@ -8,8 +8,8 @@ use std::process::Command;
 pub const HELP: &str = "\
 cargo xtask gpu-test [--bundle DIR] [--nproc N] [--out DIR]
 
-Without --bundle: finds the GPUs (nvidia-smi), builds pg-nccl-gpu (release) and runs the hardware S-tests
-and the seed's three experiments, one process per GPU over loopback; results in --out (default
+Without --bundle: finds the GPUs (nvidia-smi), builds pg-nccl-gpu (release) and runs the conformance suite
+and the three experiments, one process per GPU over loopback; results in --out (default
 bench/results/gpu-test). Without GPUs it says so and fails.
 With --bundle DIR: builds everything (release, stripped) into DIR with run.sh, to run where cargo is not.
 ";
@@ -50,10 +50,11 @@ pub fn find_gpus() -> Result<Vec<String>, String> {
 }
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs pg's real-GPU suite from this bundle (no cargo needed): the hardware S-tests, the seed's three
-# experiments, and the all_reduce benchmark (raw NCCL loop, pg's process group, PyTorch) on the same libnccl.
-# Usage: run.sh [OUT_DIR]   (env: TASKS=smoke,experiments  BENCH=1  BENCH_MAX_BYTES=1073741824  BENCH_TRIALS=5
-#                            NPROC=N)
+# Runs pg's real-GPU suite from this bundle (no cargo needed): the conformance suite, the three experiments,
+# and the all_reduce benchmark (raw NCCL loop, pg's process group, PyTorch) on the same libnccl.
+# Usage: run.sh [OUT_DIR]   (env: TASKS=conformance,experiments  BENCH=1  BENCH_MAX_BYTES=1073741824
+#                            BENCH_TRIALS=5  NPROC=N)
+# The conformance results are OUT_DIR/conformance.{md,json}: {"backend", "world_size", "cases": [...]}.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${1:-$HERE/results}"
@@ -63,7 +64,7 @@ NPROC_ARGS=()
 if [ -n "${NPROC:-}" ]; then NPROC_ARGS=(--nproc "$NPROC"); fi
 { date -u; nvidia-smi; nvidia-smi topo -m; } > "$OUT/machine.txt" 2>&1
 rc=0
-"$HERE/pg-nccl-gpu" run --tasks "${TASKS:-smoke,experiments}" --out "$OUT" "${NPROC_ARGS[@]}" || rc=1
+"$HERE/pg-nccl-gpu" run --tasks "${TASKS:-conformance,experiments}" --out "$OUT" "${NPROC_ARGS[@]}" || rc=1
 if [ "${XTASK_EXPERIMENTS:-1}" = "1" ]; then
   # The same generic experiment code as `cargo xtask experiments` on the mock, with the same JSON schema.
   NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
@@ -128,7 +129,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let binary = build_suite()?;
     let mut command = Command::new(binary);
-    command.args(["run", "--tasks", "smoke,experiments", "--out"]).arg(&out).env("NCCL_NVLS_ENABLE", "0");
+    command.args(["run", "--tasks", "conformance,experiments", "--out"]).arg(&out).env("NCCL_NVLS_ENABLE", "0");
     if let Some(n) = nproc {
         command.args(["--nproc", &n]);
     }

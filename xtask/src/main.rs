@@ -6,6 +6,7 @@ use std::process::ExitCode;
 mod bench_allreduce;
 mod bench_host;
 mod bench_store;
+mod conformance;
 mod experiments;
 mod faults;
 mod fr_analyze;
@@ -21,6 +22,8 @@ cargo xtask <task> [options]
 Tasks:
   experiments [--backend mock|nccl] [--world-size N] [--json PATH]
                          three experiments: the communicator cache, completion semantics, streams
+  conformance --backend mock|nccl [--world-size N] [--json PATH]
+                         the conformance suite: every promised semantic and every op, pass/fail/not_applicable
   gpu-test [--bundle DIR] build and run the real-GPU suite, one process per GPU
   bench [store|store-hostile|all-reduce|host] [options]
                          benchmarks; results go to bench/results/
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         "experiments" => experiments::main(rest),
+        "conformance" => conformance::run(rest),
         "tidy" => tidy::main(),
         "interop" => interop::main(rest),
         "bench" if rest.first().is_some_and(|sub| sub == "store") => bench_store::main(&rest[1..]),

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::{CommConfig, DType, KernelLaunch, ReduceOp, Result, UniqueId};
+use crate::{CommConfig, DType, ReduceOp, Result, UniqueId};
 
 /// A family of types that together make one backend.
 pub trait Backend: Sized + Send + Sync + Debug + 'static {
@@ -130,12 +130,6 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
 
     /// Starts a host thread that belongs to this device's world (the watchdog, the heartbeat monitor).
     fn spawn_host_thread(&self, name: &str, body: Box<dyn FnOnce() + Send + 'static>) -> Result<JoinHandle<()>>;
-
-    /// The kernels launched on this device so far, where the backend can tell: a real backend lists the launches it
-    /// made itself, in launch order; the simulated backend lists the kernels it ran, by start time.
-    fn kernel_launches(&self) -> Vec<KernelLaunch> {
-        Vec::new()
-    }
 
     /// Versions worth recording next to results (driver, runtime, NCCL, ...), as name/value pairs.
     fn versions(&self) -> Vec<(String, String)> {

@@ -49,7 +49,7 @@ pub use subgroups::DeviceMesh;
 pub use torch_compat::{
     join_torch_default_group, torch_default_group_store, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT,
 };
-pub use types::{CommConfig, DType, KernelKind, KernelLaunch, ReduceOp, UniqueId};
+pub use types::{CommConfig, DType, ReduceOp, UniqueId};
 pub use work::{Work, WorkHandle};
 
 pub use pg_store as store;

@@ -131,27 +131,3 @@ pub struct CommConfig {
     /// [`crate::Error::InitTimeout`] (`None`: no bound). A non-blocking init returns at once and ignores it.
     pub timeout: Option<std::time::Duration>,
 }
-
-/// What kind of kernel a launch was, for the streams experiment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelKind {
-    /// A communication kernel (a collective or point-to-point op).
-    Comm,
-    /// A sleep/spin kernel.
-    Sleep,
-    /// A fill kernel.
-    Fill,
-    /// A copy between host and device.
-    Copy,
-}
-
-/// One kernel launch as a backend recorded it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelLaunch {
-    /// The stream it was launched on ([`crate::Stream::id`]).
-    pub stream_id: u64,
-    /// What it was.
-    pub kind: KernelKind,
-    /// Its name (`all_reduce`, `sleep`, ...).
-    pub name: String,
-}

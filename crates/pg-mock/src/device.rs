@@ -369,15 +369,6 @@ impl pg_core::Device for MockDevice {
             .map_err(|e| Error::Backend(format!("cannot spawn host thread '{name}': {e}")))
     }
 
-    fn kernel_launches(&self) -> Vec<pg_core::KernelLaunch> {
-        self.inner
-            .lock()
-            .kernel_log(self.index)
-            .into_iter()
-            .map(|k| pg_core::KernelLaunch { stream_id: k.stream_id, kind: k.kind, name: k.name })
-            .collect()
-    }
-
     fn versions(&self) -> Vec<(String, String)> {
         vec![("pg-mock".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]
     }

@@ -10,8 +10,18 @@ use std::time::Duration;
 
 use pg_core::{DType, ReduceOp};
 
-/// What kind of kernel a [`KernelRecord`] is (the same kinds every backend reports).
-pub use pg_core::KernelKind;
+/// What kind of kernel a [`KernelRecord`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// A communication kernel (a collective or point-to-point op).
+    Comm,
+    /// A sleep/spin kernel.
+    Sleep,
+    /// A fill kernel.
+    Fill,
+    /// A copy between host and device.
+    Copy,
+}
 
 use crate::clock::{ns, OpRef, Park, Time};
 use crate::config::WorldConfig;

@@ -9,6 +9,8 @@ use nccl_sys::{Library, Status};
 use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
+#[cfg(feature = "testing")]
+use crate::launches::{self, KernelKind};
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
@@ -191,7 +193,9 @@ impl Communicator {
         ))
     }
 
-    /// Issues one call under the issue mutex, on the device's context, and finishes an in-progress return.
+    /// Issues one call under the issue mutex, on the device's context, and finishes an in-progress return;
+    /// `name` goes to the launch log (with the `testing` feature).
+    #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
     fn issue(
         &self,
         name: &'static str,
@@ -217,9 +221,7 @@ impl Communicator {
             self.wait_while_in_progress()?;
         }
         #[cfg(feature = "testing")]
-        crate::launches::log(self.device.ordinal(), stream.0.id(), pg_core::KernelKind::Comm, name);
-        #[cfg(not(feature = "testing"))]
-        let _ = (name, stream); // Only the launch log reads them.
+        launches::log(self.device.ordinal(), stream.0.id(), KernelKind::Comm, name);
         Ok(())
     }
 

@@ -7,6 +7,8 @@ use std::time::Duration;
 use pg_core::{Buffer as _, CommConfig, DType, Error, UniqueId};
 
 use crate::conv::{cuda_error, fill_pattern, nccl_error};
+#[cfg(feature = "testing")]
+use crate::launches::{self, KernelKind};
 use crate::{Buffer, Communicator, Event, Nccl, Stream};
 
 /// One GPU as this process sees it. Cloning gives another handle to the same device.
@@ -114,20 +116,15 @@ impl pg_core::Device for Device {
         let (width, pattern) = fill_pattern(buffer.dtype, value);
         self.cuda.fill(&buffer.cuda, width, pattern, &stream.0).map_err(cuda_error)?;
         #[cfg(feature = "testing")]
-        crate::launches::log(self.cuda.ordinal(), stream.0.id(), pg_core::KernelKind::Fill, "fill");
+        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Fill, "fill");
         Ok(())
     }
 
     fn sleep_kernel(&self, stream: &Stream, duration: Duration) -> pg_core::Result<()> {
         self.cuda.sleep_kernel(&stream.0, duration).map_err(cuda_error)?;
         #[cfg(feature = "testing")]
-        crate::launches::log(self.cuda.ordinal(), stream.0.id(), pg_core::KernelKind::Sleep, "sleep");
+        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Sleep, "sleep");
         Ok(())
-    }
-
-    #[cfg(feature = "testing")]
-    fn kernel_launches(&self) -> Vec<pg_core::KernelLaunch> {
-        crate::launches::for_device(self.cuda.ordinal())
     }
 
     fn versions(&self) -> Vec<(String, String)> {

@@ -1,5 +1,6 @@
-//! The kernels this backend launched itself, per device: a bounded, lock-free log of the newest [`KEPT`], for
-//! tests that check which stream an op ran on (only with the `testing` feature).
+//! The kernels this backend launched itself, per device (with the `testing` feature only): a bounded, lock-free
+//! log of the newest 4,096 launches, read with [`for_device`] (the conformance harness's kernel log and the streams
+//! experiment).
 //!
 //! Logging is on every op's enqueue path, so it takes no lock: a launch claims a ticket and writes its slot
 //! of a ring, seqlock-style (invalidate, write, publish). A reader skips a slot that is being rewritten, so a
@@ -7,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pg_core::{KernelKind, KernelLaunch};
+pub use pg_conformance::{KernelKind, KernelLaunch};
 
 /// Entries kept per process.
 pub const KEPT: usize = 4096;
@@ -36,7 +37,7 @@ fn pack(device: usize, stream_id: u64, kind: KernelKind, name: &str) -> u64 {
 fn unpack(word: u64) -> (usize, KernelLaunch) {
     let name = NAMES.get((word & 0xff) as usize).copied().unwrap_or("?");
     let kind = KINDS[((word >> 8) & 0xff) as usize % KINDS.len()];
-    let launch = KernelLaunch { stream_id: word >> 24, kind, name: name.to_owned() };
+    let launch = KernelLaunch { stream_id: word >> 24, kind, name: name.to_owned(), span: None };
     (((word >> 16) & 0xff) as usize, launch)
 }
 
@@ -49,8 +50,7 @@ pub(crate) fn log(device: usize, stream_id: u64, kind: KernelKind, name: &'stati
     slot.ticket.store(ticket + 1, Ordering::Release);
 }
 
-/// The logged launches on device `device` (its ordinal), in launch order (oldest first; at most the newest
-/// [`KEPT`] of the process).
+/// The logged launches on the device of ordinal `device`, oldest first.
 pub fn for_device(device: usize) -> Vec<KernelLaunch> {
     let end = NEXT.load(Ordering::Acquire);
     let mut launches = Vec::new();

@@ -15,13 +15,12 @@
 
 mod buffer;
 mod communicator;
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod conv;
 mod device;
 #[cfg(feature = "testing")]
 pub mod launches;
-// The ring's own tests run in every `cargo test`, with or without the feature.
-#[cfg(all(test, not(feature = "testing")))]
-mod launches;
 #[cfg(feature = "testing")]
 pub mod raw;
 mod stream;

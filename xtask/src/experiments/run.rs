@@ -56,8 +56,7 @@ impl Default for ExperimentConfig {
     }
 }
 
-/// One rank's view: its device and the job's store.
-#[derive(Debug)]
+/// One rank's view: its device, the job's store, and the kernel log (through the conformance capabilities).
 pub struct RankContext<B: Backend> {
     /// This rank.
     pub rank: usize,
@@ -67,6 +66,14 @@ pub struct RankContext<B: Backend> {
     pub store: Arc<dyn Store>,
     /// The experiments' settings.
     pub config: ExperimentConfig,
+    /// The world's capabilities: the streams experiment reads the kernel log through them.
+    pub caps: Arc<dyn pg_conformance::Capabilities<B>>,
+}
+
+impl<B: Backend> std::fmt::Debug for RankContext<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankContext").field("rank", &self.rank).field("config", &self.config).finish_non_exhaustive()
+    }
 }
 
 impl<B: Backend> RankContext<B> {
@@ -175,8 +182,15 @@ pub fn main(args: &[String]) -> Result<(), String> {
 fn run_mock(config: &ExperimentConfig) -> Result<Vec<RankResults>, String> {
     let world = pg_mock::World::new(pg_mock::WorldConfig { devices: config.world_size, ..Default::default() });
     let store = world.store();
+    let caps = pg_conformance::mock::capabilities(&world);
     let results = world.run(config.world_size, |rank, device| {
-        let ctx = RankContext::<pg_mock::Mock> { rank, device, store: Arc::clone(&store), config: config.clone() };
+        let ctx = RankContext::<pg_mock::Mock> {
+            rank,
+            device,
+            store: Arc::clone(&store),
+            config: config.clone(),
+            caps: Arc::clone(&caps),
+        };
         run_rank(&ctx)
     });
     results.into_iter().enumerate().map(|(rank, r)| r.map_err(|e| format!("rank {rank}: {e}"))).collect()

@@ -13,7 +13,7 @@ use pg_nccl::raw::RawComm;
 use pg_nccl::{Buffer, Nccl, Stream};
 use serde_json::{json, Value};
 
-use crate::smoke::{all_equal, filled, group, rank_sum, read, Group};
+use crate::util::{all_equal, filled, group, rank_sum, read, Group};
 use crate::Rank;
 
 fn e(err: impl std::fmt::Display) -> String {

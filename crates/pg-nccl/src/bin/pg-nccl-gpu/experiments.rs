@@ -3,10 +3,11 @@
 
 use std::time::Instant;
 
-use pg_core::{DType, Device as _, KernelKind, Options, ReduceOp, Stream as _};
+use pg_core::{DType, Device as _, Options, ReduceOp, Stream as _};
+use pg_nccl::launches::{self, KernelKind};
 use serde_json::{json, Value};
 
-use crate::smoke::{all_equal, filled, group, rank_sum, read};
+use crate::util::{all_equal, filled, group, rank_sum, read};
 use crate::Rank;
 
 /// The sleep: 80,000,000 SM cycles (`torch.cuda._sleep(80000000)`, 40.4 ms on an H200).
@@ -115,13 +116,13 @@ fn semantics_experiment(ctx: &Rank) -> Result<Value, String> {
 fn streams_experiment(ctx: &Rank) -> Result<Value, String> {
     let device = &ctx.device;
     let pg = group(ctx, "exp-streams", Options::builder())?;
-    let before = device.kernel_launches().len();
+    let before = launches::for_device(device.index()).len();
     let buffer = filled(ctx, DType::F32, NUMEL, (ctx.rank + 1) as f64)?;
     let work = pg.all_reduce(&buffer, ReduceOp::Sum).map_err(e)?;
     work.wait().map_err(e)?;
     device.synchronize().map_err(e)?;
     let current = device.current_stream().id();
-    let launches = device.kernel_launches();
+    let launches = launches::for_device(device.index());
     let comm: Vec<u64> = launches
         .iter()
         .skip(before.min(launches.len()))

@@ -1,6 +1,6 @@
 //! `pg-nccl-gpu`: the real-GPU suite of pg, one process per GPU.
 //!
-//! `pg-nccl-gpu run [--nproc N] [--tasks smoke,experiments,bench] [--out DIR] [bench options]` finds the GPUs,
+//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--out DIR] [bench options]` finds the GPUs,
 //! starts one rank process per GPU for each task (environment as torchrun sets it: `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges
 //! their results into `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank
@@ -12,9 +12,10 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod conformance;
 mod experiments;
 mod report;
-mod smoke;
+mod util;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
@@ -25,7 +26,7 @@ use pg_core::store::Store;
 use serde_json::{json, Value};
 
 const USAGE: &str = "\
-usage: pg-nccl-gpu run [--nproc N] [--tasks smoke,experiments,bench] [--out DIR]
+usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--out DIR]
                        [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
@@ -45,7 +46,7 @@ pub struct Settings {
 fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> {
     let mut settings = Settings {
         nproc: None,
-        tasks: vec!["smoke".into(), "experiments".into()],
+        tasks: vec!["conformance".into(), "experiments".into()],
         out: PathBuf::from("gpu-results"),
         bench_max_bytes: 1 << 30,
         bench_trials: 5,
@@ -254,7 +255,7 @@ fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, Stri
     let device = pg_nccl::Device::new(local_rank).map_err(|e| e.to_string())?;
     let ctx = Rank { rank, world, device, store, settings: settings.clone() };
     let mut value = match task {
-        "smoke" => smoke::run(&ctx),
+        "conformance" => conformance::run(&ctx),
         "experiments" => experiments::run(&ctx),
         "bench" => bench::run(&ctx),
         other => return Err(format!("unknown task {other}")),

@@ -8,48 +8,30 @@ use crate::Settings;
 
 /// Reports `task` from its ranks' results; returns whether every check passed.
 pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, String> {
+    if task == "conformance" {
+        // The suite's own JSON schema: {"backend", "world_size", "cases": [{"name", "result", "detail"}]}.
+        let (ok, markdown, merged) = crate::conformance::merge(ranks)?;
+        print!("{markdown}");
+        return write(settings, task, &merged, &markdown).map(|()| ok);
+    }
     let (ok, markdown) = match task {
-        "smoke" => smoke(ranks),
         "experiments" => experiments(ranks),
         "bench" => bench(ranks),
         other => return Err(format!("no report for task {other}")),
     };
     print!("{markdown}");
     let merged = json!({ "task": task, "passed": ok, "world_size": ranks.len(), "versions": ranks[0]["versions"], "ranks": ranks });
-    let json_path = settings.out.join(format!("{task}.json"));
-    std::fs::write(&json_path, serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
-        .map_err(|e| format!("{}: {e}", json_path.display()))?;
-    let md_path = settings.out.join(format!("{task}.md"));
-    std::fs::write(&md_path, &markdown).map_err(|e| format!("{}: {e}", md_path.display()))?;
+    write(settings, task, &merged, &markdown)?;
     Ok(ok)
 }
 
-fn smoke(ranks: &[Value]) -> (bool, String) {
-    let mut md = String::from("\n| check | ");
-    for rank in 0..ranks.len() {
-        let _ = write!(md, "rank {rank} | ");
-    }
-    md.push_str("\n|---|");
-    md.push_str(&"---|".repeat(ranks.len()));
-    md.push('\n');
-    let mut ok = true;
-    let checks = ranks[0]["checks"].as_array().cloned().unwrap_or_default();
-    for (index, check) in checks.iter().enumerate() {
-        let _ = write!(md, "| {} | ", check["name"].as_str().unwrap_or("?"));
-        for rank in ranks {
-            let this = &rank["checks"][index];
-            let passed = this["passed"] == json!(true);
-            ok &= passed;
-            let detail = match &this["detail"] {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            let _ = write!(md, "{} {} | ", if passed { "ok" } else { "FAIL" }, detail.replace('|', "/"));
-        }
-        md.push('\n');
-    }
-    ok &= !checks.is_empty();
-    (ok, md)
+/// Writes `<task>.json` and `<task>.md` into the output directory.
+fn write(settings: &Settings, task: &str, merged: &Value, markdown: &str) -> Result<(), String> {
+    let json_path = settings.out.join(format!("{task}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(merged).map_err(|e| e.to_string())? + "\n")
+        .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let md_path = settings.out.join(format!("{task}.md"));
+    std::fs::write(&md_path, markdown).map_err(|e| format!("{}: {e}", md_path.display()))
 }
 
 fn experiments(ranks: &[Value]) -> (bool, String) {

@@ -1,0 +1,503 @@
+//! The group's life cycle and error paths: non-blocking and racing communicator creation, wrong-device
+//! buffers, abort and shutdown, asynchronous and remote errors, the watchdog's bookkeeping, and the Work,
+//! Future and `dyn Work` interfaces.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pg_core::{
+    Device as _, ErrorHandling, ErrorKind, ErrorType, OpType, Options, ProcessGroup, ReduceOp, Work, WorkHandle,
+};
+
+use super::{
+    all_equal, case, clock_of, held_all_reduce, need, needs_faults, needs_virtual_clock, on_each_rank, pair_p2p,
+    triangle, SLEEP,
+};
+use crate::check::{Check, Context};
+use crate::harness::{Clock, Fault, Harness, Rank};
+use crate::registry::{not_applicable, Case, Outcome};
+use crate::{ensure, ensure_eq};
+
+pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
+    vec![
+        case!(non_blocking_init_through_the_group_gives_a_working_communicator, 1),
+        case!(non_blocking_init_of_a_peer_that_never_joins_times_out, 2),
+        case!(two_threads_of_a_rank_racing_to_create_a_communicator_create_one, 1),
+        case!(a_buffer_on_another_device_is_refused_by_name, 1),
+        case!(every_call_after_abort_returns_aborted, 1),
+        case!(every_call_after_shutdown_returns_aborted, 1),
+        case!(abort_aborts_every_communicator_of_the_group, 1),
+        case!(clean_up_after_a_timeout_aborts_every_communicator_of_the_group, 1),
+        case!(an_async_error_with_nothing_in_flight_fails_the_group, 1),
+        case!(without_a_watchdog_the_in_flight_list_is_pruned, 1),
+        case!(a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote, 2),
+        case!(desync_debug_writes_the_trace_keys_as_ops_start_and_complete, 1),
+        case!(started_and_completed_are_counted_apart_from_enqueued, 1),
+        case!(shutdown_stops_the_watchdog, 1),
+        case!(future_gpu_completed_turns_true_when_the_device_finishes, 1),
+        case!(is_success_and_seq_follow_each_work, 1),
+        case!(works_are_usable_through_dyn_work, 1),
+    ]
+}
+
+fn non_blocking_init_through_the_group_gives_a_working_communicator<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        for eager in [false, true] {
+            let name = if eager { "eager" } else { "lazy" };
+            let group = r.group(name, Options::builder().nonblocking_init(true).eager_init(eager))?;
+            ensure_eq!(group.counters().comms_created, u64::from(eager), "{name}: communicators after creation");
+            let buffer = r.filled((r.rank + 1) as f64, 64)?;
+            group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+            all_equal(&r.read(&buffer)?, triangle(n)).map_err(|e| format!("{name}: {e}"))?;
+            ensure_eq!(group.counters().comms_created, 1, "{name}: one communicator");
+            ensure!(group.initializing_keys().is_empty(), "{name}: still initialising after its first op");
+            group.shutdown().ctx("shutdown")?;
+        }
+        Ok(())
+    })
+}
+
+fn non_blocking_init_of_a_peer_that_never_joins_times_out<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_faults(h));
+    need!(needs_virtual_clock(h));
+    let n = h.world_size();
+    let timeout = Duration::from_secs(2);
+    on_each_rank(h, n, |r| {
+        if r.rank == 0 && !r.caps.inject(Fault::NeverJoin { rank: n - 1 }) {
+            return Err("the fault was refused".into());
+        }
+        let group = r.group("0", Options::builder().nonblocking_init(true).timeout(timeout))?;
+        if r.rank == n - 1 {
+            return Ok(());
+        }
+        let buffer = r.filled(1.0, 4)?;
+        let start = r.device.now();
+        let error = match group.all_reduce(&buffer, ReduceOp::Sum) {
+            Ok(_) => return Err("the op was enqueued on a communicator that never became ready".into()),
+            Err(error) => error,
+        };
+        let took = r.device.now() - start;
+        ensure!(error.kind() != ErrorKind::InvalidArgument, "an init timeout is not a bad argument: {error}");
+        ensure!(error.to_string().contains("timed out"), "the error does not say it timed out: {error}");
+        ensure!(took >= timeout && took < timeout * 2, "gave up after {took:?}, not the group's {timeout:?}");
+        Ok(())
+    })
+}
+
+fn two_threads_of_a_rank_racing_to_create_a_communicator_create_one<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let group = r.group("0", Options::builder())?;
+        // Both buffers hold rank + 1: whichever op of another rank each one meets, the sum is the same.
+        let first = r.filled((r.rank + 1) as f64, 16)?;
+        let second = r.filled((r.rank + 1) as f64, 16)?;
+        // A second host thread of this rank asks for the same communicator at the same time.
+        let theirs = Arc::new(Mutex::new(None));
+        let helper = {
+            let group = group.clone();
+            let second = second.clone();
+            let theirs = Arc::clone(&theirs);
+            r.device
+                .spawn_host_thread(
+                    "racer",
+                    Box::new(move || {
+                        let result = group.all_reduce(&second, ReduceOp::Sum).and_then(|w| w.wait());
+                        *theirs.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                    }),
+                )
+                .ctx("second thread")?
+        };
+        let mine = group.all_reduce(&first, ReduceOp::Sum).and_then(|w| w.wait());
+        // Wait for the racer on the device's host clock (a plain join would stop a virtual clock).
+        let mut polls = 0;
+        while theirs.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            ensure!(polls < 100_000, "the racing thread never finished");
+            polls += 1;
+            r.host_sleep(Duration::from_millis(1));
+        }
+        helper.join().map_err(|_| "the racing thread panicked".to_owned())?;
+        mine.ctx("all_reduce")?;
+        let result = theirs.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or("no result from the racer")?;
+        result.ctx("the racing thread's all_reduce")?;
+        all_equal(&r.read(&first)?, triangle(r.size))?;
+        all_equal(&r.read(&second)?, triangle(r.size)).map_err(|e| format!("the racing thread's op: {e}"))?;
+        ensure_eq!(group.counters().comms_created, 1, "both threads got the one communicator");
+        ensure_eq!(group.counters().ops_issued, 2, "both ops ran");
+        ensure_eq!(group.next_comm_counter(), 1, "one store key was used");
+        Ok(())
+    })
+}
+
+fn a_buffer_on_another_device_is_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
+    if !h.offers().other_device {
+        return not_applicable("the harness has no second device");
+    }
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let other = r.caps.other_device(r.rank).ok_or("no other device")?;
+        let group = r.group("0", Options::builder())?;
+        let theirs = other.alloc(pg_core::DType::F32, 4 * n).ctx("alloc")?;
+        let mine = r.filled(1.0, 4 * n)?;
+        let small = r.filled(1.0, 4)?;
+        let small_theirs = other.alloc(pg_core::DType::F32, 4).ctx("alloc")?;
+        let calls: Vec<(&str, pg_core::Result<WorkHandle<H::B>>)> = vec![
+            ("all_reduce", group.all_reduce(&theirs, ReduceOp::Sum)),
+            ("broadcast", group.broadcast(&theirs, 0)),
+            ("all_gather input", group.all_gather(&small_theirs, &mine)),
+            ("all_gather output", group.all_gather(&small, &theirs)),
+            ("reduce_scatter", group.reduce_scatter(&theirs, &small, ReduceOp::Sum)),
+            ("send", group.send(&theirs, (r.rank + 1) % n)),
+            ("recv", group.recv(&theirs, (r.rank + 1) % n)),
+        ];
+        for (what, result) in calls {
+            let error = result.err().ok_or_else(|| format!("{what}: a buffer of another device was accepted"))?;
+            ensure_eq!(error.kind(), ErrorKind::InvalidArgument, "{what}: {error}");
+            ensure!(error.to_string().contains("device"), "{what}: the error does not name the device: {error}");
+        }
+        ensure_eq!(group.counters().ops_issued, 0, "a refused call enqueued something");
+        ensure_eq!(group.counters().comms_created, 0, "a refused call created a communicator");
+        Ok(())
+    })
+}
+
+/// Every op of the group, each giving its result's error kind (Ok -> None).
+fn every_call<B: pg_core::Backend>(
+    r: &Rank<B>,
+    group: &ProcessGroup<B>,
+) -> Check<Vec<(&'static str, Option<ErrorKind>)>> {
+    let n = r.size;
+    let buffer = r.filled(1.0, 4)?;
+    let gathered = r.filled(1.0, 4 * n)?;
+    let kind = |result: pg_core::Result<WorkHandle<B>>| result.err().map(|e| e.kind());
+    let mut calls = vec![
+        ("all_reduce", kind(group.all_reduce(&buffer, ReduceOp::Sum))),
+        ("all_reduce_sync", group.all_reduce_sync(&buffer, ReduceOp::Sum).err().map(|e| e.kind())),
+        ("broadcast", kind(group.broadcast(&buffer, 0))),
+        ("all_gather", kind(group.all_gather(&buffer, &gathered))),
+        ("reduce_scatter", kind(group.reduce_scatter(&gathered, &buffer, ReduceOp::Sum))),
+        ("barrier", kind(group.barrier())),
+        ("barrier_sync", group.barrier_sync().err().map(|e| e.kind())),
+    ];
+    if n > 1 {
+        calls.push(("send", kind(group.send(&buffer, (r.rank + 1) % n))));
+        calls.push(("recv", kind(group.recv(&buffer, (r.rank + n - 1) % n))));
+    }
+    Ok(calls)
+}
+
+fn check_all_aborted(calls: Vec<(&'static str, Option<ErrorKind>)>) -> Check {
+    for (what, kind) in calls {
+        ensure_eq!(kind, Some(ErrorKind::Aborted), "{what}");
+    }
+    Ok(())
+}
+
+fn every_call_after_abort_returns_aborted<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, h.world_size(), |r| {
+        let group = r.group("0", Options::builder())?;
+        let buffer = r.filled(1.0, 4)?;
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        // An op still in flight when the group is aborted fails with Aborted too.
+        r.sleep_current(SLEEP)?;
+        let in_flight = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        group.abort("the case aborts");
+        let error = in_flight.exception().ok_or("the in-flight Work has no error after abort")?;
+        ensure_eq!(error.kind(), ErrorKind::Aborted, "the in-flight Work: {error}");
+        ensure!(in_flight.is_completed() && !in_flight.is_success(), "a failed Work is completed, not successful");
+        ensure_eq!(group.error().map(|e| e.kind()), Some(ErrorKind::Aborted), "the group's error");
+        check_all_aborted(every_call(r, &group)?)?;
+        // Aborting again or shutting down after the abort changes nothing.
+        group.abort("again");
+        let _ = group.shutdown();
+        check_all_aborted(every_call(r, &group)?)
+    })
+}
+
+fn every_call_after_shutdown_returns_aborted<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, h.world_size(), |r| {
+        for first_op in [true, false] {
+            let name = if first_op { "used" } else { "unused" };
+            let group = r.group(name, Options::builder())?;
+            if first_op {
+                let buffer = r.filled(1.0, 4)?;
+                group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+            }
+            group.shutdown().ctx("shutdown")?;
+            check_all_aborted(every_call(r, &group)?).map_err(|e| format!("{name} group: {e}"))?;
+            ensure!(group.comm_keys().is_empty(), "{name} group: shutdown left communicators in the cache");
+        }
+        Ok(())
+    })
+}
+
+fn abort_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let group = r.group("0", Options::builder())?;
+        let buffer = r.filled(1.0, 4)?;
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let comms = 1 + usize::from(pair_p2p(r, &group, &buffer)?.is_some());
+        ensure_eq!(group.status().aborted_comms, 0, "aborted communicators before the abort");
+        group.abort("the case aborts");
+        ensure_eq!(group.status().aborted_comms, comms, "aborted communicators after the abort");
+        Ok(())
+    })
+}
+
+fn clean_up_after_a_timeout_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outcome> {
+    let clock = need!(clock_of(h));
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let period = Duration::from_millis(5);
+        let options = Options::builder()
+            .error_handling(ErrorHandling::CleanUpOnly)
+            .watchdog_period(period)
+            .dump_on_timeout(false)
+            .timeout(Duration::from_secs(60));
+        let group = r.group("0", options)?;
+        let buffer = r.filled(1.0, 4)?;
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let comms = 1 + usize::from(pair_p2p(r, &group, &buffer)?.is_some());
+        group.barrier_sync().ctx("barrier")?;
+        // The next op times out behind a long kernel; the watchdog's clean-up aborts every communicator.
+        group.set_timeout(Duration::from_millis(10));
+        r.sleep_current(SLEEP * 5)?;
+        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let waited = match clock {
+            Clock::Virtual => SLEEP * 2,
+            Clock::Wall => SLEEP * 4,
+        };
+        r.host_sleep(waited);
+        ensure_eq!(group.error_type(), ErrorType::Timeout, "the group's error state");
+        ensure_eq!(work.exception().map(|e| e.kind()), Some(ErrorKind::WorkTimeout), "the Work's error");
+        ensure_eq!(group.status().aborted_comms, comms, "communicators aborted by the clean-up");
+        // Clean-up only: the group is not torn down.
+        ensure!(group.error().is_none(), "clean-up only tore the group down: {:?}", group.error());
+        Ok(())
+    })
+}
+
+fn an_async_error_with_nothing_in_flight_fails_the_group<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_faults(h));
+    need!(needs_virtual_clock(h));
+    on_each_rank(h, h.world_size(), |r| {
+        if !r.caps.inject(Fault::AsyncError { rank: r.rank, after_ops: 1 }) {
+            return Err("the fault was refused".into());
+        }
+        let group = r.group("0", Options::builder().watchdog_period(Duration::from_millis(10)))?;
+        let buffer = r.filled(1.0, 4)?;
+        group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?.synchronize().ctx("synchronize")?;
+        // Nothing is in flight now; the communicator reports its error while the group idles.
+        r.host_sleep(Duration::from_secs(3));
+        ensure_eq!(group.status().in_flight, 0, "Works in flight");
+        ensure_eq!(group.error_type(), ErrorType::CommError, "the group's error state");
+        let next = group.all_reduce(&buffer, ReduceOp::Sum).err().ok_or("the next op was accepted")?;
+        ensure_eq!(next.kind(), ErrorKind::Communicator, "the next op's error: {next}");
+        Ok(())
+    })
+}
+
+fn without_a_watchdog_the_in_flight_list_is_pruned<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, h.world_size(), |r| {
+        let group = r.group("0", Options::builder().enable_watchdog(false))?;
+        let buffer = r.filled(1.0, 4)?;
+        for _ in 0..300 {
+            group.all_reduce_sync(&buffer, ReduceOp::Max).ctx("all_reduce")?;
+            r.device.synchronize().ctx("synchronize")?;
+        }
+        let in_flight = group.status().in_flight;
+        ensure!(in_flight <= 128, "{in_flight} completed Works are still listed after 300 ops with no watchdog");
+        all_equal(&r.read(&buffer)?, 1.0)
+    })
+}
+
+fn a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_virtual_clock(h));
+    let n = h.world_size();
+    // The group's PrefixStore("0/") adds its own "/": the key is "0//remote_error:0" in the world's store.
+    let key = "0//remote_error:0";
+    on_each_rank(h, n, |r| {
+        let options = Options::builder()
+            .propagate_error(true)
+            .dump_on_timeout(false)
+            .timeout(Duration::from_secs(1))
+            .watchdog_period(Duration::from_millis(100));
+        let group = r.group("0", options)?;
+        let buffer = r.filled(1.0, 4)?;
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        r.device.synchronize().ctx("synchronize")?;
+        r.host_sleep(Duration::from_millis(300));
+        ensure!(!r.store.check(&[key]).ctx("store")?, "the key was written before any failure");
+        // Rank 0 alone enqueues the next op: it times out; the others never joined it.
+        if r.rank == 0 {
+            let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+            r.host_sleep(Duration::from_secs(2));
+            ensure_eq!(work.exception().map(|e| e.kind()), Some(ErrorKind::WorkTimeout), "rank 0's Work");
+            ensure_eq!(group.error_type(), ErrorType::Timeout, "rank 0's error state");
+            ensure!(r.store.check(&[key]).ctx("store")?, "the failing rank did not write {key}");
+        } else {
+            r.host_sleep(Duration::from_secs(3));
+            ensure_eq!(group.error_type(), ErrorType::RemoteError, "a peer's error state");
+            let error = group.error().ok_or("the peer's group has no error")?;
+            ensure!(matches!(error, pg_core::Error::Remote { rank: 0 }), "the peer's error: {error}");
+        }
+        Ok(())
+    })
+}
+
+fn desync_debug_writes_the_trace_keys_as_ops_start_and_complete<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(clock_of(h));
+    on_each_rank(h, h.world_size(), |r| {
+        let options = Options::builder().desync_debug(true).watchdog_period(Duration::from_millis(2));
+        let group = r.group("0", options)?;
+        let (start_key, end_key) = (format!("0//NCCL_{}_trace_start", r.rank), format!("0//NCCL_{}_trace_end", r.rank));
+        ensure!(!r.store.check(&[&start_key]).ctx("store")?, "a trace key before any op");
+        let buffer = r.filled(1.0, 4)?;
+        group.barrier_sync().ctx("barrier")?;
+        r.sleep_current(SLEEP)?;
+        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        r.host_sleep(SLEEP / 4);
+        ensure!(!work.is_completed(), "the op finished while its input was still being held back");
+        let end_before = r.store.get(&end_key).ctx("the end key after the barrier")?;
+        work.synchronize().ctx("synchronize")?;
+        r.host_sleep(Duration::from_millis(20));
+        ensure!(r.store.check(&[&start_key]).ctx("store")?, "no start key once the op started");
+        let end_after = r.store.get(&end_key).ctx("the end key")?;
+        ensure!(end_before != end_after, "the end key was not rewritten when the second op completed");
+        Ok(())
+    })
+}
+
+fn started_and_completed_are_counted_apart_from_enqueued<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(clock_of(h));
+    on_each_rank(h, h.world_size(), |r| {
+        let options = Options::builder().desync_debug(true).watchdog_period(Duration::from_millis(2));
+        let group = r.group("0", options)?;
+        let buffer = r.filled(1.0, 4)?;
+        group.barrier_sync().ctx("barrier")?;
+        r.device.synchronize().ctx("synchronize")?;
+        r.host_sleep(Duration::from_millis(10));
+        let status = group.status();
+        ensure_eq!(
+            (status.last_enqueued_seq, status.last_started_seq, status.last_completed_seq),
+            (Some(1), Some(1), Some(1)),
+            "after the barrier (enqueued, started, completed)"
+        );
+        r.sleep_current(SLEEP)?;
+        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        r.host_sleep(SLEEP / 4);
+        let status = group.status();
+        ensure_eq!(
+            (status.last_enqueued_seq, status.last_started_seq, status.last_completed_seq),
+            (Some(2), Some(1), Some(1)),
+            "while op 2 waits for its input (enqueued, started, completed)"
+        );
+        ensure_eq!(status.last_enqueued_op, Some(OpType::AllReduce), "the last enqueued op");
+        work.synchronize().ctx("synchronize")?;
+        r.host_sleep(Duration::from_millis(10));
+        let status = group.status();
+        ensure_eq!(
+            (status.last_started_seq, status.last_completed_seq, status.last_completed_op),
+            (Some(2), Some(2), Some(OpType::AllReduce)),
+            "after op 2 (started, completed, op)"
+        );
+        Ok(())
+    })
+}
+
+fn shutdown_stops_the_watchdog<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(clock_of(h));
+    on_each_rank(h, h.world_size(), |r| {
+        let period = Duration::from_millis(2);
+        let group = r.group("0", Options::builder().watchdog_period(period).propagate_error(true))?;
+        let buffer = r.filled(1.0, 4)?;
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let before = group.status().watchdog_passes;
+        r.host_sleep(period * 10);
+        let running = group.status().watchdog_passes;
+        ensure!(running > before, "the watchdog made no pass in 10 periods ({before} -> {running})");
+        group.shutdown().ctx("shutdown")?;
+        let stopped = group.status().watchdog_passes;
+        r.host_sleep(period * 10);
+        ensure_eq!(group.status().watchdog_passes, stopped, "watchdog passes after shutdown");
+        Ok(())
+    })
+}
+
+fn future_gpu_completed_turns_true_when_the_device_finishes<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, h.world_size(), |r| {
+        let buffer = r.filled(1.0, 64)?;
+        let (_group, work) = held_all_reduce(r, "0", Options::builder(), &buffer)?;
+        let future = work.future();
+        ensure!(!future.gpu_completed().ctx("gpu_completed")?, "gpu_completed before the device finished");
+        work.synchronize().ctx("synchronize")?;
+        ensure!(future.gpu_completed().ctx("gpu_completed")?, "gpu_completed stayed false after the op finished");
+        ensure!(work.is_completed(), "the Work is completed after its end event");
+        Ok(())
+    })
+}
+
+fn is_success_and_seq_follow_each_work<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let group = r.group("0", Options::builder())?;
+        let buffer = r.filled(1.0, 64)?;
+        group.barrier_sync().ctx("barrier")?;
+        r.sleep_current(SLEEP)?;
+        let works: Vec<WorkHandle<H::B>> = (0..3)
+            .map(|_| group.all_reduce(&buffer, ReduceOp::Max))
+            .collect::<pg_core::Result<_>>()
+            .ctx("all_reduce")?;
+        let seqs: Vec<u64> = works.iter().map(WorkHandle::seq).collect();
+        ensure_eq!(seqs, vec![2, 3, 4], "collective seqs after the barrier's 1");
+        ensure!(works.iter().all(|w| !w.is_success()), "is_success before the device finished");
+        for work in &works {
+            work.synchronize().ctx("synchronize")?;
+        }
+        ensure!(works.iter().all(WorkHandle::is_success), "not is_success after the device finished");
+        if let Some(p2p) = pair_p2p(r, &group, &buffer)? {
+            ensure_eq!((p2p.seq(), p2p.op_type().is_p2p()), (1, true), "point-to-point ops count from 1 on their own");
+        }
+        // A Work that failed is completed but not a success.
+        let timed = r.ready_group("1", Options::builder().blocking_wait(true).timeout(Duration::from_millis(5)))?;
+        r.sleep_current(SLEEP)?;
+        let failing = timed.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?;
+        ensure!(failing.wait().is_err(), "the wait did not time out");
+        ensure!(failing.is_completed() && !failing.is_success(), "a timed-out Work is completed, not a success");
+        ensure_eq!(failing.seq(), 2, "the second group counts its own seqs");
+        Ok(())
+    })
+}
+
+fn works_are_usable_through_dyn_work<H: Harness>(h: &H) -> Check<Outcome> {
+    let clock = need!(clock_of(h));
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let group = r.group("0", Options::builder())?;
+        let buffer = r.filled((r.rank + 1) as f64, 64)?;
+        group.barrier_sync().ctx("barrier")?;
+        r.sleep_current(SLEEP)?;
+        let works: Vec<Box<dyn Work>> = vec![
+            Box::new(group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?),
+            Box::new(group.broadcast(&buffer, 0).ctx("broadcast")?),
+        ];
+        let described: Vec<(u64, OpType)> = works.iter().map(|w| (w.seq(), w.op_type())).collect();
+        ensure_eq!(described, vec![(2, OpType::AllReduce), (3, OpType::Broadcast)], "(seq, op) through dyn Work");
+        ensure!(works.iter().all(|w| !w.is_completed() && w.exception().is_none()), "completed at once");
+        // wait() through the trait orders the current stream only; wait_timeout() also blocks the host.
+        let (waited, host) = r.host_time(|| works[0].wait());
+        waited.ctx("wait")?;
+        ensure!(host < super::at_once(clock), "dyn Work::wait blocked the host for {host:?}");
+        works[1].wait_timeout(Duration::from_secs(60)).ctx("wait_timeout")?;
+        ensure!(works.iter().all(|w| w.is_completed()), "not completed after wait_timeout");
+        all_equal(&r.read(&buffer)?, triangle(n))?;
+        // A wait_timeout that runs out is a WorkTimeout.
+        r.sleep_current(SLEEP)?;
+        let slow: Box<dyn Work> = Box::new(group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?);
+        let error = slow.wait_timeout(Duration::from_millis(1)).err().ok_or("wait_timeout did not run out")?;
+        ensure_eq!(error.kind(), ErrorKind::WorkTimeout, "{error}");
+        ensure_eq!(slow.exception().map(|e| e.kind()), Some(ErrorKind::WorkTimeout), "the Work's own error");
+        Ok(())
+    })
+}

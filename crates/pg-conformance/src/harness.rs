@@ -1,0 +1,272 @@
+//! The harness trait through which a backend runs the suite, and the optional capabilities it may offer.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pg_core::store::{PrefixStore, Store};
+use pg_core::{Backend, DType, Device, OptionsBuilder, ProcessGroup};
+
+use crate::check::{Check, Context};
+use crate::values;
+
+/// What kind of kernel a launch was (the simulator's kinds, which every harness reports).
+pub use pg_mock::KernelKind;
+
+/// One kernel launch in a rank's kernel log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelLaunch {
+    /// The stream it was launched on ([`pg_core::Stream::id`]).
+    pub stream_id: u64,
+    /// What it was.
+    pub kind: KernelKind,
+    /// Its name (`all_reduce`, `sleep`, ...).
+    pub name: String,
+    /// When it ran on the device (start, end), where the backend knows (the simulated one does).
+    pub span: Option<(Duration, Duration)>,
+}
+
+/// The host clock the ranks' [`pg_core::Device::now`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// Virtual time: deterministic, so cases may compare host durations exactly.
+    Virtual,
+    /// The wall clock: cases compare host durations only against wide bounds.
+    Wall,
+}
+
+/// The kind of a detected stream hazard (the simulator's detector is the one there is).
+pub use pg_mock::HazardKind;
+
+/// A stream hazard a backend detected during a world's run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hazard {
+    /// What kind it is.
+    pub kind: HazardKind,
+    /// The rank on which it happened.
+    pub rank: usize,
+    /// The backend's readable report.
+    pub message: String,
+}
+
+/// A fault a case asks the harness to inject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Once `rank`'s first `after_ops` ops on a communicator have finished, the communicator reports an
+    /// asynchronous error.
+    AsyncError {
+        /// The rank.
+        rank: usize,
+        /// Ops that finish normally first.
+        after_ops: u64,
+    },
+    /// `rank` never joins a communicator.
+    NeverJoin {
+        /// The rank.
+        rank: usize,
+    },
+}
+
+/// The optional capabilities of one world; every method's default says "not offered".
+pub trait Capabilities<B: Backend>: Send + Sync {
+    /// The kernels `rank`'s device launched so far, oldest first.
+    fn kernel_log(&self, _rank: usize) -> Option<Vec<KernelLaunch>> {
+        None
+    }
+
+    /// The host clock the ranks live by (`None`: host durations must not be measured).
+    fn clock(&self) -> Option<Clock> {
+        None
+    }
+
+    /// A device that is not `rank`'s, for the wrong-device checks.
+    fn other_device(&self, _rank: usize) -> Option<B::Device> {
+        None
+    }
+
+    /// Injects `fault` from now on; `false` if this harness cannot.
+    fn inject(&self, _fault: Fault) -> bool {
+        false
+    }
+
+    /// The stream hazards detected so far (`None`: the backend has no detector).
+    fn hazards(&self) -> Option<Vec<Hazard>> {
+        None
+    }
+}
+
+/// The optional capabilities a harness's worlds offer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offers {
+    /// [`Capabilities::kernel_log`] gives each rank's launches.
+    pub kernel_log: bool,
+    /// The kernel log has device start and end times ([`KernelLaunch::span`]).
+    pub kernel_spans: bool,
+    /// The ranks' host clock, if host durations may be measured.
+    pub clock: Option<Clock>,
+    /// [`Capabilities::hazards`] reports stream hazards.
+    pub hazards: bool,
+    /// [`Capabilities::inject`] works.
+    pub faults: bool,
+    /// [`Capabilities::other_device`] gives a second device.
+    pub other_device: bool,
+}
+
+/// A world with no optional capability.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoCapabilities;
+
+impl<B: Backend> Capabilities<B> for NoCapabilities {}
+
+/// How a backend takes part in the suite: it makes worlds of ranks and runs a closure on each.
+pub trait Harness: Sync {
+    /// The backend under test.
+    type B: Backend;
+
+    /// The ranks of the world the suite runs at (a case may use fewer).
+    fn world_size(&self) -> usize;
+
+    /// Which optional capabilities this harness's worlds offer (cases check before they run).
+    fn offers(&self) -> Offers;
+
+    /// Makes a fresh world of `n <= world_size()` ranks (its own store namespace, no communicator shared with
+    /// earlier worlds), runs `body` on each of its ranks, and returns the results of the ranks this process
+    /// ran (every rank on a simulated backend, its own on a one-process-per-GPU backend), in rank order.
+    fn run<T: Send>(&self, n: usize, body: impl Fn(&Rank<Self::B>) -> T + Sync) -> Result<Ran<Self::B, T>, String>;
+}
+
+/// The results of one world's run, with the world's capabilities for checks made after it.
+pub struct Ran<B: Backend, T> {
+    /// (rank, result) for each rank this process ran.
+    pub results: Vec<(usize, T)>,
+    /// The world's capabilities.
+    pub caps: Arc<dyn Capabilities<B>>,
+}
+
+impl<B: Backend, T> std::fmt::Debug for Ran<B, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ran").field("ranks", &self.results.iter().map(|(r, _)| *r).collect::<Vec<_>>()).finish()
+    }
+}
+
+impl<B: Backend, V> Ran<B, Check<V>> {
+    /// Fails with the first rank's error, else gives each rank's value.
+    pub fn all_ok(self) -> Check<Vec<(usize, V)>> {
+        let mut out = Vec::with_capacity(self.results.len());
+        for (rank, result) in self.results {
+            out.push((rank, result.map_err(|e| format!("rank {rank}: {e}"))?));
+        }
+        Ok(out)
+    }
+}
+
+impl<B: Backend, T> Ran<B, T> {
+    /// Fails if the backend's hazard detector reported anything.
+    pub fn no_hazards(&self) -> Check {
+        match self.caps.hazards() {
+            Some(hazards) if !hazards.is_empty() => Err(format!(
+                "{} stream hazard(s); first: {}",
+                hazards.len(),
+                hazards.first().map(|h| h.message.as_str()).unwrap_or_default()
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One rank of a world, as a case sees it: its device, the world's store and the world's capabilities.
+pub struct Rank<B: Backend> {
+    /// This rank.
+    pub rank: usize,
+    /// The ranks of this world.
+    pub size: usize,
+    /// This rank's device.
+    pub device: B::Device,
+    /// The world's store (a namespace no other world uses).
+    pub store: Arc<dyn Store>,
+    /// The world's capabilities.
+    pub caps: Arc<dyn Capabilities<B>>,
+}
+
+impl<B: Backend> std::fmt::Debug for Rank<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rank").field("rank", &self.rank).field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
+/// How long [`Rank::ready_group`] gives the communicator's creation.
+const READY_GROUP_CREATION: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl<B: Backend> Rank<B> {
+    /// A group of every rank named `name`, whose store keys live under `name/` (groups never read each other's
+    /// ids).
+    pub fn group(&self, name: &str, options: OptionsBuilder) -> Check<ProcessGroup<B>> {
+        let store = Arc::new(PrefixStore::new(format!("{name}/"), Arc::clone(&self.store)));
+        let options = options.group_name(name.to_owned()).build();
+        ProcessGroup::new(store, self.rank, self.size, self.device.clone(), options).ctx("creating a group")
+    }
+
+    /// A group whose communicator exists (created under a generous timeout, then a barrier) and whose ops from now
+    /// on get the timeout `options` asked for: a short op timeout must not also bound the communicator's
+    /// creation, which the group timeout does.
+    pub fn ready_group(&self, name: &str, options: OptionsBuilder) -> Check<ProcessGroup<B>> {
+        let op_timeout = options.clone().build().timeout;
+        let group = self.group(name, options.timeout(op_timeout.max(READY_GROUP_CREATION)))?;
+        group.barrier_sync().ctx("barrier")?;
+        group.set_timeout(op_timeout);
+        Ok(group)
+    }
+
+    /// `numel` f32 elements set to `value` on the current stream.
+    pub fn filled(&self, value: f64, numel: usize) -> Check<B::Buffer> {
+        self.filled_as(DType::F32, value, numel)
+    }
+
+    /// `numel` elements of `dtype` set to `value` on the current stream.
+    pub fn filled_as(&self, dtype: DType, value: f64, numel: usize) -> Check<B::Buffer> {
+        let buffer = self.device.alloc(dtype, numel).ctx("alloc")?;
+        self.device.fill(&buffer, value, &self.device.current_stream()).ctx("fill")?;
+        Ok(buffer)
+    }
+
+    /// A buffer of `dtype` holding `values`, written on the current stream.
+    pub fn holding(&self, dtype: DType, values: &[f64]) -> Check<B::Buffer> {
+        let buffer = self.device.alloc(dtype, values.len()).ctx("alloc")?;
+        let bytes = values::encode(dtype, values);
+        self.device.copy_from_host(&buffer, &bytes, &self.device.current_stream()).ctx("copy_from_host")?;
+        Ok(buffer)
+    }
+
+    /// The buffer's elements, read on the current stream.
+    pub fn read(&self, buffer: &B::Buffer) -> Check<Vec<f64>> {
+        self.read_on(buffer, &self.device.current_stream())
+    }
+
+    /// The buffer's elements, read on `stream`.
+    pub fn read_on(&self, buffer: &B::Buffer, stream: &<B as Backend>::Stream) -> Check<Vec<f64>> {
+        let bytes = self.device.copy_to_host(buffer, stream).ctx("copy_to_host")?;
+        Ok(values::decode(pg_core::Buffer::dtype(buffer), &bytes))
+    }
+
+    /// Enqueues a sleep kernel of `duration` on the current stream.
+    pub fn sleep_current(&self, duration: Duration) -> Check {
+        self.device.sleep_kernel(&self.device.current_stream(), duration).ctx("sleep kernel")
+    }
+
+    /// Blocks this host thread for `duration` of the device's host clock.
+    pub fn host_sleep(&self, duration: Duration) {
+        self.device.sleep(duration, &AtomicBool::new(false));
+    }
+
+    /// The value `f` returns and the host time it took.
+    pub fn host_time<T>(&self, f: impl FnOnce() -> T) -> (T, Duration) {
+        let start = self.device.now();
+        let value = f();
+        (value, self.device.now() - start)
+    }
+
+    /// This rank's kernel log, if the harness keeps one.
+    pub fn kernel_log(&self) -> Option<Vec<KernelLaunch>> {
+        self.caps.kernel_log(self.rank)
+    }
+}

@@ -1,0 +1,28 @@
+//! The conformance suite of pg: every semantic the process group promises (streams, events, Work, the
+//! communicator cache, buffer lifetimes, the watchdog) and every op's results and bad-input errors, written
+//! once, generic over [`pg_core::Backend`].
+//!
+//! A backend takes part through a [`Harness`]: it makes a world of N ranks and runs a closure on each rank,
+//! and it may offer optional [`Capabilities`] (a rank's kernel log, a virtual host clock, a hazard report,
+//! fault hooks). A case that needs a capability the harness lacks, or more ranks than the world has, is
+//! [`Outcome::NotApplicable`] with the reason; it never counts as a pass.
+//!
+//! [`cases`] lists every case; [`run_all`] runs them and [`report`] prints the table and the JSON.
+//! [`mock::MockHarness`] runs the suite on the simulated backend; the GPU binary of `pg-nccl` brings its own.
+#![forbid(unsafe_code)]
+
+mod cases;
+mod check;
+mod harness;
+pub mod mock;
+mod registry;
+pub mod report;
+mod values;
+
+pub use check::{Check, Context};
+pub use harness::{
+    Capabilities, Clock, Fault, Harness, Hazard, HazardKind, KernelKind, KernelLaunch, NoCapabilities, Offers, Ran,
+    Rank,
+};
+pub use registry::{cases, run_all, run_case, Case, CaseReport, Outcome};
+pub use values::{decode, encode};

@@ -1,0 +1,102 @@
+//! The harness of the simulated backend: each world is a fresh [`pg_mock::World`] with one spare device (for
+//! the wrong-device checks), hazards recorded, and every capability offered.
+
+use std::sync::Arc;
+
+use pg_mock::{Mock, MockDevice, World, WorldConfig};
+
+use crate::harness::{Capabilities, Clock, Fault, Harness, Hazard, KernelLaunch, Offers, Ran, Rank};
+
+/// Runs the suite on the simulated backend at a given world size.
+#[derive(Debug, Clone)]
+pub struct MockHarness {
+    world_size: usize,
+}
+
+impl MockHarness {
+    /// A harness whose worlds have up to `world_size` ranks.
+    pub fn new(world_size: usize) -> Self {
+        Self { world_size }
+    }
+}
+
+/// The capabilities of one simulated world.
+struct MockCaps(World);
+
+impl Capabilities<Mock> for MockCaps {
+    fn kernel_log(&self, rank: usize) -> Option<Vec<KernelLaunch>> {
+        Some(kernel_log(&self.0, rank))
+    }
+
+    fn clock(&self) -> Option<Clock> {
+        Some(Clock::Virtual)
+    }
+
+    fn other_device(&self, rank: usize) -> Option<MockDevice> {
+        let devices = self.0.config().devices;
+        Some(self.0.device((rank + 1) % devices))
+    }
+
+    fn inject(&self, fault: Fault) -> bool {
+        self.0.inject(match fault {
+            Fault::AsyncError { rank, after_ops } => pg_mock::Fault::AsyncError { rank, after_ops },
+            Fault::NeverJoin { rank } => pg_mock::Fault::NeverJoin { rank },
+        });
+        true
+    }
+
+    fn hazards(&self) -> Option<Vec<Hazard>> {
+        let hazards = self.0.hazards().into_iter().map(|h| Hazard { kind: h.kind, rank: h.device, message: h.message });
+        Some(hazards.collect())
+    }
+}
+
+/// The capabilities of `world`: its kernel logs, virtual clock, spare device, faults and hazard report.
+pub fn capabilities(world: &World) -> Arc<dyn Capabilities<Mock>> {
+    Arc::new(MockCaps(world.clone()))
+}
+
+/// The kernels device `rank` of `world` ran, by start time, as the suite sees them.
+pub fn kernel_log(world: &World, rank: usize) -> Vec<KernelLaunch> {
+    world
+        .kernel_log(rank)
+        .into_iter()
+        .map(|k| KernelLaunch { stream_id: k.stream_id, kind: k.kind, name: k.name, span: Some((k.start, k.end)) })
+        .collect()
+}
+
+impl Harness for MockHarness {
+    type B = Mock;
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn offers(&self) -> Offers {
+        Offers {
+            kernel_log: true,
+            kernel_spans: true,
+            clock: Some(Clock::Virtual),
+            hazards: true,
+            faults: true,
+            other_device: true,
+        }
+    }
+
+    fn run<T: Send>(&self, n: usize, body: impl Fn(&Rank<Mock>) -> T + Sync) -> Result<Ran<Mock, T>, String> {
+        if n == 0 || n > self.world_size {
+            return Err(format!("a world of {n} ranks asked of a harness of {}", self.world_size));
+        }
+        let world = World::new(WorldConfig {
+            devices: n + 1,
+            hazard_mode: pg_mock::HazardMode::Record,
+            ..WorldConfig::default()
+        });
+        let caps = capabilities(&world);
+        let store = world.store();
+        let results = world.run(n, |rank, device| {
+            body(&Rank { rank, size: n, device, store: Arc::clone(&store), caps: Arc::clone(&caps) })
+        });
+        Ok(Ran { results: results.into_iter().enumerate().collect(), caps })
+    }
+}

@@ -1,0 +1,140 @@
+//! The case registry: every case with its name and minimum ranks, and the runner that turns each into an
+//! [`Outcome`].
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::check::Check;
+use crate::harness::Harness;
+
+/// What running a case gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every check held.
+    Pass,
+    /// A check failed: what was wrong.
+    Fail(String),
+    /// The case cannot run on this harness or world: why. Never counted as a pass.
+    NotApplicable(String),
+}
+
+impl Outcome {
+    /// The result word of the JSON and the table: `pass`, `fail` or `not_applicable`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Outcome::Pass => "pass",
+            Outcome::Fail(_) => "fail",
+            Outcome::NotApplicable(_) => "not_applicable",
+        }
+    }
+
+    /// The detail: what failed or why the case did not apply (empty for a pass).
+    pub fn detail(&self) -> &str {
+        match self {
+            Outcome::Pass => "",
+            Outcome::Fail(detail) | Outcome::NotApplicable(detail) => detail,
+        }
+    }
+}
+
+/// A case that passed.
+pub(crate) fn pass() -> Check<Outcome> {
+    Ok(Outcome::Pass)
+}
+
+/// A case that does not apply, with why.
+pub(crate) fn not_applicable(why: impl Into<String>) -> Check<Outcome> {
+    Ok(Outcome::NotApplicable(why.into()))
+}
+
+/// One conformance case.
+pub struct Case<H: Harness> {
+    /// Its name (unique; the same on every backend).
+    pub name: &'static str,
+    /// The fewest ranks it needs.
+    pub min_ranks: usize,
+    /// Runs it: `Err` is a failure with its detail.
+    pub run: fn(&H) -> Check<Outcome>,
+}
+
+impl<H: Harness> std::fmt::Debug for Case<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case").field("name", &self.name).field("min_ranks", &self.min_ranks).finish()
+    }
+}
+
+/// A case's result, as the table and the JSON report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaseReport {
+    /// The case's name.
+    pub name: String,
+    /// The fewest ranks it needs.
+    pub min_ranks: usize,
+    /// What it gave.
+    pub outcome: Outcome,
+}
+
+/// Every case of the suite, in a fixed order.
+pub fn cases<H: Harness>() -> Vec<Case<H>> {
+    let mut all = Vec::new();
+    all.extend(crate::cases::semantics::cases::<H>());
+    all.extend(crate::cases::ops::cases::<H>());
+    all.extend(crate::cases::lifecycle::cases::<H>());
+    all
+}
+
+/// Runs one case: not applicable if the world is too small, a failure if it panics.
+pub fn run_case<H: Harness>(harness: &H, case: &Case<H>) -> CaseReport {
+    let outcome = if harness.world_size() < case.min_ranks {
+        Outcome::NotApplicable(format!("needs {} ranks; the world has {}", case.min_ranks, harness.world_size()))
+    } else {
+        match catch_unwind(AssertUnwindSafe(|| (case.run)(harness))) {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(detail)) => Outcome::Fail(detail),
+            Err(payload) => Outcome::Fail(format!("panicked: {}", panic_text(payload.as_ref()))),
+        }
+    };
+    CaseReport { name: case.name.to_owned(), min_ranks: case.min_ranks, outcome }
+}
+
+/// Runs every case whose name passes `filter`, in order.
+pub fn run_all<H: Harness>(harness: &H, filter: impl Fn(&str) -> bool) -> Vec<CaseReport> {
+    cases::<H>().iter().filter(|case| filter(case.name)).map(|case| run_case(harness, case)).collect()
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a non-text panic".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::MockHarness;
+
+    /// `docs/semantics.md` names every case, and every name it gives in backticks that looks like a case is one.
+    #[test]
+    fn the_semantics_page_names_every_case_and_only_cases() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/semantics.md");
+        let page = std::fs::read_to_string(path).expect("docs/semantics.md");
+        let cases = cases::<MockHarness>();
+        let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
+        let mut seen = std::collections::HashSet::new();
+        for (i, name) in names.iter().enumerate() {
+            assert!(seen.insert(*name), "case {name} is registered twice");
+            assert!(page.contains(&format!("`{name}`")), "docs/semantics.md does not name case {name} (#{i})");
+        }
+        let quoted = page.split('`').skip(1).step_by(2);
+        for word in quoted {
+            let looks_like_a_case = word.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && word.matches('_').count() >= 3;
+            if looks_like_a_case {
+                assert!(names.contains(&word), "docs/semantics.md names {word}, which is no case");
+            }
+        }
+    }
+}

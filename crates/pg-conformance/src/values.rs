@@ -1,0 +1,118 @@
+//! Element values to and from the bytes a buffer holds, for every dtype (what cases write and read back).
+
+use pg_core::DType;
+
+/// The bytes of `values` as elements of `dtype` (integers saturate, bool is `!= 0`, half floats round).
+pub fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * dtype.size());
+    for &v in values {
+        match dtype {
+            DType::F32 => out.extend((v as f32).to_le_bytes()),
+            DType::F64 => out.extend(v.to_le_bytes()),
+            DType::F16 => out.extend(f32_to_f16(v as f32).to_le_bytes()),
+            DType::BF16 => out.extend(f32_to_bf16(v as f32).to_le_bytes()),
+            DType::I8 => out.extend((v as i8).to_le_bytes()),
+            DType::U8 => out.extend((v as u8).to_le_bytes()),
+            DType::I32 => out.extend((v as i32).to_le_bytes()),
+            DType::I64 => out.extend((v as i64).to_le_bytes()),
+            DType::Bool => out.push(u8::from(v != 0.0)),
+        }
+    }
+    out
+}
+
+/// The elements of `bytes` (of `dtype`) as f64.
+pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(dtype.size())
+        .map(|c| match dtype {
+            DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::F64 => f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+            DType::F16 => f64::from(f16_to_f32(u16::from_le_bytes([c[0], c[1]]))),
+            DType::BF16 => f64::from(f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)),
+            DType::I8 => f64::from(c[0] as i8),
+            DType::U8 => f64::from(c[0]),
+            DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::I64 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64,
+            DType::Bool => f64::from(u8::from(c[0] != 0)),
+        })
+        .collect()
+}
+
+/// IEEE half from f32, rounding to nearest even (values in the suite are small integers and halves).
+fn f32_to_f16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let mant = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | u16::from(mant != 0) << 9;
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = mant | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = m >> shift;
+        let rest = m & ((1 << shift) - 1);
+        let halfway = 1 << (shift - 1);
+        let round = u32::from(rest > halfway || (rest == halfway && half & 1 == 1));
+        return sign | (half + round) as u16;
+    }
+    let half = ((e as u32) << 10) | (mant >> 13);
+    let rest = mant & 0x1fff;
+    let round = u32::from(rest > 0x1000 || (rest == 0x1000 && half & 1 == 1));
+    sign | (half + round) as u16
+}
+
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let mant = u32::from(h & 0x3ff);
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, m) => {
+            // Subnormal: value = m * 2^-24.
+            let v = m as f32 * f32::from_bits(0x3380_0000);
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
+        (e, m) => sign | ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let round = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_round_trips_small_values() {
+        let values = [0.0, 1.0, -2.0, 3.5, 100.0];
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64] {
+            let back = decode(dtype, &encode(dtype, &values));
+            let want: Vec<f64> = match dtype {
+                DType::I32 | DType::I64 => values.iter().map(|v| v.trunc()).collect(),
+                _ => values.to_vec(),
+            };
+            assert_eq!(back, want, "{dtype}");
+        }
+        assert_eq!(decode(DType::U8, &encode(DType::U8, &[3.0, 300.0])), [3.0, 255.0]);
+        assert_eq!(decode(DType::Bool, &encode(DType::Bool, &[0.0, 2.0])), [0.0, 1.0]);
+        assert_eq!(decode(DType::F16, &encode(DType::F16, &[6.1e-5])).len(), 1);
+    }
+}
