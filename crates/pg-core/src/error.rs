@@ -96,14 +96,16 @@ pub enum Error {
     /// Two process groups rendezvous under the same store keys (they share one store prefix), so their ranks
     /// would pair across groups: each group needs a store prefix of its own.
     #[error(
-        "process group '{group}' (rank {rank}) shares its store prefix with another process group: store key \
-         '{store_key}': {detail}; give each group its own store prefix (a PrefixStore per group)"
+        "process group '{group}' (rank {rank}) shares its store prefix '{prefix}' with another process group: \
+         store key '{store_key}': {detail}; give each group its own store prefix (a PrefixStore per group)"
     )]
     PrefixCollision {
         /// The group's name.
         group: String,
         /// This rank.
         rank: usize,
+        /// The group's store prefix, as the underlying store sees it (`Store::key_prefix`).
+        prefix: String,
         /// The unique-id key (under the group's store) where the collision was seen.
         store_key: String,
         /// What was found there.

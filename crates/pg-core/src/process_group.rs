@@ -673,6 +673,7 @@ impl<B: Backend> ProcessGroup<B> {
         let collision = |detail: String| Error::PrefixCollision {
             group: inner.options.group_name.clone(),
             rank: inner.rank,
+            prefix: store.key_prefix(),
             store_key: store_key.to_owned(),
             detail,
         };

@@ -308,7 +308,8 @@ fn a3_two_groups_on_one_store_prefix_fail_instead_of_pairing_across_groups() {
         let error = b.expect_err("group B shares A's prefix");
         assert_eq!(error.kind(), ErrorKind::PrefixCollision, "rank {rank}: {error}");
         let message = error.to_string();
-        assert!(message.contains("store prefix") && message.contains("store key '0'"), "rank {rank}: {message}");
+        assert!(message.contains("store prefix 'shared/'"), "the prefix is named: {message}");
+        assert!(message.contains("store key '0'"), "rank {rank}: {message}");
     }
 }
 

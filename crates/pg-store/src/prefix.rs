@@ -120,4 +120,8 @@ impl Store for PrefixStore {
     fn set_timeout(&self, timeout: Duration) {
         self.inner.set_timeout(timeout);
     }
+
+    fn key_prefix(&self) -> String {
+        format!("{}{}/", self.inner.key_prefix(), self.prefix)
+    }
 }

@@ -103,4 +103,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// Changes the timeout of blocking operations on this handle.
     fn set_timeout(&self, timeout: Duration);
+
+    /// What this handle puts before every key, as the store underneath sees the key (empty unless it is a
+    /// [`crate::PrefixStore`]): for naming a namespace in messages.
+    fn key_prefix(&self) -> String {
+        String::new()
+    }
 }

@@ -130,6 +130,8 @@ fn prefixes_nest_and_reach_the_underlying_store() {
     assert_eq!(outer.list_keys().unwrap(), ["0//cuda//0"]);
     assert_eq!(device.num_keys().unwrap(), 1, "num_keys passes through unprefixed");
     assert!(Arc::ptr_eq(outer.underlying(), &base));
+    assert_eq!(device.key_prefix(), "default_pg/0//cuda//", "the whole namespace, as the base store sees it");
+    assert_eq!(base.key_prefix(), "");
 }
 
 #[test]
