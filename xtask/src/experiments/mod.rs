@@ -1,4 +1,4 @@
-//! The seed's three experiments (cache, semantics, streams), generic over the backend.
+//! The three experiments (communicator cache, completion semantics, streams), generic over the backend.
 
 mod cache;
 mod report;

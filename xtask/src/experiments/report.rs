@@ -1,4 +1,4 @@
-//! Aggregating every rank's results into the seed's tables and the JSON report.
+//! Aggregating every rank's results into the experiments' tables and the JSON report.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -159,7 +159,7 @@ impl Report {
         self.cache.iter().all(|r| r.correct) && self.semantics.iter().all(|r| r.correct_fraction == 1.0)
     }
 
-    /// The seed's three tables, as text.
+    /// The three tables, as text.
     pub fn tables(&self) -> String {
         let mut out = String::new();
         let b = |flag: bool| u8::from(flag);

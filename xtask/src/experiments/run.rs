@@ -16,7 +16,7 @@ use super::{aggregate, cache, semantics, streams};
 const HELP: &str = "\
 cargo xtask experiments [--backend mock|nccl] [--world-size N] [--json PATH] [--sleep-ms MS] [--cycles N]
 
-The seed's three experiments, printed as the seed's tables and written as JSON:
+The three experiments (communicator cache, completion semantics, streams), printed as tables and written as JSON:
   cache      world + a same-membership group + a same-membership high-priority group, 3 all_reduce each
   semantics  a sleep kernel on the current stream, then a 16 MiB all_reduce, under four wait configurations
   streams    which stream ran the communication kernels and which the sleep kernel, per rank

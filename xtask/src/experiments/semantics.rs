@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::cache::all_equal;
 use super::RankContext;
 
-/// The four configurations, in the seed's order.
+/// The four configurations, in the order of the reference experiment.
 pub const CONFIGS: [&str; 4] =
     ["no_wait_device_sync", "future_wait_nonblocking", "work_wait_blocking", "work_wait_nonblocking"];
 

@@ -25,7 +25,7 @@ pub struct StreamsRankRow {
     pub disjoint: bool,
 }
 
-/// All_reduce ops in the streams experiment (the seed's profile showed four).
+/// All_reduce ops in the streams experiment (the reference profile showed four).
 const OPS: usize = 4;
 
 pub(super) fn run<B: Backend>(ctx: &RankContext<B>) -> pg_core::Result<StreamsRankRow> {
