@@ -304,16 +304,6 @@ impl State {
                         p0.describe(),
                         p.describe()
                     )
-                })
-                .or_else(|| {
-                    Self::views_mismatch(&parts).map(|why| {
-                        let calls = parts.iter().map(|(r, p)| format!("rank {r}: {}", p.describe()));
-                        format!(
-                            "collective mismatch on communicator {number} at operation {k} ({}): {why} ({})",
-                            p0.kind.name(),
-                            calls.collect::<Vec<_>>().join("; ")
-                        )
-                    })
                 }),
             SlotKey::P2p { src, dst, n } => parts
                 .iter()
@@ -327,6 +317,23 @@ impl State {
                     )
                 }),
         };
+        if let (None, SlotKey::Coll(k)) = (&mismatch, key) {
+            // Chunk sizes that disagree between ranks are what NCCL cannot see: the op never completes, with no
+            // error, until the watchdog's timeout ends it.
+            if let Some(why) = Self::views_mismatch(&parts) {
+                let calls = parts.iter().map(|(r, p)| format!("rank {r}: {}", p.describe()));
+                let message = format!(
+                    "chunk sizes disagree on communicator {number} at operation {k} ({}): {why} ({})",
+                    p0.kind.name(),
+                    calls.collect::<Vec<_>>().join("; ")
+                );
+                tracing::error!(target: "pg_mock", "{message}");
+                if let Some(slot) = self.comms.groups[group].slots.get_mut(&key) {
+                    slot.stuck = Some(message);
+                }
+                return;
+            }
+        }
         let Some(message) = mismatch else { return };
         let at = parts.iter().map(|(_, p)| p.enqueue).max().unwrap_or(0);
         tracing::error!(target: "pg_mock", "{message}");
