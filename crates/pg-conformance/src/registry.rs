@@ -78,8 +78,15 @@ pub fn cases<H: Harness>() -> Vec<Case<H>> {
     let mut all = Vec::new();
     all.extend(crate::cases::semantics::cases::<H>());
     all.extend(crate::cases::ops::cases::<H>());
+    all.extend(crate::cases::collectives::cases::<H>());
     all.extend(crate::cases::lifecycle::cases::<H>());
     all
+}
+
+/// The cases of the collectives beyond the one-buffer set (reduce, gather, scatter, all-to-all, list forms,
+/// batched point-to-point, coalesced blocks): cheap enough to run at more world sizes than the whole suite.
+pub fn collective_cases<H: Harness>() -> Vec<Case<H>> {
+    crate::cases::collectives::cases::<H>()
 }
 
 /// Runs one case: not applicable if the world is too small, a failure if it panics.

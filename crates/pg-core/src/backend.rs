@@ -275,6 +275,96 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         Err(crate::Error::unsupported(format!("recv on the {} backend", <Self::B as Backend>::NAME)))
     }
 
+    /// Enqueues a reduce of every rank's `input` into `root`'s `output` (NCCL's `ncclReduce`).
+    fn reduce(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _output: &<Self::B as Backend>::Buffer,
+        _root: usize,
+        _op: ReduceOp,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("reduce on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues a gather of every rank's `input` into `root`'s `outputs[rank]` (`outputs` is empty elsewhere).
+    fn gather(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _outputs: &[<Self::B as Backend>::Buffer],
+        _root: usize,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("gather on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues a scatter of `root`'s `inputs[rank]` into every rank's `output` (`inputs` is empty elsewhere).
+    fn scatter(
+        &self,
+        _inputs: &[<Self::B as Backend>::Buffer],
+        _output: &<Self::B as Backend>::Buffer,
+        _root: usize,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("scatter on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues an all-to-all of one buffer: chunk `j` of `input` (`input_splits[j]` elements, in order) goes to
+    /// rank `j`, and chunk `i` of `output` (`output_splits[i]` elements) comes from rank `i`.
+    fn all_to_all_single(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _output: &<Self::B as Backend>::Buffer,
+        _input_splits: &[usize],
+        _output_splits: &[usize],
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("all_to_all_single on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues an all-to-all of lists: `inputs[j]` goes to rank `j`, `outputs[i]` comes from rank `i`.
+    fn all_to_all(
+        &self,
+        _inputs: &[<Self::B as Backend>::Buffer],
+        _outputs: &[<Self::B as Backend>::Buffer],
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("all_to_all on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues an all-gather into a list: `outputs[i]` receives rank `i`'s `input` (sizes may differ by rank).
+    fn all_gather_v(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _outputs: &[<Self::B as Backend>::Buffer],
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("all_gather (list) on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Enqueues a reduce-scatter from a list: rank `j`'s `output` is the reduction of every rank's `inputs[j]`.
+    fn reduce_scatter_v(
+        &self,
+        _inputs: &[<Self::B as Backend>::Buffer],
+        _output: &<Self::B as Backend>::Buffer,
+        _op: ReduceOp,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!("reduce_scatter (list) on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Opens a group of operations that the backend issues together (NCCL's `ncclGroupStart`): sends and
+    /// receives inside one group do not wait for each other in issue order. A backend whose operations never
+    /// block one another in issue order needs nothing here.
+    fn group_start(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Closes the group opened by [`Communicator::group_start`] (NCCL's `ncclGroupEnd`).
+    fn group_end(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether a non-blocking init has finished (always true for a blocking one).
     fn is_ready(&self) -> Result<bool> {
         Ok(true)

@@ -46,11 +46,21 @@ pub(crate) struct NewEntry {
     pub(crate) input: (usize, DType),
     /// The output's element count and dtype.
     pub(crate) output: (usize, DType),
+    /// Every buffer's element count and dtype, for an op with lists of buffers (then `input` and `output`
+    /// are totals); `None` for a one-buffer op.
+    pub(crate) lists: Option<std::sync::Arc<ListSizes>>,
     pub(crate) timeout_ms: u64,
     /// Whether the start event was done, queried at dump time until the watchdog saw it.
     pub(crate) started: Option<EventProbe>,
     /// Whether the end event was done, queried at dump time until the watchdog retired the entry.
     pub(crate) completed: Option<EventProbe>,
+}
+
+/// The element count and dtype of every input and every output buffer of a list op, in order.
+#[derive(Debug, Default)]
+pub(crate) struct ListSizes {
+    pub(crate) inputs: Vec<(usize, DType)>,
+    pub(crate) outputs: Vec<(usize, DType)>,
 }
 
 /// One recorded op.
@@ -78,10 +88,14 @@ impl Entry {
     }
 
     fn to_json(&self, pg_id: u64, name: &str, desc: &str) -> Value {
-        // PyTorch writes one list entry per tensor; every op here has one of each.
-        let sizes = |&(numel, _): &(usize, DType)| json!([[numel]]);
-        let dtypes = |&(_, dtype): &(usize, DType)| json!([dtype.torch_name()]);
+        // PyTorch writes one list entry per tensor: one each for a one-buffer op, every buffer of a list op.
+        let sizes = |list: &[(usize, DType)]| json!(list.iter().map(|&(numel, _)| [numel]).collect::<Vec<_>>());
+        let dtypes = |list: &[(usize, DType)]| json!(list.iter().map(|(_, d)| d.torch_name()).collect::<Vec<_>>());
         let new = &self.new;
+        let (inputs, outputs) = match &new.lists {
+            Some(lists) => (lists.inputs.as_slice(), lists.outputs.as_slice()),
+            None => (std::slice::from_ref(&new.input), std::slice::from_ref(&new.output)),
+        };
         json!({
             "record_id": self.record_id,
             "pg_id": pg_id,
@@ -91,10 +105,10 @@ impl Entry {
             "op_id": self.op_id,
             "profiling_name": new.op.profiling_name(),
             "time_created_ns": new.time_created_ns,
-            "input_sizes": sizes(&new.input),
-            "input_dtypes": dtypes(&new.input),
-            "output_sizes": sizes(&new.output),
-            "output_dtypes": dtypes(&new.output),
+            "input_sizes": sizes(inputs),
+            "input_dtypes": dtypes(inputs),
+            "output_sizes": sizes(outputs),
+            "output_dtypes": dtypes(outputs),
             "state": self.state(),
             "time_discovered_started_ns": self.time_discovered_started_ns,
             "time_discovered_completed_ns": self.time_discovered_completed_ns,
@@ -294,6 +308,7 @@ mod tests {
             time_created_ns: seq * 1000,
             input: (16, DType::F32),
             output: (16, DType::F32),
+            lists: None,
             timeout_ms: 600_000,
             started: None,
             completed: None,

@@ -25,11 +25,23 @@ pub enum OpType {
     Barrier,
     /// a coalesced group of ops
     Coalesced,
+    /// gather
+    Gather,
+    /// scatter
+    Scatter,
+    /// all_to_all (the list form)
+    AllToAll,
+    /// all_gather (the list form)
+    AllGather,
+    /// reduce_scatter (the list form)
+    ReduceScatter,
+    /// batch_isend_irecv: a batch of point-to-point ops on the group's communicator
+    BatchP2p,
 }
 
 impl OpType {
     /// Every op type, in declaration order (`ALL[op as usize] == op`).
-    pub const ALL: [OpType; 10] = [
+    pub const ALL: [OpType; 16] = [
         OpType::Broadcast,
         OpType::AllReduce,
         OpType::Reduce,
@@ -40,6 +52,12 @@ impl OpType {
         OpType::Recv,
         OpType::Barrier,
         OpType::Coalesced,
+        OpType::Gather,
+        OpType::Scatter,
+        OpType::AllToAll,
+        OpType::AllGather,
+        OpType::ReduceScatter,
+        OpType::BatchP2p,
     ];
 
     /// PyTorch's `OpType` name (`ALLREDUCE`, ...).
@@ -55,6 +73,12 @@ impl OpType {
             OpType::Recv => "RECV",
             OpType::Barrier => "BARRIER",
             OpType::Coalesced => "COALESCED",
+            OpType::Gather => "GATHER",
+            OpType::Scatter => "SCATTER",
+            OpType::AllToAll => "ALLTOALL",
+            OpType::AllGather => "ALLGATHER",
+            OpType::ReduceScatter => "REDUCE_SCATTER",
+            OpType::BatchP2p => "COALESCED",
         }
     }
 
@@ -71,6 +95,12 @@ impl OpType {
             OpType::Recv => "nccl:recv",
             OpType::Barrier => "nccl:all_reduce_barrier",
             OpType::Coalesced => "nccl:coalesced",
+            OpType::Gather => "nccl:gather",
+            OpType::Scatter => "nccl:scatter",
+            OpType::AllToAll => "nccl:all_to_all",
+            OpType::AllGather => "nccl:all_gather",
+            OpType::ReduceScatter => "nccl:reduce_scatter",
+            OpType::BatchP2p => "nccl:batch_p2p",
         }
     }
 

@@ -11,6 +11,7 @@ use crate::cache::{CommCache, CommEntry, CommShared, InputReady};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
+use crate::flight_recorder::ListSizes;
 use crate::shared::{Membership, Shared};
 use crate::status::{ErrorType, GroupStatus};
 use crate::work::WorkState;
@@ -84,17 +85,67 @@ impl<B: Backend> fmt::Debug for ProcessGroup<B> {
     }
 }
 
-/// What the template needs to know about one op: every op has one input and one output buffer, so nothing
-/// here allocates.
-struct OpSpec<'a, B: Backend> {
-    op: OpType,
+/// The buffers on one side of an op: one buffer (the fast form: nothing is allocated for it) or a list.
+pub(crate) enum Bufs<'a, B: Backend> {
+    /// A single buffer.
+    One(&'a B::Buffer),
+    /// A list of buffers (possibly empty, e.g. gather's outputs on a rank that is not the root).
+    List(&'a [B::Buffer]),
+}
+
+impl<B: Backend> Clone for Bufs<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for Bufs<'_, B> {}
+
+impl<'a, B: Backend> Bufs<'a, B> {
+    /// The buffers as a slice (one buffer is a slice of one, without allocating).
+    pub(crate) fn as_slice(self) -> &'a [B::Buffer] {
+        match self {
+            Bufs::One(buffer) => std::slice::from_ref(buffer),
+            Bufs::List(list) => list,
+        }
+    }
+}
+
+/// What the template needs to know about one op. A one-buffer op names its buffers directly, so nothing here
+/// allocates on its path; a list op names slices of buffers.
+pub(crate) struct OpSpec<'a, B: Backend> {
+    pub(crate) op: OpType,
     /// The peer of a single point-to-point op (its pair's communicator); `None` for the group's collective one.
-    peer: Option<usize>,
-    input: &'a B::Buffer,
-    output: &'a B::Buffer,
-    is_barrier: bool,
+    pub(crate) peer: Option<usize>,
+    pub(crate) input: Bufs<'a, B>,
+    pub(crate) output: Bufs<'a, B>,
+    pub(crate) is_barrier: bool,
     /// The input is the output (all_reduce, broadcast, send, recv).
-    in_place: bool,
+    pub(crate) in_place: bool,
+}
+
+impl<'a, B: Backend> OpSpec<'a, B> {
+    /// A collective with these input and output buffers on the group's collective communicator.
+    pub(crate) fn lists(op: OpType, input: Bufs<'a, B>, output: Bufs<'a, B>) -> Self {
+        OpSpec { op, peer: None, input, output, is_barrier: false, in_place: false }
+    }
+
+    /// The element count and dtype a Work reports for each side, and for a list op every buffer's.
+    #[allow(clippy::type_complexity)]
+    fn sizes(&self) -> ((usize, DType), (usize, DType), Option<Arc<ListSizes>>) {
+        if let (Bufs::One(input), Bufs::One(output)) = (self.input, self.output) {
+            return ((input.numel(), input.dtype()), (output.numel(), output.dtype()), None);
+        }
+        let (inputs, outputs) = (self.input.as_slice(), self.output.as_slice());
+        let fallback = inputs.iter().chain(outputs).next().map_or(DType::F32, |b| b.dtype());
+        let each = |list: &[B::Buffer]| list.iter().map(|b| (b.numel(), b.dtype())).collect::<Vec<_>>();
+        let total = |list: &[B::Buffer]| {
+            let numel = list.iter().map(|b| b.numel()).fold(0usize, usize::saturating_add);
+            (numel, list.first().map_or(fallback, |b| b.dtype()))
+        };
+        let lists = ListSizes { inputs: each(inputs), outputs: each(outputs) };
+        (total(inputs), total(outputs), Some(Arc::new(lists)))
+    }
 }
 
 /// Where a new Work's memory and end event come from.
@@ -400,7 +451,7 @@ impl<B: Backend> ProcessGroup<B> {
     }
 
     fn spec<'a>(&self, op: OpType, input: &'a B::Buffer, output: &'a B::Buffer) -> OpSpec<'a, B> {
-        OpSpec { op, peer: None, input, output, is_barrier: false, in_place: false }
+        OpSpec::lists(op, Bufs::One(input), Bufs::One(output))
     }
 
     fn in_place_spec<'a>(&self, op: OpType, buffer: &'a B::Buffer) -> OpSpec<'a, B> {
@@ -413,13 +464,16 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// The collective template (S2): communicator from the cache, input-ready event from the current stream to
     /// the communication stream, lifetime guard, the op, the end event, and the Work.
-    fn run(
+    pub(crate) fn run(
         &self,
         spec: OpSpec<'_, B>,
         enqueue: impl FnOnce(&B::Communicator, &B::Stream) -> Result<()>,
     ) -> Result<WorkHandle<B>> {
         let mut timer = StepTimer::start();
         self.check_usable()?;
+        // The Work holds the caller's output (the first one of a list; the input when there is none).
+        let held = spec.output.as_slice().first().or(spec.input.as_slice().first());
+        let held = held.ok_or_else(|| Error::invalid(format!("{}: the op has no buffers", spec.op)))?;
         // The hot path borrows the group's collective entry; only the Work's own handles are cloned from it.
         let looked_up;
         let entry = match (spec.peer, self.inner.collective.get()) {
@@ -454,8 +508,8 @@ impl<B: Backend> ProcessGroup<B> {
         // S12: the allocator must not reuse the buffers before the communication stream is done with them.
         let mut stash = Vec::new();
         // An in-place op passes one buffer as input and output: guard it once.
-        let input = if spec.in_place { None } else { Some(spec.input) };
-        for buffer in input.into_iter().chain([spec.output]) {
+        let inputs = if spec.in_place { &[][..] } else { spec.input.as_slice() };
+        for buffer in inputs.iter().chain(spec.output.as_slice()) {
             match self.inner.options.avoid_record_streams && !spec.op.is_p2p() {
                 true => stash.push(buffer.clone()),
                 false => device.record_stream(buffer, &entry.stream)?,
@@ -492,6 +546,7 @@ impl<B: Backend> ProcessGroup<B> {
         self.inner.ops_issued.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
+        let (input_size, output_size, lists) = spec.sizes();
         let new_state = |end_event: Arc<B::Event>| WorkState {
             entry: Arc::clone(entry),
             end_event,
@@ -500,8 +555,9 @@ impl<B: Backend> ProcessGroup<B> {
             retired: AtomicBool::new(false),
             seq,
             op: spec.op,
-            input: (spec.input.numel(), spec.input.dtype()),
-            output: (spec.output.numel(), spec.output.dtype()),
+            input: input_size,
+            output: output_size,
+            lists,
             start_time,
             timeout: self.inner.timeout(),
             blocking_wait: options.blocking_wait,
@@ -519,7 +575,7 @@ impl<B: Backend> ProcessGroup<B> {
             }
             WorkSource::Fresh(end_event) => Arc::new(new_state(end_event)),
         };
-        let work = WorkHandle { state, output: spec.output.clone() };
+        let work = WorkHandle { state, output: held.clone() };
         timer.lap(EnqueueStep::Work);
         self.inner.track(&work.state, options.enable_watchdog);
         // An abort that ran while this op was being enqueued did not see it on the in-flight list.

@@ -185,6 +185,7 @@ impl<B: Backend> Shared<B> {
             time_created_ns: nanos(work.start_time),
             input: work.input,
             output: work.output,
+            lists: work.lists.clone(),
             timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
             started: work.start_event.as_ref().map(probe),
             completed: Some(probe(&work.end_event)),

@@ -40,6 +40,8 @@ pub(crate) struct WorkState<B: Backend> {
     pub(crate) input: (usize, DType),
     /// The output's element count and dtype.
     pub(crate) output: (usize, DType),
+    /// Every buffer's size and dtype, for an op with lists of buffers (`input` and `output` are then totals).
+    pub(crate) lists: Option<Arc<crate::flight_recorder::ListSizes>>,
     /// Host time at creation: the base of the timeout (S13), not the device start of the op.
     pub(crate) start_time: Duration,
     pub(crate) timeout: Duration,

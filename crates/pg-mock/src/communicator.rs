@@ -18,9 +18,13 @@ use crate::clock::{transfer, Cond, OpRef, Time};
 use crate::fault::Fault;
 use crate::hazard::{Accessor, Mode};
 use crate::sched::Inner;
-use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, SlotKey, State};
+use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, SlotKey, State, View, Views};
 use crate::stream::MockStream;
 use crate::Mock;
+
+fn show(numel: Option<usize>) -> String {
+    numel.map_or_else(|| "no buffer".to_owned(), |n| n.to_string())
+}
 
 fn join_ranks(ranks: impl Iterator<Item = usize>) -> String {
     ranks.map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
@@ -37,7 +41,7 @@ impl State {
             CollKind::AllReduce(_) => 2 * (n - 1) * bytes_in / n.max(1),
             CollKind::AllGather => (n - 1) * bytes_out / n.max(1),
             CollKind::ReduceScatter(_) => (n - 1) * bytes_in / n.max(1),
-            CollKind::Broadcast { .. } | CollKind::Send { .. } | CollKind::Recv { .. } => bytes_in.max(bytes_out),
+            _ => bytes_in.max(bytes_out),
         };
         (latency + if wire == 0 { 0 } else { transfer(wire, bw) }).max(1)
     }
@@ -99,6 +103,11 @@ impl State {
         let read = |st: &State, block: u64| st.alloc.blocks.get(&block).map(|b| b.data.clone()).unwrap_or_default();
         let inputs: Vec<Vec<u8>> = parts.iter().map(|(_, p)| read(self, p.input)).collect();
         let first = &parts[0].1;
+        if first.views.is_some() || matches!(first.kind, CollKind::Reduce { .. }) {
+            let outputs = self.apply_views(parts, &inputs);
+            self.write_outputs(outputs);
+            return;
+        }
         let mut outputs: Vec<(u64, Vec<u8>)> = Vec::new();
         match first.kind {
             CollKind::AllReduce(op) => {
@@ -134,13 +143,144 @@ impl State {
                     outputs.push((parts[r].1.output, inputs[s].clone()));
                 }
             }
+            // Reduce and the ops over views returned above.
+            _ => {}
         }
-        for (block, bytes) in outputs {
+        self.write_outputs(outputs.into_iter().map(|(block, bytes)| (block, 0, bytes)).collect());
+    }
+
+    /// Writes each `(block, byte offset, bytes)`, clipped to the block.
+    fn write_outputs(&mut self, outputs: Vec<(u64, usize, Vec<u8>)>) {
+        for (block, offset, bytes) in outputs {
             if let Some(b) = self.alloc.blocks.get_mut(&block) {
-                let n = b.data.len().min(bytes.len());
-                b.data[..n].copy_from_slice(&bytes[..n]);
+                let end = b.data.len().min(offset.saturating_add(bytes.len()));
+                if offset < end {
+                    b.data[offset..end].copy_from_slice(&bytes[..end - offset]);
+                }
             }
         }
+    }
+
+    /// The results of reduce and of the ops over views (lists of buffers or chunks of one), as
+    /// `(block, byte offset, bytes)`; `inputs` holds every part's whole input block, for reduce.
+    fn apply_views(&self, parts: &[(usize, Part)], inputs: &[Vec<u8>]) -> Vec<(u64, usize, Vec<u8>)> {
+        let first = &parts[0].1;
+        let size = first.dtype.size();
+        let read = |v: &View| -> Vec<u8> {
+            let data = self.alloc.blocks.get(&v.block).map(|b| b.data.as_slice()).unwrap_or_default();
+            let (start, end) = (v.offset * size, (v.offset + v.numel) * size);
+            data.get(start..end).map(<[u8]>::to_vec).unwrap_or_default()
+        };
+        let write = |v: &View, bytes: Vec<u8>| (v.block, v.offset * size, bytes);
+        let views = |p: &Part| p.views.clone().unwrap_or_default();
+        let all: Vec<Arc<Views>> = parts.iter().map(|(_, p)| views(p)).collect();
+        let mut out = Vec::new();
+        match first.kind {
+            CollKind::Reduce { root, op } => {
+                let mut result = vec![0; inputs[0].len()];
+                let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+                let root_part = parts.iter().find(|(r, _)| *r == root);
+                if let (Ok(()), Some((_, p))) = (crate::conv::reduce(first.dtype, op, &refs, &mut result), root_part) {
+                    out.push((p.output, 0, result));
+                }
+            }
+            CollKind::Gather { root } => {
+                for (i, v) in all[root].outputs.iter().enumerate() {
+                    if let Some(input) = all.get(i).and_then(|a| a.inputs.first()) {
+                        out.push(write(v, read(input)));
+                    }
+                }
+            }
+            CollKind::Scatter { root } => {
+                for (j, a) in all.iter().enumerate() {
+                    if let (Some(v), Some(input)) = (a.outputs.first(), all[root].inputs.get(j)) {
+                        out.push(write(v, read(input)));
+                    }
+                }
+            }
+            CollKind::AllToAll => {
+                // Read every chunk before writing any, so that an output that overlaps an input sees the input.
+                for (j, a) in all.iter().enumerate() {
+                    for (i, v) in a.outputs.iter().enumerate() {
+                        if let Some(input) = all.get(i).and_then(|src| src.inputs.get(j)) {
+                            out.push(write(v, read(input)));
+                        }
+                    }
+                }
+            }
+            CollKind::AllGatherV => {
+                for a in &all {
+                    for (i, v) in a.outputs.iter().enumerate() {
+                        if let Some(input) = all.get(i).and_then(|src| src.inputs.first()) {
+                            out.push(write(v, read(input)));
+                        }
+                    }
+                }
+            }
+            CollKind::ReduceScatterV(op) => {
+                for (j, a) in all.iter().enumerate() {
+                    let Some(v) = a.outputs.first() else { continue };
+                    let chunks: Vec<Vec<u8>> = all.iter().filter_map(|src| src.inputs.get(j)).map(read).collect();
+                    let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+                    let mut result = vec![0; v.numel * size];
+                    if crate::conv::reduce(first.dtype, op, &refs, &mut result).is_ok() {
+                        out.push(write(v, result));
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// For an op over views: the first pair of ranks whose chunk sizes disagree, described.
+    fn views_mismatch(parts: &[(usize, Part)]) -> Option<String> {
+        let first = &parts[0].1;
+        let empty = Arc::new(Views::default());
+        let all: Vec<Arc<Views>> =
+            parts.iter().map(|(_, p)| p.views.clone().unwrap_or_else(|| empty.clone())).collect();
+        let len = |list: &[View], i: usize| list.get(i).map(|v| v.numel);
+        let differ = |what: String, a: Option<usize>, b: Option<usize>| match a == b {
+            true => None,
+            false => Some(format!("{what}: {} vs {} elements", show(a), show(b))),
+        };
+        let n = all.len();
+        for i in 0..n {
+            for j in 0..n {
+                let found = match first.kind {
+                    CollKind::Gather { root } if j == root => differ(
+                        format!("rank {i} sends {} but root {root} expects", "its input"),
+                        len(&all[i].inputs, 0),
+                        len(&all[root].outputs, i),
+                    ),
+                    CollKind::Scatter { root } if i == root => differ(
+                        format!("root {root} sends rank {j} inputs[{j}] but rank {j} expects"),
+                        len(&all[root].inputs, j),
+                        len(&all[j].outputs, 0),
+                    ),
+                    CollKind::AllToAll => differ(
+                        format!("rank {i} sends rank {j} a chunk but rank {j} expects"),
+                        len(&all[i].inputs, j),
+                        len(&all[j].outputs, i),
+                    ),
+                    CollKind::AllGatherV => differ(
+                        format!("rank {i}'s input goes to rank {j}'s outputs[{i}]"),
+                        len(&all[i].inputs, 0),
+                        len(&all[j].outputs, i),
+                    ),
+                    CollKind::ReduceScatterV(_) => differ(
+                        format!("rank {i}'s inputs[{j}] is reduced into rank {j}'s output"),
+                        len(&all[i].inputs, j),
+                        len(&all[j].outputs, 0),
+                    ),
+                    _ => None,
+                };
+                if found.is_some() {
+                    return found;
+                }
+            }
+        }
+        None
     }
 
     /// Checks that the parts of a full slot agree; a mismatch sticks the slot and sets every rank's error.
@@ -154,7 +294,8 @@ impl State {
             SlotKey::Coll(k) => parts
                 .iter()
                 .find(|(_, p)| {
-                    p.kind != p0.kind || p.dtype != p0.dtype || p.numel_in != p0.numel_in || p.numel_out != p0.numel_out
+                    let sized = p0.views.is_none() && (p.numel_in != p0.numel_in || p.numel_out != p0.numel_out);
+                    p.kind != p0.kind || p.dtype != p0.dtype || p.views.is_some() != p0.views.is_some() || sized
                 })
                 .map(|(r, p)| {
                     format!(
@@ -176,6 +317,23 @@ impl State {
                     )
                 }),
         };
+        if let (None, SlotKey::Coll(k)) = (&mismatch, key) {
+            // Chunk sizes that disagree between ranks are what NCCL cannot see: the op never completes, with no
+            // error, until the watchdog's timeout ends it.
+            if let Some(why) = Self::views_mismatch(&parts) {
+                let calls = parts.iter().map(|(r, p)| format!("rank {r}: {}", p.describe()));
+                let message = format!(
+                    "chunk sizes disagree on communicator {number} at operation {k} ({}): {why} ({})",
+                    p0.kind.name(),
+                    calls.collect::<Vec<_>>().join("; ")
+                );
+                tracing::error!(target: "pg_mock", "{message}");
+                if let Some(slot) = self.comms.groups[group].slots.get_mut(&key) {
+                    slot.stuck = Some(message);
+                }
+                return;
+            }
+        }
         let Some(message) = mismatch else { return };
         let at = parts.iter().map(|(_, p)| p.enqueue).max().unwrap_or(0);
         tracing::error!(target: "pg_mock", "{message}");
@@ -326,6 +484,16 @@ impl State {
     }
 }
 
+/// What one rank's part holds: dtype, element counts, blocks and views.
+struct Shape {
+    dtype: pg_core::DType,
+    /// Input and output elements (totals over the views of a list op).
+    numel: (usize, usize),
+    /// The input and output blocks (the first views' for a list op; `u64::MAX` for none).
+    blocks: (u64, u64),
+    views: Option<Arc<Views>>,
+}
+
 /// A simulated communicator: one rank's handle.
 pub struct MockCommunicator {
     pub(crate) inner: Arc<Inner>,
@@ -377,7 +545,44 @@ impl MockCommunicator {
         Ok(())
     }
 
-    /// Enqueues this rank's part of an operation.
+    fn check_root(&self, root: usize, what: &str) -> Result<()> {
+        if root >= self.size {
+            return Err(Error::invalid(format!(
+                "{what}: root {root} is not a rank of a communicator of {}",
+                self.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// A list with one whole buffer per rank.
+    fn per_rank<'a>(&self, list: &'a [MockBuffer], what: &str) -> Result<Vec<(&'a MockBuffer, usize, usize)>> {
+        if list.len() != self.size {
+            return Err(Error::invalid(format!(
+                "{what}: {} buffers for a communicator of {} ranks",
+                list.len(),
+                self.size
+            )));
+        }
+        Ok(list.iter().map(whole).collect())
+    }
+
+    /// Gather's outputs or scatter's inputs: one whole buffer per rank on the root, none elsewhere.
+    fn root_list<'a>(
+        &self,
+        list: &'a [MockBuffer],
+        root: usize,
+        what: &str,
+    ) -> Result<Vec<(&'a MockBuffer, usize, usize)>> {
+        match self.rank == root {
+            true => self.per_rank(list, what),
+            false if list.is_empty() => Ok(Vec::new()),
+            false => Err(Error::invalid(format!("{what}: rank {} is not the root and takes no list", self.rank))),
+        }
+    }
+
+    /// Enqueues this rank's part of an operation on one input and one output buffer; `modes` says whether the
+    /// part reads the input and writes the output.
     fn enqueue(
         &self,
         kind: CollKind,
@@ -386,10 +591,81 @@ impl MockCommunicator {
         stream: &MockStream,
         modes: (bool, bool),
     ) -> Result<()> {
+        let mut accesses = Vec::with_capacity(2);
+        if modes.0 {
+            accesses.push((input, Mode::Read));
+        }
+        if modes.1 {
+            accesses.push((output, Mode::Write));
+        }
+        let shape = Shape {
+            dtype: input.dtype(),
+            numel: (input.numel(), output.numel()),
+            blocks: (input.block(), output.block()),
+            views: None,
+        };
+        self.check_buffer(input, kind.name())?;
+        self.check_buffer(output, kind.name())?;
+        self.enqueue_part(kind, shape, &accesses, stream)
+    }
+
+    /// Enqueues this rank's part of an operation over chunks (`(buffer, first element, elements)`) of buffers:
+    /// it reads every input chunk and writes every output chunk.
+    fn enqueue_views(
+        &self,
+        kind: CollKind,
+        dtype: pg_core::DType,
+        inputs: &[(&MockBuffer, usize, usize)],
+        outputs: &[(&MockBuffer, usize, usize)],
+        stream: &MockStream,
+    ) -> Result<()> {
+        let name = kind.name();
+        let mut accesses = Vec::with_capacity(inputs.len() + outputs.len());
+        for (list, mode) in [(inputs, Mode::Read), (outputs, Mode::Write)] {
+            for &(buffer, offset, numel) in list {
+                self.check_buffer(buffer, name)?;
+                if buffer.dtype() != dtype {
+                    return Err(Error::invalid(format!(
+                        "{name}: buffer #{} has dtype {}, but the op runs on {dtype}",
+                        buffer.id(),
+                        buffer.dtype()
+                    )));
+                }
+                if offset.checked_add(numel).is_none_or(|end| end > buffer.numel()) {
+                    return Err(Error::invalid(format!(
+                        "{name}: elements {offset}..{} are outside buffer #{} of {} elements",
+                        offset.saturating_add(numel),
+                        buffer.id(),
+                        buffer.numel()
+                    )));
+                }
+                accesses.push((buffer, mode));
+            }
+        }
+        let view =
+            |&(buffer, offset, numel): &(&MockBuffer, usize, usize)| View { block: buffer.block(), offset, numel };
+        let views = Views { inputs: inputs.iter().map(view).collect(), outputs: outputs.iter().map(view).collect() };
+        let total = |list: &[View]| list.iter().map(|v| v.numel).sum::<usize>();
+        let first_block = |list: &[View]| list.first().map_or(u64::MAX, |v| v.block);
+        let shape = Shape {
+            dtype,
+            numel: (total(&views.inputs), total(&views.outputs)),
+            blocks: (first_block(&views.inputs), first_block(&views.outputs)),
+            views: Some(Arc::new(views)),
+        };
+        self.enqueue_part(kind, shape, &accesses, stream)
+    }
+
+    /// Enqueues this rank's part: the hazard detector sees every access, then the part joins its slot.
+    fn enqueue_part(
+        &self,
+        kind: CollKind,
+        shape: Shape,
+        accesses: &[(&MockBuffer, Mode)],
+        stream: &MockStream,
+    ) -> Result<()> {
         let name = kind.name();
         let tid = self.inner.require(name);
-        self.check_buffer(input, name)?;
-        self.check_buffer(output, name)?;
         stream.check(&self.inner, self.device, name)?;
         let cost = self.inner.config.host.collective_enqueue;
         self.inner.with(|st| {
@@ -444,17 +720,14 @@ impl MockCommunicator {
                 actor: stream.index,
                 clock,
                 device: self.device,
-                buffer: input.id(),
+                buffer: 0,
                 stream_id: s.id,
                 op: label,
                 collective: true,
             };
-            if modes.0 {
-                st.access(input.block(), Mode::Read, &who);
-            }
-            if modes.1 {
-                who.buffer = output.id();
-                st.access(output.block(), Mode::Write, &who);
+            for &(buffer, mode) in accesses {
+                who.buffer = buffer.id();
+                st.access(buffer.block(), mode, &who);
             }
             let op = st.enqueue(
                 Some(tid),
@@ -467,12 +740,13 @@ impl MockCommunicator {
             let part = Part {
                 op,
                 kind,
-                dtype: input.dtype(),
-                numel_in: input.numel(),
-                numel_out: output.numel(),
-                input: input.block(),
-                output: output.block(),
+                dtype: shape.dtype,
+                numel_in: shape.numel.0,
+                numel_out: shape.numel.1,
+                input: shape.blocks.0,
+                output: shape.blocks.1,
                 enqueue: st.local(Some(tid)),
+                views: shape.views.clone(),
             };
             let hang = st.faults.iter().find_map(|f| match f {
                 Fault::HangAt { rank, op } if *rank == self.device && *op == op_index => {
@@ -567,6 +841,85 @@ impl pg_core::Communicator for MockCommunicator {
         self.enqueue(CollKind::Recv { peer }, buffer, buffer, stream, (false, true))
     }
 
+    fn reduce(
+        &self,
+        input: &MockBuffer,
+        output: &MockBuffer,
+        root: usize,
+        op: ReduceOp,
+        stream: &MockStream,
+    ) -> Result<()> {
+        same_shape("reduce", input, output, 1, 1)?;
+        self.check_root(root, "reduce")?;
+        op.check(input.dtype())?;
+        self.enqueue(CollKind::Reduce { root, op }, input, output, stream, (true, self.rank == root))
+    }
+
+    fn gather(&self, input: &MockBuffer, outputs: &[MockBuffer], root: usize, stream: &MockStream) -> Result<()> {
+        self.check_root(root, "gather")?;
+        let outputs = self.root_list(outputs, root, "gather")?;
+        self.enqueue_views(CollKind::Gather { root }, input.dtype(), &[whole(input)], &outputs, stream)
+    }
+
+    fn scatter(&self, inputs: &[MockBuffer], output: &MockBuffer, root: usize, stream: &MockStream) -> Result<()> {
+        self.check_root(root, "scatter")?;
+        let inputs = self.root_list(inputs, root, "scatter")?;
+        self.enqueue_views(CollKind::Scatter { root }, output.dtype(), &inputs, &[whole(output)], stream)
+    }
+
+    fn all_to_all_single(
+        &self,
+        input: &MockBuffer,
+        output: &MockBuffer,
+        input_splits: &[usize],
+        output_splits: &[usize],
+        stream: &MockStream,
+    ) -> Result<()> {
+        let chunks = |buffer, splits: &[usize], which: &str| -> Result<Vec<(&MockBuffer, usize, usize)>> {
+            if splits.len() != self.size {
+                return Err(Error::invalid(format!(
+                    "all_to_all_single: {} {which} splits for a communicator of {}",
+                    splits.len(),
+                    self.size
+                )));
+            }
+            let mut offset = 0usize;
+            let mut list = Vec::with_capacity(splits.len());
+            for &numel in splits {
+                list.push((buffer, offset, numel));
+                offset = offset.saturating_add(numel);
+            }
+            Ok(list)
+        };
+        let inputs = chunks(input, input_splits, "input")?;
+        let outputs = chunks(output, output_splits, "output")?;
+        self.enqueue_views(CollKind::AllToAll, input.dtype(), &inputs, &outputs, stream)
+    }
+
+    fn all_to_all(&self, inputs: &[MockBuffer], outputs: &[MockBuffer], stream: &MockStream) -> Result<()> {
+        let inputs = self.per_rank(inputs, "all_to_all inputs")?;
+        let outputs = self.per_rank(outputs, "all_to_all outputs")?;
+        let dtype = inputs.first().map_or(pg_core::DType::F32, |(b, _, _)| b.dtype());
+        self.enqueue_views(CollKind::AllToAll, dtype, &inputs, &outputs, stream)
+    }
+
+    fn all_gather_v(&self, input: &MockBuffer, outputs: &[MockBuffer], stream: &MockStream) -> Result<()> {
+        let outputs = self.per_rank(outputs, "all_gather_v outputs")?;
+        self.enqueue_views(CollKind::AllGatherV, input.dtype(), &[whole(input)], &outputs, stream)
+    }
+
+    fn reduce_scatter_v(
+        &self,
+        inputs: &[MockBuffer],
+        output: &MockBuffer,
+        op: ReduceOp,
+        stream: &MockStream,
+    ) -> Result<()> {
+        op.check(output.dtype())?;
+        let inputs = self.per_rank(inputs, "reduce_scatter_v inputs")?;
+        self.enqueue_views(CollKind::ReduceScatterV(op), output.dtype(), &inputs, &[whole(output)], stream)
+    }
+
     fn is_ready(&self) -> Result<bool> {
         let tid = self.inner.current();
         let cost = self.inner.config.host.query;
@@ -635,6 +988,11 @@ impl pg_core::Communicator for MockCommunicator {
         self.inner.raise(state);
         Ok(())
     }
+}
+
+/// A whole buffer as a chunk.
+fn whole(buffer: &MockBuffer) -> (&MockBuffer, usize, usize) {
+    (buffer, 0, buffer.numel())
 }
 
 /// Checks dtypes and that `input.numel * in_factor == output.numel * out_factor`.

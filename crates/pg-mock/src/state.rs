@@ -328,11 +328,36 @@ pub(crate) enum SlotKey {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum CollKind {
     AllReduce(ReduceOp),
-    Broadcast { root: usize },
+    Broadcast {
+        root: usize,
+    },
     AllGather,
     ReduceScatter(ReduceOp),
-    Send { peer: usize },
-    Recv { peer: usize },
+    Send {
+        peer: usize,
+    },
+    Recv {
+        peer: usize,
+    },
+    /// Reduce into the root's output.
+    Reduce {
+        root: usize,
+        op: ReduceOp,
+    },
+    /// The root's output views receive every rank's input view.
+    Gather {
+        root: usize,
+    },
+    /// Every rank's output view receives the root's input view of its rank.
+    Scatter {
+        root: usize,
+    },
+    /// Rank `j`'s output view `i` receives rank `i`'s input view `j` (both all-to-all forms).
+    AllToAll,
+    /// Every rank's output view `i` receives rank `i`'s input view (sizes may differ by rank).
+    AllGatherV,
+    /// Rank `j`'s output view receives the reduction of every rank's input view `j`.
+    ReduceScatterV(ReduceOp),
 }
 
 impl CollKind {
@@ -344,6 +369,12 @@ impl CollKind {
             CollKind::ReduceScatter(_) => "reduce_scatter",
             CollKind::Send { .. } => "send",
             CollKind::Recv { .. } => "recv",
+            CollKind::Reduce { .. } => "reduce",
+            CollKind::Gather { .. } => "gather",
+            CollKind::Scatter { .. } => "scatter",
+            CollKind::AllToAll => "all_to_all",
+            CollKind::AllGatherV => "all_gather_v",
+            CollKind::ReduceScatterV(_) => "reduce_scatter_v",
         }
     }
 }
@@ -359,16 +390,53 @@ pub(crate) struct Part {
     pub(crate) input: u64,
     pub(crate) output: u64,
     pub(crate) enqueue: Time,
+    /// The input and output views of an op over lists or chunks of buffers (`None`: `input` and `output`).
+    pub(crate) views: Option<std::sync::Arc<Views>>,
+}
+
+/// A run of elements in a memory block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct View {
+    pub(crate) block: u64,
+    /// The first element.
+    pub(crate) offset: usize,
+    pub(crate) numel: usize,
+}
+
+/// The input and output views of one rank's part, in rank order where the op has one per rank.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Views {
+    pub(crate) inputs: Vec<View>,
+    pub(crate) outputs: Vec<View>,
+}
+
+impl Views {
+    fn numels(list: &[View]) -> String {
+        list.iter().map(|v| v.numel.to_string()).collect::<Vec<_>>().join(", ")
+    }
 }
 
 impl Part {
     pub(crate) fn describe(&self) -> String {
         let extra = match self.kind {
             CollKind::AllReduce(op) | CollKind::ReduceScatter(op) => format!(", {}", op.torch_name()),
-            CollKind::Broadcast { root } => format!(", root {root}"),
+            CollKind::Broadcast { root } | CollKind::Gather { root } | CollKind::Scatter { root } => {
+                format!(", root {root}")
+            }
+            CollKind::Reduce { root, op } => format!(", root {root}, {}", op.torch_name()),
+            CollKind::ReduceScatterV(op) => format!(", {}", op.torch_name()),
             CollKind::Send { peer } | CollKind::Recv { peer } => format!(", peer {peer}"),
-            CollKind::AllGather => String::new(),
+            CollKind::AllGather | CollKind::AllToAll | CollKind::AllGatherV => String::new(),
         };
+        if let Some(views) = &self.views {
+            return format!(
+                "{}({}, inputs [{}] -> outputs [{}] elements{extra})",
+                self.kind.name(),
+                self.dtype,
+                Views::numels(&views.inputs),
+                Views::numels(&views.outputs)
+            );
+        }
         format!("{}({}, {} -> {} elements{extra})", self.kind.name(), self.dtype, self.numel_in, self.numel_out)
     }
 }

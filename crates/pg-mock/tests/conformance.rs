@@ -1,12 +1,22 @@
-//! The whole conformance suite on the simulated backend, at world sizes 1, 2 and 4: each test fails listing
-//! every case that failed; a case that does not apply must say why, and at these sizes only cases that need
-//! more ranks than the world has may be not applicable.
+//! The whole conformance suite on the simulated backend, at world sizes 1, 2 and 4, and the collective cases
+//! also at 3 and 8: each test fails listing every case that failed; a case that does not apply must say why,
+//! and at these sizes only cases that need more ranks than the world has may be not applicable.
 
 use pg_conformance::mock::MockHarness;
-use pg_conformance::{run_all, Outcome};
+use pg_conformance::{collective_cases, run_all, Outcome};
 
 fn conformance_at(world_size: usize) {
-    let reports = run_all(&MockHarness::new(world_size), |_| true);
+    conformance_of(world_size, |_| true);
+}
+
+/// Runs the collective cases alone at `world_size`.
+fn collectives_at(world_size: usize) {
+    let names: Vec<&str> = collective_cases::<MockHarness>().iter().map(|c| c.name).collect();
+    conformance_of(world_size, |name| names.contains(&name));
+}
+
+fn conformance_of(world_size: usize, filter: impl Fn(&str) -> bool) {
+    let reports = run_all(&MockHarness::new(world_size), filter);
     print!("{}", pg_conformance::report::table(&reports));
     let failed: Vec<String> = reports
         .iter()
@@ -33,4 +43,14 @@ fn conformance_world_2() {
 #[test]
 fn conformance_world_4() {
     conformance_at(4);
+}
+
+#[test]
+fn collectives_world_3() {
+    collectives_at(3);
+}
+
+#[test]
+fn collectives_world_8() {
+    collectives_at(8);
 }

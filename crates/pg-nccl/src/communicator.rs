@@ -9,6 +9,7 @@ use nccl_sys::{Library, Status};
 use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
+use crate::exchange::{self, Call};
 #[cfg(feature = "testing")]
 use crate::launches::{self, KernelKind};
 use crate::{Buffer, Nccl, Stream};
@@ -256,6 +257,60 @@ impl Communicator {
         }
     }
 
+    fn check_root(&self, root: usize) -> pg_core::Result<()> {
+        match root < self.size {
+            true => Ok(()),
+            false => Err(Error::invalid(format!("root {root} of {} ranks", self.size))),
+        }
+    }
+
+    /// Gather's outputs or scatter's inputs: on the root one buffer per rank like `like`, none elsewhere.
+    fn check_root_list(&self, list: &[Buffer], root: usize, like: &Buffer) -> pg_core::Result<()> {
+        if self.rank != root {
+            return match list.is_empty() {
+                true => self.check_pair(like, like, (1, 1)),
+                false => Err(Error::invalid(format!("rank {} is not the root {root} and takes no list", self.rank))),
+            };
+        }
+        if list.len() != self.size {
+            return Err(Error::invalid(format!("{} buffers in the list for {} ranks", list.len(), self.size)));
+        }
+        list.iter().try_for_each(|buffer| self.check_pair(like, buffer, (1, 1)))
+    }
+
+    /// Lists of one buffer per rank (a list of one is a single buffer), all of one dtype on this device; the dtype.
+    fn check_lists(&self, lists: &[&[Buffer]]) -> pg_core::Result<pg_core::DType> {
+        let first = lists.iter().find_map(|list| list.first()).ok_or_else(|| Error::invalid("no buffers"))?;
+        for list in lists {
+            if list.len() != self.size && list.len() != 1 {
+                return Err(Error::invalid(format!("{} buffers in a list for {} ranks", list.len(), self.size)));
+            }
+            for buffer in *list {
+                self.check_pair(buffer, buffer, (1, 1))?;
+                if buffer.dtype != first.dtype {
+                    return Err(Error::invalid(format!("a list mixes {} and {}", first.dtype, buffer.dtype)));
+                }
+            }
+        }
+        Ok(first.dtype)
+    }
+
+    /// Issues `calls` as one NCCL group under the issue mutex (see [`exchange::grouped`]).
+    fn issue_grouped(
+        &self,
+        name: &'static str,
+        stream: &Stream,
+        dtype: pg_core::DType,
+        calls: &[Call],
+    ) -> pg_core::Result<()> {
+        self.issue(name, stream, |lib, comm| {
+            // SAFETY: every call's pointer is a buffer of this device holding its count of `dtype` (checked by
+            // the callers), kept alive by the process group until the stream passes the op; the issue mutex is
+            // held.
+            unsafe { exchange::grouped(lib, comm, stream.0.raw() as _, data_type(dtype), calls) }
+        })
+    }
+
     /// Enqueues a reduce of `input` into `root`'s `output`.
     pub fn reduce(
         &self,
@@ -390,6 +445,132 @@ impl pg_core::Communicator for Communicator {
             // SAFETY: as in `reduce`.
             unsafe { lib.recv(buffer.ptr(), buffer.numel, data_type(buffer.dtype), peer, comm, stream.0.raw() as _) }
         })
+    }
+
+    fn reduce(
+        &self,
+        input: &Buffer,
+        output: &Buffer,
+        root: usize,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.check_root(root)?;
+        Communicator::reduce(self, input, output, op, root, stream)
+    }
+
+    fn gather(&self, input: &Buffer, outputs: &[Buffer], root: usize, stream: &Stream) -> pg_core::Result<()> {
+        self.check_root(root)?;
+        self.check_root_list(outputs, root, input)?;
+        let mut calls: Vec<Call> = exchange::send(input, root).into_iter().collect();
+        calls.extend(outputs.iter().enumerate().filter_map(|(peer, out)| exchange::recv(out, peer)));
+        self.issue_grouped("gather", stream, input.dtype, &calls)
+    }
+
+    fn scatter(&self, inputs: &[Buffer], output: &Buffer, root: usize, stream: &Stream) -> pg_core::Result<()> {
+        self.check_root(root)?;
+        self.check_root_list(inputs, root, output)?;
+        let mut calls: Vec<Call> =
+            inputs.iter().enumerate().filter_map(|(peer, inp)| exchange::send(inp, peer)).collect();
+        calls.extend(exchange::recv(output, root));
+        self.issue_grouped("scatter", stream, output.dtype, &calls)
+    }
+
+    fn all_to_all_single(
+        &self,
+        input: &Buffer,
+        output: &Buffer,
+        input_splits: &[usize],
+        output_splits: &[usize],
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        // Sizes may differ; the dtype and the device must agree.
+        self.check_lists(&[std::slice::from_ref(input), std::slice::from_ref(output)])?;
+        if input_splits.len() != self.size || output_splits.len() != self.size {
+            return Err(Error::invalid(format!(
+                "all_to_all_single: {} input and {} output splits for {} ranks",
+                input_splits.len(),
+                output_splits.len(),
+                self.size
+            )));
+        }
+        let mut calls = Vec::with_capacity(2 * self.size);
+        let (mut at_in, mut at_out) = (0usize, 0usize);
+        for peer in 0..self.size {
+            let (send, recv) = (input_splits[peer], output_splits[peer]);
+            if send > 0 {
+                calls.push(Call::Send { ptr: exchange::chunk(input, at_in, send)?, count: send, peer });
+            }
+            if recv > 0 {
+                calls.push(Call::Recv { ptr: exchange::chunk(output, at_out, recv)?, count: recv, peer });
+            }
+            at_in = at_in.saturating_add(send);
+            at_out = at_out.saturating_add(recv);
+        }
+        self.issue_grouped("all_to_all_single", stream, input.dtype, &calls)
+    }
+
+    fn all_to_all(&self, inputs: &[Buffer], outputs: &[Buffer], stream: &Stream) -> pg_core::Result<()> {
+        let dtype = self.check_lists(&[inputs, outputs])?;
+        let mut calls = Vec::with_capacity(2 * self.size);
+        for peer in 0..self.size {
+            calls.extend(exchange::send(&inputs[peer], peer));
+            calls.extend(exchange::recv(&outputs[peer], peer));
+        }
+        self.issue_grouped("all_to_all", stream, dtype, &calls)
+    }
+
+    fn all_gather_v(&self, input: &Buffer, outputs: &[Buffer], stream: &Stream) -> pg_core::Result<()> {
+        self.check_lists(&[outputs, std::slice::from_ref(input)])?;
+        // One broadcast per rank, as PyTorch gathers tensors of different sizes.
+        let calls: Vec<Call> = outputs
+            .iter()
+            .enumerate()
+            .filter(|(_, out)| out.numel > 0)
+            .map(|(root, out)| {
+                let send = if root == self.rank { input.ptr() } else { out.ptr() };
+                Call::Broadcast { send, recv: out.ptr(), count: out.numel, root }
+            })
+            .collect();
+        self.issue_grouped("all_gather_v", stream, input.dtype, &calls)
+    }
+
+    fn reduce_scatter_v(
+        &self,
+        inputs: &[Buffer],
+        output: &Buffer,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.check_lists(&[inputs, std::slice::from_ref(output)])?;
+        let nccl_op = red_op(op, output.dtype)?;
+        // One reduce per rank, as PyTorch reduce-scatters tensors of different sizes.
+        let calls: Vec<Call> = inputs
+            .iter()
+            .enumerate()
+            .filter(|(_, inp)| inp.numel > 0)
+            .map(|(root, inp)| {
+                let recv = if root == self.rank { output.ptr() } else { inp.ptr() };
+                Call::Reduce { send: inp.ptr(), recv, count: inp.numel, root, op: nccl_op }
+            })
+            .collect();
+        self.issue_grouped("reduce_scatter_v", stream, output.dtype, &calls)
+    }
+
+    fn group_start(&self) -> pg_core::Result<()> {
+        self.library.group_start().map(|_| ()).map_err(nccl_error)
+    }
+
+    fn group_end(&self) -> pg_core::Result<()> {
+        let _issuing = self.lock_issue();
+        self.device.bind_to_thread().map_err(cuda_error)?;
+        // SAFETY: the group's operations were issued by this thread through this communicator, whose process
+        // group keeps their buffers alive (record_stream or stash) until the stream passes them.
+        let status = unsafe { self.library.group_end() }.map_err(nccl_error)?;
+        if status.is_in_progress() {
+            self.wait_while_in_progress()?;
+        }
+        Ok(())
     }
 
     fn is_ready(&self) -> pg_core::Result<bool> {

@@ -19,6 +19,7 @@ mod communicator;
 pub mod conformance;
 mod conv;
 mod device;
+mod exchange;
 #[cfg(feature = "testing")]
 pub mod launches;
 #[cfg(feature = "testing")]
