@@ -296,8 +296,11 @@ fn list_ops_refuse_bad_input_before_enqueueing<H: Harness>(h: &H) -> Check<Outco
         refused("all_to_all_single with splits that do not sum", "sum to", a2a(None, Some(&short)))?;
         refused("all_to_all_single with output splits that do not sum", "sum to", a2a(Some(&short), None))?;
         refused("all_to_all_single with a split per rank missing", "entries", a2a(Some(&splits[1..]), None))?;
-        let odd = f(4 * n + 1)?;
-        refused("all_to_all_single not divisible", "equal chunks", group.all_to_all_single(&odd, &odd, None, None))?;
+        if n > 1 {
+            let odd = f(4 * n + 1)?;
+            let work = group.all_to_all_single(&odd, &odd, None, None);
+            refused("all_to_all_single not divisible", "equal chunks", work)?;
+        }
         let i_out = r.device.alloc(DType::I32, 4 * n).ctx("alloc")?;
         refused("all_to_all_single across dtypes", "dtypes", group.all_to_all_single(&i_out, &four, None, None))?;
         refused("all_to_all with a short list", "inputs has", group.all_to_all(&per_rank, one_short))?;
