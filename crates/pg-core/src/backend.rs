@@ -223,6 +223,22 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         stream: &<Self::B as Backend>::Stream,
     ) -> Result<()>;
 
+    /// Enqueues an all-reduce of `input` into `output` with PyTorch's `PREMUL_SUM` whose factor is this rank's
+    /// `scalar` (one element of the input's dtype, in device memory, read when the op runs): every rank's
+    /// input times its own factor, summed (`_make_nccl_premul_sum(tensor)`).
+    fn all_reduce_pre_mul_sum(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _output: &<Self::B as Backend>::Buffer,
+        _scalar: &<Self::B as Backend>::Buffer,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!(
+            "all_reduce with a device PREMUL_SUM factor on the {} backend",
+            <Self::B as Backend>::NAME
+        )))
+    }
+
     /// Enqueues a broadcast of `root`'s `input` into every rank's `output`.
     fn broadcast(
         &self,

@@ -267,6 +267,33 @@ impl<B: Backend> ProcessGroup<B> {
         self.all_reduce(buffer, op)?.wait()
     }
 
+    /// All-reduce `buffer` in place with `PREMUL_SUM` whose factor is this rank's `scalar`, a one-element buffer
+    /// of `buffer`'s dtype on the same device, read when the op runs (torch's
+    /// `all_reduce(t, op=_make_nccl_premul_sum(factor_tensor))`). The host-factor form is
+    /// `all_reduce(buffer, ReduceOp::PreMulSum(factor))`.
+    pub fn all_reduce_pre_mul_sum(&self, buffer: &B::Buffer, scalar: &B::Buffer) -> Result<WorkHandle<B>> {
+        self.check_buffer("all_reduce", buffer)?;
+        ReduceOp::check_pre_mul_sum(buffer.dtype())?;
+        if scalar.numel() != 1 || scalar.dtype() != buffer.dtype() || scalar.device_index() != buffer.device_index() {
+            return Err(Error::invalid(format!(
+                "all_reduce: a PREMUL_SUM factor is one element of the input's dtype {} on device {}; got {} of {} \
+                 on device {}",
+                buffer.dtype(),
+                buffer.device_index(),
+                scalar.numel(),
+                scalar.dtype(),
+                scalar.device_index()
+            )));
+        }
+        let device = self.inner.device.clone();
+        let spec = self.in_place_spec(OpType::AllReduce, buffer);
+        self.run(spec, |comm, stream| {
+            // The factor is read on the communication stream: keep its memory until that stream passes the op.
+            device.record_stream(scalar, stream)?;
+            comm.all_reduce_pre_mul_sum(buffer, buffer, scalar, stream)
+        })
+    }
+
     /// Broadcasts `root`'s `buffer` into every rank's `buffer`.
     pub fn broadcast(&self, buffer: &B::Buffer, root: usize) -> Result<WorkHandle<B>> {
         self.check_buffer("broadcast", buffer)?;

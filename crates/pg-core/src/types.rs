@@ -100,6 +100,10 @@ impl fmt::Display for DType {
 }
 
 /// A reduction, as PyTorch's `ReduceOp` (the bitwise ones are refused, as NCCL has none).
+///
+/// The value stays `Copy` and comparable: `PreMulSum` here carries a host factor. PyTorch's other form, a factor
+/// in a one-element device tensor, is a buffer, neither `Copy` nor comparable, so it has entry points of its own
+/// (`ProcessGroup::all_reduce_pre_mul_sum`, `Communicator::all_reduce_pre_mul_sum`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ReduceOp {
     /// Sum (on bool: logical or, as PyTorch maps it to max).
@@ -118,6 +122,9 @@ pub enum ReduceOp {
     BitOr,
     /// Bitwise xor: not supported by NCCL.
     BitXor,
+    /// PyTorch's `PREMUL_SUM` with a host factor (`_make_nccl_premul_sum(factor)`): every rank's input times
+    /// its own factor, summed. Only on f16, bf16, f32 and f64, as PyTorch.
+    PreMulSum(f64),
 }
 
 impl ReduceOp {
@@ -128,7 +135,18 @@ impl ReduceOp {
                 Err(Error::invalid(format!("Cannot use ReduceOp.{} with NCCL", self.torch_name())))
             }
             (ReduceOp::Avg, DType::Bool) => Err(Error::invalid("Cannot use ReduceOp.AVG with boolean inputs")),
+            (ReduceOp::PreMulSum(_), dtype) => Self::check_pre_mul_sum(dtype),
             _ => Ok(()),
+        }
+    }
+
+    /// Checks that `PREMUL_SUM` can run on `dtype` (f16, bf16, f32, f64), with PyTorch's error text.
+    pub fn check_pre_mul_sum(dtype: DType) -> Result<()> {
+        match dtype {
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => Ok(()),
+            other => {
+                Err(Error::invalid(format!("PreMulSum Data type must be half, float, bfloat16 or double, not {other}")))
+            }
         }
     }
 
@@ -143,6 +161,7 @@ impl ReduceOp {
             ReduceOp::BitAnd => "BAND",
             ReduceOp::BitOr => "BOR",
             ReduceOp::BitXor => "BXOR",
+            ReduceOp::PreMulSum(_) => "PREMUL_SUM",
         }
     }
 }

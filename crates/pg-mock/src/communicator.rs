@@ -18,7 +18,7 @@ use crate::clock::{transfer, Cond, OpRef, Time};
 use crate::fault::Fault;
 use crate::hazard::{Accessor, Mode};
 use crate::sched::Inner;
-use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, SlotKey, State};
+use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, Scale, SlotKey, State};
 use crate::stream::MockStream;
 use crate::Mock;
 
@@ -97,8 +97,18 @@ impl State {
     /// Computes the real results of a matched operation into the output blocks.
     fn apply_collective(&mut self, parts: &[(usize, Part)]) {
         let read = |st: &State, block: u64| st.alloc.blocks.get(&block).map(|b| b.data.clone()).unwrap_or_default();
-        let inputs: Vec<Vec<u8>> = parts.iter().map(|(_, p)| read(self, p.input)).collect();
+        let mut inputs: Vec<Vec<u8>> = parts.iter().map(|(_, p)| read(self, p.input)).collect();
         let first = &parts[0].1;
+        for ((_, part), input) in parts.iter().zip(&mut inputs) {
+            let factor = match part.scale {
+                None => continue,
+                Some(Scale::Host(factor)) => factor,
+                Some(Scale::Device(block)) => {
+                    crate::conv::decode(part.dtype, &read(self, block)).first().copied().unwrap_or(f64::NAN)
+                }
+            };
+            crate::conv::scale(part.dtype, factor, input);
+        }
         let mut outputs: Vec<(u64, Vec<u8>)> = Vec::new();
         match first.kind {
             CollKind::AllReduce(op) => {
@@ -386,10 +396,38 @@ impl MockCommunicator {
         stream: &MockStream,
         modes: (bool, bool),
     ) -> Result<()> {
+        self.enqueue_scaled(kind, input, output, None, stream, modes)
+    }
+
+    /// Enqueues this rank's part of an operation, with the device `PREMUL_SUM` factor it reads, if any. A host
+    /// factor leaves the reduction's kind as `PREMUL_SUM` with a placeholder factor of 1, so that ranks with
+    /// different factors still match, and travels in the part.
+    fn enqueue_scaled(
+        &self,
+        kind: CollKind,
+        input: &MockBuffer,
+        output: &MockBuffer,
+        scalar: Option<&MockBuffer>,
+        stream: &MockStream,
+        modes: (bool, bool),
+    ) -> Result<()> {
         let name = kind.name();
         let tid = self.inner.require(name);
         self.check_buffer(input, name)?;
         self.check_buffer(output, name)?;
+        if let Some(scalar) = scalar {
+            self.check_buffer(scalar, name)?;
+        }
+        let (kind, scale) = match (kind, scalar) {
+            (_, Some(scalar)) => (kind, Some(Scale::Device(scalar.block()))),
+            (CollKind::AllReduce(ReduceOp::PreMulSum(f)), None) => {
+                (CollKind::AllReduce(ReduceOp::PreMulSum(1.0)), Some(Scale::Host(f)))
+            }
+            (CollKind::ReduceScatter(ReduceOp::PreMulSum(f)), None) => {
+                (CollKind::ReduceScatter(ReduceOp::PreMulSum(1.0)), Some(Scale::Host(f)))
+            }
+            (kind, None) => (kind, None),
+        };
         stream.check(&self.inner, self.device, name)?;
         let cost = self.inner.config.host.collective_enqueue;
         self.inner.with(|st| {
@@ -452,6 +490,10 @@ impl MockCommunicator {
             if modes.0 {
                 st.access(input.block(), Mode::Read, &who);
             }
+            if let Some(scalar) = scalar {
+                who.buffer = scalar.id();
+                st.access(scalar.block(), Mode::Read, &who);
+            }
             if modes.1 {
                 who.buffer = output.id();
                 st.access(output.block(), Mode::Write, &who);
@@ -473,6 +515,7 @@ impl MockCommunicator {
                 input: input.block(),
                 output: output.block(),
                 enqueue: st.local(Some(tid)),
+                scale,
             };
             let hang = st.faults.iter().find_map(|f| match f {
                 Fault::HangAt { rank, op } if *rank == self.device && *op == op_index => {
@@ -533,6 +576,27 @@ impl pg_core::Communicator for MockCommunicator {
         same_shape("all_reduce", input, output, 1, 1)?;
         op.check(input.dtype())?;
         self.enqueue(CollKind::AllReduce(op), input, output, stream, (true, true))
+    }
+
+    fn all_reduce_pre_mul_sum(
+        &self,
+        input: &MockBuffer,
+        output: &MockBuffer,
+        scalar: &MockBuffer,
+        stream: &MockStream,
+    ) -> Result<()> {
+        same_shape("all_reduce", input, output, 1, 1)?;
+        ReduceOp::check_pre_mul_sum(input.dtype())?;
+        if scalar.numel() != 1 || scalar.dtype() != input.dtype() {
+            return Err(Error::invalid(format!(
+                "all_reduce: a PREMUL_SUM factor is one element of {}, not {} of {}",
+                input.dtype(),
+                scalar.numel(),
+                scalar.dtype()
+            )));
+        }
+        let kind = CollKind::AllReduce(ReduceOp::PreMulSum(1.0));
+        self.enqueue_scaled(kind, input, output, Some(scalar), stream, (true, true))
     }
 
     fn broadcast(&self, input: &MockBuffer, output: &MockBuffer, root: usize, stream: &MockStream) -> Result<()> {

@@ -319,6 +319,17 @@ pub(crate) fn fill(dtype: DType, value: f64, out: &mut [u8]) {
     dispatch!(dtype, fill_typed, value, out);
 }
 
+fn scale_typed<T: Elem>(factor: f64, bytes: &mut [u8]) {
+    for chunk in bytes.chunks_exact_mut(T::SIZE) {
+        T::from_f64(T::read(chunk).to_f64() * factor).write(chunk);
+    }
+}
+
+/// Multiplies every element of `bytes` (of `dtype`) by `factor`, rounding to the dtype (`PREMUL_SUM`'s step).
+pub(crate) fn scale(dtype: DType, factor: f64, bytes: &mut [u8]) {
+    dispatch!(dtype, scale_typed, factor, bytes);
+}
+
 /// Reduces `inputs` (one per rank, equal lengths) element-wise into `out`.
 pub(crate) fn reduce(dtype: DType, op: ReduceOp, inputs: &[&[u8]], out: &mut [u8]) -> Result<()> {
     op.check(dtype)?;

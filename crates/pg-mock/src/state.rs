@@ -359,6 +359,15 @@ pub(crate) struct Part {
     pub(crate) input: u64,
     pub(crate) output: u64,
     pub(crate) enqueue: Time,
+    /// This rank's `PREMUL_SUM` factor; `None` for every other op.
+    pub(crate) scale: Option<Scale>,
+}
+
+/// A `PREMUL_SUM` factor: from the host, or read from a one-element device block when the op runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Scale {
+    Host(f64),
+    Device(u64),
 }
 
 impl Part {

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use nccl_sys::{Library, Status};
 use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, UniqueId};
 
-use crate::conv::{cuda_error, data_type, nccl_error, red_op};
+use crate::conv::{cuda_error, data_type, nccl_error};
 #[cfg(feature = "testing")]
 use crate::launches::{self, KernelKind};
+use crate::premul::{self, OpPlan};
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
@@ -266,22 +267,47 @@ impl Communicator {
         stream: &Stream,
     ) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, 1))?;
-        let op = red_op(op, input.dtype)?;
+        let plan = premul::plan(op, input.dtype)?;
         self.issue("reduce", stream, |lib, comm| {
             // SAFETY: both buffers hold `numel` elements of the dtype on the communicator's device (checked), and
             // stay allocated until the stream passes this op (the process group records them on the stream);
             // the issue mutex is held.
             unsafe {
-                lib.reduce(
-                    input.ptr(),
-                    output.ptr(),
-                    input.numel,
-                    data_type(input.dtype),
-                    op,
-                    root,
-                    comm,
-                    stream.0.raw() as _,
-                )
+                premul::with_op(lib, comm, &plan, input.dtype, |op| {
+                    lib.reduce(
+                        input.ptr(),
+                        output.ptr(),
+                        input.numel,
+                        data_type(input.dtype),
+                        op,
+                        root,
+                        comm,
+                        stream.0.raw() as _,
+                    )
+                })
+            }
+        })
+    }
+}
+
+impl Communicator {
+    /// Enqueues an all-reduce with `plan`'s reduction (checked by the caller, as are the buffers).
+    fn all_reduce_with(&self, input: &Buffer, output: &Buffer, plan: &OpPlan, stream: &Stream) -> pg_core::Result<()> {
+        self.issue("all_reduce", stream, |lib, comm| {
+            // SAFETY: as in `reduce`; a device factor is one element of the dtype on this device (checked), kept
+            // allocated by the process group until the stream passes this op.
+            unsafe {
+                premul::with_op(lib, comm, plan, input.dtype, |op| {
+                    lib.all_reduce(
+                        input.ptr(),
+                        output.ptr(),
+                        input.numel,
+                        data_type(input.dtype),
+                        op,
+                        comm,
+                        stream.0.raw() as _,
+                    )
+                })
             }
         })
     }
@@ -300,21 +326,27 @@ impl pg_core::Communicator for Communicator {
 
     fn all_reduce(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, 1))?;
-        let op = red_op(op, input.dtype)?;
-        self.issue("all_reduce", stream, |lib, comm| {
-            // SAFETY: as in `reduce`.
-            unsafe {
-                lib.all_reduce(
-                    input.ptr(),
-                    output.ptr(),
-                    input.numel,
-                    data_type(input.dtype),
-                    op,
-                    comm,
-                    stream.0.raw() as _,
-                )
-            }
-        })
+        let plan = premul::plan(op, input.dtype)?;
+        self.all_reduce_with(input, output, &plan, stream)
+    }
+
+    fn all_reduce_pre_mul_sum(
+        &self,
+        input: &Buffer,
+        output: &Buffer,
+        scalar: &Buffer,
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.check_pair(input, output, (1, 1))?;
+        self.check_pair(scalar, scalar, (1, 1))?;
+        if scalar.numel != 1 || scalar.dtype != input.dtype {
+            return Err(Error::invalid(format!(
+                "a PREMUL_SUM factor is one element of {}, not {} of {}",
+                input.dtype, scalar.numel, scalar.dtype
+            )));
+        }
+        let plan = premul::device_plan(scalar.ptr(), input.dtype)?;
+        self.all_reduce_with(input, output, &plan, stream)
     }
 
     fn broadcast(&self, input: &Buffer, output: &Buffer, root: usize, stream: &Stream) -> pg_core::Result<()> {
@@ -357,19 +389,21 @@ impl pg_core::Communicator for Communicator {
 
     fn reduce_scatter(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, self.size))?;
-        let op = red_op(op, input.dtype)?;
+        let plan = premul::plan(op, input.dtype)?;
         self.issue("reduce_scatter", stream, |lib, comm| {
             // SAFETY: as in `reduce`; the input holds `size` times the output (checked).
             unsafe {
-                lib.reduce_scatter(
-                    input.ptr(),
-                    output.ptr(),
-                    output.numel,
-                    data_type(input.dtype),
-                    op,
-                    comm,
-                    stream.0.raw() as _,
-                )
+                premul::with_op(lib, comm, &plan, input.dtype, |op| {
+                    lib.reduce_scatter(
+                        input.ptr(),
+                        output.ptr(),
+                        output.numel,
+                        data_type(input.dtype),
+                        op,
+                        comm,
+                        stream.0.raw() as _,
+                    )
+                })
             }
         })
     }

@@ -56,6 +56,9 @@ pub(crate) fn red_op_for(op: ReduceOp, dtype: DType, version: Version) -> pg_cor
         (ReduceOp::Max, _) => sys::ncclMax,
         (ReduceOp::Min, _) => sys::ncclMin,
         (ReduceOp::Avg, _) => sys::ncclAvg,
+        (ReduceOp::PreMulSum(_), _) => {
+            return Err(Error::unsupported("PREMUL_SUM as a built-in NCCL reduction: it is an op made per call"))
+        }
         (ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor, _) => {
             return Err(Error::unsupported(format!("ReduceOp.{} on NCCL", op.torch_name())))
         }

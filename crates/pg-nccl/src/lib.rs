@@ -21,6 +21,7 @@ mod conv;
 mod device;
 #[cfg(feature = "testing")]
 pub mod launches;
+mod premul;
 #[cfg(feature = "testing")]
 pub mod raw;
 mod stream;

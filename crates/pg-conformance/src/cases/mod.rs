@@ -1,6 +1,7 @@
 //! The cases, by concern: the stream/event/Work/cache semantics, each op's results and bad-input errors, and
 //! the group's life cycle and error paths.
 
+pub(crate) mod dtypes;
 pub(crate) mod lifecycle;
 pub(crate) mod ops;
 pub(crate) mod semantics;
