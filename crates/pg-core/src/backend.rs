@@ -291,6 +291,16 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         Err(crate::Error::unsupported(format!("recv on the {} backend", <Self::B as Backend>::NAME)))
     }
 
+    /// Splits this communicator (NCCL's `ncclCommSplit`): every rank of it calls, ranks passing the same
+    /// `Some(color)` form one new communicator, ordered by `key` then by rank here; a rank passing `None` joins
+    /// none and gets `None`. Blocks until every rank has called; the new communicator is ready on return.
+    fn split(&self, _color: Option<u32>, _key: usize) -> Result<Option<<Self::B as Backend>::Communicator>>
+    where
+        Self: Sized,
+    {
+        Err(crate::Error::unsupported(format!("split on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
     /// Whether a non-blocking init has finished (always true for a blocking one).
     fn is_ready(&self) -> Result<bool> {
         Ok(true)

@@ -113,16 +113,18 @@ impl<B: Backend> ProcessGroup<B> {
     /// that number, so every group needs a store prefix of its own ([`Error::PrefixCollision`] otherwise).
     /// A size of 0 or above NCCL's `int` range, or a rank out of range, is an [`Error::InvalidArgument`].
     pub fn new(store: Arc<dyn Store>, rank: usize, size: usize, device: B::Device, options: Options) -> Result<Self> {
-        Self::build(store, (rank, size), device, options, Kind::World)
+        Self::build(store, (rank, size), device, options, Kind::World, None)
     }
 
-    /// [`ProcessGroup::new`] for a group of another kind: a subgroup, or a group on PyTorch's keys.
+    /// [`ProcessGroup::new`] for a group of another kind: a subgroup, or a group on PyTorch's keys; `adopt` is
+    /// a ready communicator of exactly this group's ranks (a split of the parent's) to use as its collective one.
     pub(crate) fn build(
         store: Arc<dyn Store>,
         (rank, size): (usize, usize),
         device: B::Device,
         options: Options,
         kind: Kind,
+        adopt: Option<B::Communicator>,
     ) -> Result<Self> {
         if size == 0 {
             return Err(Error::invalid("a process group needs at least one rank (size was 0)"));
@@ -152,6 +154,9 @@ impl<B: Backend> ProcessGroup<B> {
         let shared = Shared::new(store, (rank, size), device, options, (local_id, instance), membership);
         let group = Self { inner: Arc::new(shared) };
         start_threads(&group.inner)?;
+        if let Some(comm) = adopt {
+            group.adopt_collective(comm)?;
+        }
         tracing::info!(
             target: "pg",
             backend = B::NAME,
@@ -207,6 +212,35 @@ impl<B: Backend> ProcessGroup<B> {
     /// members and non-members alike).
     pub(crate) fn next_subgroup_index(&self) -> u64 {
         self.inner.subgroups.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// This group's collective communicator, if it exists and is not aborted (what a subgroup splits from).
+    pub(crate) fn live_collective(&self) -> Option<Arc<B::Communicator>> {
+        self.inner.collective.get().filter(|entry| !entry.comm.is_aborted()).map(|entry| Arc::clone(&entry.comm))
+    }
+
+    /// Makes `comm`, ready and of exactly this group's ranks, the group's collective communicator, with its own
+    /// stream and input-ready events, as if its first op had created it (but with no unique-id exchange).
+    fn adopt_collective(&self, comm: B::Communicator) -> Result<()> {
+        let inner = &self.inner;
+        if comm.rank() != inner.rank || comm.size() != inner.size {
+            return Err(Error::Backend(format!(
+                "a split gave rank {} of {} for rank {} of a group of {}",
+                comm.rank(),
+                comm.size(),
+                inner.rank,
+                inner.size
+            )));
+        }
+        let stream = inner.device.stream_from_pool(inner.options.high_priority_stream)?;
+        let input_ready = Mutex::new(InputReady::new(&inner.device, inner.options.input_ready_events));
+        let entry = Arc::new(CommShared { device: inner.device.clone(), comm: Arc::new(comm), stream, input_ready });
+        let _ = inner.collective.set(entry.clone());
+        self.lock_cache().ready.insert(self.collective_key().cache_key(), entry);
+        inner.comms_created.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(target: "pg", pg_id = inner.local_id, group = %inner.options.group_name, rank = inner.rank,
+            size = inner.size, "adopted a communicator split from the parent's");
+        Ok(())
     }
 
     /// What the group has done so far.

@@ -273,6 +273,49 @@ impl State {
         format!("communicator {} ('{}') waits for rank(s) {missing} to join", g.number, g.description)
     }
 
+    /// Which ranks a split still waits for, for reports.
+    pub(crate) fn split_status(&self, group: usize, n: u64) -> String {
+        let g = &self.comms.groups[group];
+        let asked = self.comms.splits.get(&(group, n)).map(|round| &round.asked);
+        let missing = join_ranks((0..g.size).filter(|rank| asked.is_none_or(|a| !a.contains_key(rank))));
+        format!("split {n} of communicator {} waits for rank(s) {missing} to call it", g.number)
+    }
+
+    /// Records `rank`'s part of split `n` of `group`; the last rank to call makes the children (one per color,
+    /// its ranks ordered by key, then by parent rank), each a communicator of its own joined by its members.
+    fn split_part(&mut self, group: usize, rank: usize, part: (Option<u32>, usize, usize), time: Time) -> Result<u64> {
+        let rc = &mut self.comms.groups[group].ranks[rank];
+        let n = rc.splits;
+        rc.splits += 1;
+        let size = self.comms.groups[group].size;
+        let description = self.comms.groups[group].description.clone();
+        let round = self.comms.splits.entry((group, n)).or_default();
+        round.asked.insert(rank, part);
+        if round.asked.len() < size {
+            return Ok(n);
+        }
+        let mut by_color: BTreeMap<u32, Vec<(usize, usize, usize)>> = BTreeMap::new();
+        for (&parent_rank, &(color, key, device)) in &round.asked {
+            if let Some(color) = color {
+                by_color.entry(color).or_default().push((key, parent_rank, device));
+            }
+        }
+        let mut children = std::collections::HashMap::new();
+        for (color, mut members) in by_color {
+            members.sort_unstable();
+            let id = self.comms.new_unique_id();
+            let description = format!("{description} split {n} color {color}");
+            for (child_rank, &(_, parent_rank, device)) in members.iter().enumerate() {
+                let (child, _) = self.join_comm(&id, members.len(), child_rank, device, time, &description)?;
+                children.insert(parent_rank, (child, child_rank, members.len()));
+            }
+        }
+        let round = self.comms.splits.get_mut(&(group, n)).expect("inserted above");
+        round.children = children;
+        round.done = Some(time + crate::clock::ns(self.config.comm_init));
+        Ok(n)
+    }
+
     /// Joins `rank` (on `device`) to the communicator with `id`; returns the group index.
     pub(crate) fn join_comm(
         &mut self,
@@ -629,6 +672,28 @@ impl pg_core::Communicator for MockCommunicator {
     fn recv(&self, buffer: &MockBuffer, peer: usize, stream: &MockStream) -> Result<()> {
         self.check_peer(peer, "recv")?;
         self.enqueue(CollKind::Recv { peer }, buffer, buffer, stream, (false, true))
+    }
+
+    fn split(&self, color: Option<u32>, key: usize) -> Result<Option<MockCommunicator>> {
+        let tid = self.inner.require("split");
+        let mut state = self.inner.lock();
+        state.apply_scheduled_abort(self.group, self.rank);
+        if let Some(reason) = &state.comms.groups[self.group].ranks[self.rank].aborted {
+            return Err(Error::Aborted { reason: format!("split of an aborted communicator: {reason}") });
+        }
+        let time = state.local(Some(tid));
+        let n = state.split_part(self.group, self.rank, (color, key, self.device), time)?;
+        let what = format!("splitting communicator {} (split {n}, color {color:?})", state.comm_number(self.group));
+        let (state, _) = self.inner.park(state, tid, Cond::SplitDone(self.group, n), None, None, what);
+        let child = state.comms.splits.get(&(self.group, n)).and_then(|round| round.children.get(&self.rank).copied());
+        self.inner.raise(state);
+        Ok(child.map(|(group, rank, size)| MockCommunicator {
+            inner: Arc::clone(&self.inner),
+            group,
+            rank,
+            size,
+            device: self.device,
+        }))
     }
 
     fn is_ready(&self) -> Result<bool> {

@@ -1,4 +1,4 @@
-//! The whole conformance suite on the simulated backend, at world sizes 1, 2 and 4: each test fails listing
+//! The whole conformance suite on the simulated backend, at world sizes 1, 2, 4 and 8: each test fails listing
 //! every case that failed; a case that does not apply must say why, and at these sizes only cases that need
 //! more ranks than the world has may be not applicable.
 
@@ -33,4 +33,9 @@ fn conformance_world_2() {
 #[test]
 fn conformance_world_4() {
     conformance_at(4);
+}
+
+#[test]
+fn conformance_world_8() {
+    conformance_at(8);
 }

@@ -426,6 +426,47 @@ impl pg_core::Communicator for Communicator {
         })
     }
 
+    fn split(&self, color: Option<u32>, key: usize) -> pg_core::Result<Option<Self>> {
+        let nccl_color = match color {
+            Some(color) => i32::try_from(color)
+                .map_err(|_| Error::invalid(format!("split color {color} is above NCCL's int range")))?,
+            None => nccl_sys::sys::NCCL_SPLIT_NOCOLOR,
+        };
+        let nccl_key =
+            i32::try_from(key).map_err(|_| Error::invalid(format!("split key {key} is above NCCL's int range")))?;
+        let _issuing = self.lock_issue();
+        let comm = self.live()?;
+        self.device.bind_to_thread().map_err(cuda_error)?;
+        let mut config = self.library.config(true);
+        // SAFETY: the handle is live and no other thread issues on it (the issue mutex is held); the device's
+        // context is current, so the child lives on the same device.
+        let (handle, status) =
+            unsafe { self.library.comm_split(comm.0, nccl_color, nccl_key, &mut config) }.map_err(nccl_error)?;
+        if handle.is_null() {
+            return Ok(None);
+        }
+        let mut child = Self {
+            library: self.library,
+            device: self.device.clone(),
+            rank: 0,
+            size: 0,
+            nonblocking: false,
+            description: format!("{} split color {nccl_color}", self.description),
+            handle: RwLock::new(Some(RawComm(handle))),
+            issue: Mutex::new(()),
+            ready: AtomicBool::new(status.is_success()),
+            aborted: AtomicBool::new(false),
+            abort_reason: Mutex::new(None),
+        };
+        // SAFETY: `handle` is the live communicator NCCL just made, used by this thread only; a failure drops
+        // `child`, which destroys it.
+        child.rank = unsafe { self.library.comm_user_rank(handle) }.map_err(nccl_error)?;
+        // SAFETY: as above.
+        child.size = unsafe { self.library.comm_count(handle) }.map_err(nccl_error)?;
+        tracing::debug!(rank = child.rank, size = child.size, color = nccl_color, key, "NCCL communicator split");
+        Ok(Some(child))
+    }
+
     fn is_ready(&self) -> pg_core::Result<bool> {
         if self.ready.load(Ordering::Acquire) {
             return Ok(true);

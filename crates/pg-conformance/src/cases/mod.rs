@@ -5,6 +5,7 @@ pub(crate) mod dtypes;
 pub(crate) mod lifecycle;
 pub(crate) mod ops;
 pub(crate) mod semantics;
+pub(crate) mod subgroups;
 
 use std::time::Duration;
 
