@@ -80,6 +80,8 @@ pub fn cases<H: Harness>() -> Vec<Case<H>> {
     all.extend(crate::cases::ops::cases::<H>());
     all.extend(crate::cases::collectives::cases::<H>());
     all.extend(crate::cases::lifecycle::cases::<H>());
+    all.extend(crate::cases::dtypes::cases::<H>());
+    all.extend(crate::cases::subgroups::cases::<H>());
     all
 }
 

@@ -223,6 +223,22 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         stream: &<Self::B as Backend>::Stream,
     ) -> Result<()>;
 
+    /// Enqueues an all-reduce of `input` into `output` with PyTorch's `PREMUL_SUM` whose factor is this rank's
+    /// `scalar` (one element of the input's dtype, in device memory, read when the op runs): every rank's
+    /// input times its own factor, summed (`_make_nccl_premul_sum(tensor)`).
+    fn all_reduce_pre_mul_sum(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _output: &<Self::B as Backend>::Buffer,
+        _scalar: &<Self::B as Backend>::Buffer,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!(
+            "all_reduce with a device PREMUL_SUM factor on the {} backend",
+            <Self::B as Backend>::NAME
+        )))
+    }
+
     /// Enqueues a broadcast of `root`'s `input` into every rank's `output`.
     fn broadcast(
         &self,
@@ -363,6 +379,16 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     /// Closes the group opened by [`Communicator::group_start`] (NCCL's `ncclGroupEnd`).
     fn group_end(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// Splits this communicator (NCCL's `ncclCommSplit`): every rank of it calls, ranks passing the same
+    /// `Some(color)` form one new communicator, ordered by `key` then by rank here; a rank passing `None` joins
+    /// none and gets `None`. Blocks until every rank has called; the new communicator is ready on return.
+    fn split(&self, _color: Option<u32>, _key: usize) -> Result<Option<<Self::B as Backend>::Communicator>>
+    where
+        Self: Sized,
+    {
+        Err(crate::Error::unsupported(format!("split on the {} backend", <Self::B as Backend>::NAME)))
     }
 
     /// Whether a non-blocking init has finished (always true for a blocking one).

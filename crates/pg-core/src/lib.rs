@@ -14,6 +14,7 @@ mod enqueue_timing;
 mod error;
 mod failure;
 mod flight_recorder;
+pub mod fp8;
 mod future;
 mod heartbeat;
 mod in_flight;

@@ -164,16 +164,18 @@ impl<B: Backend> ProcessGroup<B> {
     /// that number, so every group needs a store prefix of its own ([`Error::PrefixCollision`] otherwise).
     /// A size of 0 or above NCCL's `int` range, or a rank out of range, is an [`Error::InvalidArgument`].
     pub fn new(store: Arc<dyn Store>, rank: usize, size: usize, device: B::Device, options: Options) -> Result<Self> {
-        Self::build(store, (rank, size), device, options, Kind::World)
+        Self::build(store, (rank, size), device, options, Kind::World, None)
     }
 
-    /// [`ProcessGroup::new`] for a group of another kind: a subgroup, or a group on PyTorch's keys.
+    /// [`ProcessGroup::new`] for a group of another kind: a subgroup, or a group on PyTorch's keys; `adopt` is
+    /// a ready communicator of exactly this group's ranks (a split of the parent's) to use as its collective one.
     pub(crate) fn build(
         store: Arc<dyn Store>,
         (rank, size): (usize, usize),
         device: B::Device,
         options: Options,
         kind: Kind,
+        adopt: Option<B::Communicator>,
     ) -> Result<Self> {
         if size == 0 {
             return Err(Error::invalid("a process group needs at least one rank (size was 0)"));
@@ -203,6 +205,9 @@ impl<B: Backend> ProcessGroup<B> {
         let shared = Shared::new(store, (rank, size), device, options, (local_id, instance), membership);
         let group = Self { inner: Arc::new(shared) };
         start_threads(&group.inner)?;
+        if let Some(comm) = adopt {
+            group.adopt_collective(comm)?;
+        }
         tracing::info!(
             target: "pg",
             backend = B::NAME,
@@ -258,6 +263,35 @@ impl<B: Backend> ProcessGroup<B> {
     /// members and non-members alike).
     pub(crate) fn next_subgroup_index(&self) -> u64 {
         self.inner.subgroups.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// This group's collective communicator, if it exists and is not aborted (what a subgroup splits from).
+    pub(crate) fn live_collective(&self) -> Option<Arc<B::Communicator>> {
+        self.inner.collective.get().filter(|entry| !entry.comm.is_aborted()).map(|entry| Arc::clone(&entry.comm))
+    }
+
+    /// Makes `comm`, ready and of exactly this group's ranks, the group's collective communicator, with its own
+    /// stream and input-ready events, as if its first op had created it (but with no unique-id exchange).
+    fn adopt_collective(&self, comm: B::Communicator) -> Result<()> {
+        let inner = &self.inner;
+        if comm.rank() != inner.rank || comm.size() != inner.size {
+            return Err(Error::Backend(format!(
+                "a split gave rank {} of {} for rank {} of a group of {}",
+                comm.rank(),
+                comm.size(),
+                inner.rank,
+                inner.size
+            )));
+        }
+        let stream = inner.device.stream_from_pool(inner.options.high_priority_stream)?;
+        let input_ready = Mutex::new(InputReady::new(&inner.device, inner.options.input_ready_events));
+        let entry = Arc::new(CommShared { device: inner.device.clone(), comm: Arc::new(comm), stream, input_ready });
+        let _ = inner.collective.set(entry.clone());
+        self.lock_cache().ready.insert(self.collective_key().cache_key(), entry);
+        inner.comms_created.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(target: "pg", pg_id = inner.local_id, group = %inner.options.group_name, rank = inner.rank,
+            size = inner.size, "adopted a communicator split from the parent's");
+        Ok(())
     }
 
     /// What the group has done so far.
@@ -316,6 +350,33 @@ impl<B: Backend> ProcessGroup<B> {
     /// [`ProcessGroup::all_reduce`] followed by [`WorkHandle::wait`]: exactly that, nothing more (S1).
     pub fn all_reduce_sync(&self, buffer: &B::Buffer, op: ReduceOp) -> Result<()> {
         self.all_reduce(buffer, op)?.wait()
+    }
+
+    /// All-reduce `buffer` in place with `PREMUL_SUM` whose factor is this rank's `scalar`, a one-element buffer
+    /// of `buffer`'s dtype on the same device, read when the op runs (torch's
+    /// `all_reduce(t, op=_make_nccl_premul_sum(factor_tensor))`). The host-factor form is
+    /// `all_reduce(buffer, ReduceOp::PreMulSum(factor))`.
+    pub fn all_reduce_pre_mul_sum(&self, buffer: &B::Buffer, scalar: &B::Buffer) -> Result<WorkHandle<B>> {
+        self.check_buffer("all_reduce", buffer)?;
+        ReduceOp::check_pre_mul_sum(buffer.dtype())?;
+        if scalar.numel() != 1 || scalar.dtype() != buffer.dtype() || scalar.device_index() != buffer.device_index() {
+            return Err(Error::invalid(format!(
+                "all_reduce: a PREMUL_SUM factor is one element of the input's dtype {} on device {}; got {} of {} \
+                 on device {}",
+                buffer.dtype(),
+                buffer.device_index(),
+                scalar.numel(),
+                scalar.dtype(),
+                scalar.device_index()
+            )));
+        }
+        let device = self.inner.device.clone();
+        let spec = self.in_place_spec(OpType::AllReduce, buffer);
+        self.run(spec, |comm, stream| {
+            // The factor is read on the communication stream: keep its memory until that stream passes the op.
+            device.record_stream(scalar, stream)?;
+            comm.all_reduce_pre_mul_sum(buffer, buffer, scalar, stream)
+        })
     }
 
     /// Broadcasts `root`'s `buffer` into every rank's `buffer`.

@@ -7,6 +7,13 @@
 //! same order (as PyTorch requires), members get the group and the others `None`. Each call takes the next
 //! number of the parent's subgroup counter, which names the subgroup's store prefix (`group.{n}` under the
 //! parent's store), so ranks that made the same calls agree on the keys without talking.
+//!
+//! When the parent's collective communicator exists and is not aborted, every rank of the parent splits it
+//! ([`crate::Communicator::split`], NCCL's `ncclCommSplit`; non-members pass no color) and the subgroup adopts
+//! its part as its collective communicator: no unique-id exchange. Otherwise the subgroup's first op creates
+//! one by a fresh rendezvous under its store prefix. The prefix is the same either way. Ranks decide alike
+//! when they ran the same ops on the parent, as the collective-call rule already requires; a backend without
+//! a split falls back to the rendezvous on every rank.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -15,7 +22,7 @@ use pg_store::{PrefixStore, Store};
 
 use crate::process_group::Kind;
 use crate::shared::Membership;
-use crate::{Backend, Error, Options, ProcessGroup, Result};
+use crate::{Backend, Communicator as _, Error, Options, ProcessGroup, Result};
 
 impl<B: Backend> ProcessGroup<B> {
     /// A group of the parent's ranks `ranks` (PyTorch's `dist.new_group(ranks)`); every rank of the parent
@@ -47,7 +54,7 @@ impl<B: Backend> ProcessGroup<B> {
         };
         store.set(&key(self.rank()), mine.as_bytes())?;
         let Some(color) = color else {
-            return Ok(None);
+            return self.make_subgroup(index, None, &[], options);
         };
         let mut members = Vec::new();
         for rank in 0..self.size() {
@@ -129,7 +136,9 @@ impl<B: Backend> ProcessGroup<B> {
         members: &[usize],
         mut options: Options,
     ) -> Result<Option<ProcessGroup<B>>> {
-        let Some(group_rank) = members.iter().position(|&rank| rank == self.rank()) else {
+        let position = members.iter().position(|&rank| rank == self.rank());
+        let child = self.split_parent(position.map(|_| color.unwrap_or(0)))?;
+        let Some(group_rank) = position else {
             return Ok(None);
         };
         if options.group_name == Options::default().group_name {
@@ -143,7 +152,20 @@ impl<B: Backend> ProcessGroup<B> {
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix, Arc::clone(self.store())));
         let membership = Membership { global_ranks };
         let kind = Kind::Subgroup(membership);
-        ProcessGroup::build(store, (group_rank, members.len()), self.device().clone(), options, kind).map(Some)
+        ProcessGroup::build(store, (group_rank, members.len()), self.device().clone(), options, kind, child).map(Some)
+    }
+
+    /// Splits the parent's collective communicator if it is live, this rank joining `color`'s part (ordered by
+    /// this group's rank); `None` when there is nothing to split or the backend has no split.
+    fn split_parent(&self, color: Option<u32>) -> Result<Option<B::Communicator>> {
+        let Some(parent) = self.live_collective() else {
+            return Ok(None);
+        };
+        match parent.split(color, self.rank()) {
+            Ok(child) => Ok(child),
+            Err(Error::Unsupported(_)) => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 }
 

@@ -70,5 +70,5 @@ pub fn join_torch_default_group<B: Backend>(
     }
     options.group_name = "0".to_owned();
     options.group_desc = "default_pg".to_owned();
-    ProcessGroup::build(torch_default_group_store(store, origin), (rank, size), device, options, Kind::Torch)
+    ProcessGroup::build(torch_default_group_store(store, origin), (rank, size), device, options, Kind::Torch, None)
 }

@@ -25,16 +25,24 @@ pub enum DType {
     I64,
     /// Bool, one byte (NCCL sends it as uint8).
     Bool,
+    /// 32-bit unsigned integer.
+    U32,
+    /// 64-bit unsigned integer.
+    U64,
+    /// 8-bit float with 4 exponent and 3 mantissa bits, no infinities (PyTorch's `float8_e4m3fn`).
+    F8E4M3,
+    /// 8-bit float with 5 exponent and 2 mantissa bits (PyTorch's `float8_e5m2`).
+    F8E5M2,
 }
 
 impl DType {
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
-            DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::I8 | DType::U8 | DType::Bool | DType::F8E4M3 | DType::F8E5M2 => 1,
             DType::F16 | DType::BF16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
         }
     }
 
@@ -50,7 +58,38 @@ impl DType {
             DType::I32 => "Int",
             DType::I64 => "Long",
             DType::Bool => "Bool",
+            DType::U32 => "UInt32",
+            DType::U64 => "UInt64",
+            DType::F8E4M3 => "Float8_e4m3fn",
+            DType::F8E5M2 => "Float8_e5m2",
         }
+    }
+
+    /// Every dtype, in declaration order.
+    pub const ALL: [DType; 13] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+        DType::U32,
+        DType::U64,
+        DType::F8E4M3,
+        DType::F8E5M2,
+    ];
+
+    /// Whether this is one of the 8-bit float types.
+    pub const fn is_fp8(self) -> bool {
+        matches!(self, DType::F8E4M3 | DType::F8E5M2)
+    }
+
+    /// Whether this is a floating-point type.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2)
     }
 }
 
@@ -61,6 +100,10 @@ impl fmt::Display for DType {
 }
 
 /// A reduction, as PyTorch's `ReduceOp` (the bitwise ones are refused, as NCCL has none).
+///
+/// The value stays `Copy` and comparable: `PreMulSum` here carries a host factor. PyTorch's other form, a factor
+/// in a one-element device tensor, is a buffer, neither `Copy` nor comparable, so it has entry points of its own
+/// (`ProcessGroup::all_reduce_pre_mul_sum`, `Communicator::all_reduce_pre_mul_sum`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ReduceOp {
     /// Sum (on bool: logical or, as PyTorch maps it to max).
@@ -79,6 +122,9 @@ pub enum ReduceOp {
     BitOr,
     /// Bitwise xor: not supported by NCCL.
     BitXor,
+    /// PyTorch's `PREMUL_SUM` with a host factor (`_make_nccl_premul_sum(factor)`): every rank's input times
+    /// its own factor, summed. Only on f16, bf16, f32 and f64, as PyTorch.
+    PreMulSum(f64),
 }
 
 impl ReduceOp {
@@ -89,7 +135,18 @@ impl ReduceOp {
                 Err(Error::invalid(format!("Cannot use ReduceOp.{} with NCCL", self.torch_name())))
             }
             (ReduceOp::Avg, DType::Bool) => Err(Error::invalid("Cannot use ReduceOp.AVG with boolean inputs")),
+            (ReduceOp::PreMulSum(_), dtype) => Self::check_pre_mul_sum(dtype),
             _ => Ok(()),
+        }
+    }
+
+    /// Checks that `PREMUL_SUM` can run on `dtype` (f16, bf16, f32, f64), with PyTorch's error text.
+    pub fn check_pre_mul_sum(dtype: DType) -> Result<()> {
+        match dtype {
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => Ok(()),
+            other => {
+                Err(Error::invalid(format!("PreMulSum Data type must be half, float, bfloat16 or double, not {other}")))
+            }
         }
     }
 
@@ -104,6 +161,7 @@ impl ReduceOp {
             ReduceOp::BitAnd => "BAND",
             ReduceOp::BitOr => "BOR",
             ReduceOp::BitXor => "BXOR",
+            ReduceOp::PreMulSum(_) => "PREMUL_SUM",
         }
     }
 }

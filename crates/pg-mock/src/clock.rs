@@ -65,6 +65,8 @@ pub(crate) enum Cond {
     StoreKeys(Vec<String>),
     /// The store queue has an element.
     QueueNonEmpty(String),
+    /// Every rank of communicator group `0` made its split number `1`, and the children's init cost has passed.
+    SplitDone(usize, u64),
     /// Nothing: only the deadline (or an interrupt) ends the wait.
     Never,
 }

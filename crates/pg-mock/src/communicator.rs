@@ -18,7 +18,7 @@ use crate::clock::{transfer, Cond, OpRef, Time};
 use crate::fault::Fault;
 use crate::hazard::{Accessor, Mode};
 use crate::sched::Inner;
-use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, SlotKey, State, View, Views};
+use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, Scale, SlotKey, State, View, Views};
 use crate::stream::MockStream;
 use crate::Mock;
 
@@ -101,7 +101,17 @@ impl State {
     /// Computes the real results of a matched operation into the output blocks.
     fn apply_collective(&mut self, parts: &[(usize, Part)]) {
         let read = |st: &State, block: u64| st.alloc.blocks.get(&block).map(|b| b.data.clone()).unwrap_or_default();
-        let inputs: Vec<Vec<u8>> = parts.iter().map(|(_, p)| read(self, p.input)).collect();
+        let mut inputs: Vec<Vec<u8>> = parts.iter().map(|(_, p)| read(self, p.input)).collect();
+        for ((_, part), input) in parts.iter().zip(&mut inputs) {
+            let factor = match part.scale {
+                None => continue,
+                Some(Scale::Host(factor)) => factor,
+                Some(Scale::Device(block)) => {
+                    crate::conv::decode(part.dtype, &read(self, block)).first().copied().unwrap_or(f64::NAN)
+                }
+            };
+            crate::conv::scale(part.dtype, factor, input);
+        }
         let first = &parts[0].1;
         if first.views.is_some() || matches!(first.kind, CollKind::Reduce { .. }) {
             let outputs = self.apply_views(parts, &inputs);
@@ -421,6 +431,49 @@ impl State {
         format!("communicator {} ('{}') waits for rank(s) {missing} to join", g.number, g.description)
     }
 
+    /// Which ranks a split still waits for, for reports.
+    pub(crate) fn split_status(&self, group: usize, n: u64) -> String {
+        let g = &self.comms.groups[group];
+        let asked = self.comms.splits.get(&(group, n)).map(|round| &round.asked);
+        let missing = join_ranks((0..g.size).filter(|rank| asked.is_none_or(|a| !a.contains_key(rank))));
+        format!("split {n} of communicator {} waits for rank(s) {missing} to call it", g.number)
+    }
+
+    /// Records `rank`'s part of split `n` of `group`; the last rank to call makes the children (one per color,
+    /// its ranks ordered by key, then by parent rank), each a communicator of its own joined by its members.
+    fn split_part(&mut self, group: usize, rank: usize, part: (Option<u32>, usize, usize), time: Time) -> Result<u64> {
+        let rc = &mut self.comms.groups[group].ranks[rank];
+        let n = rc.splits;
+        rc.splits += 1;
+        let size = self.comms.groups[group].size;
+        let description = self.comms.groups[group].description.clone();
+        let round = self.comms.splits.entry((group, n)).or_default();
+        round.asked.insert(rank, part);
+        if round.asked.len() < size {
+            return Ok(n);
+        }
+        let mut by_color: BTreeMap<u32, Vec<(usize, usize, usize)>> = BTreeMap::new();
+        for (&parent_rank, &(color, key, device)) in &round.asked {
+            if let Some(color) = color {
+                by_color.entry(color).or_default().push((key, parent_rank, device));
+            }
+        }
+        let mut children = std::collections::HashMap::new();
+        for (color, mut members) in by_color {
+            members.sort_unstable();
+            let id = self.comms.new_unique_id();
+            let description = format!("{description} split {n} color {color}");
+            for (child_rank, &(_, parent_rank, device)) in members.iter().enumerate() {
+                let (child, _) = self.join_comm(&id, members.len(), child_rank, device, time, &description)?;
+                children.insert(parent_rank, (child, child_rank, members.len()));
+            }
+        }
+        let round = self.comms.splits.get_mut(&(group, n)).expect("inserted above");
+        round.children = children;
+        round.done = Some(time + crate::clock::ns(self.config.comm_init));
+        Ok(n)
+    }
+
     /// Joins `rank` (on `device`) to the communicator with `id`; returns the group index.
     pub(crate) fn join_comm(
         &mut self,
@@ -492,6 +545,8 @@ struct Shape {
     /// The input and output blocks (the first views' for a list op; `u64::MAX` for none).
     blocks: (u64, u64),
     views: Option<Arc<Views>>,
+    /// This rank's `PREMUL_SUM` factor, if the op is one.
+    scale: Option<Scale>,
 }
 
 /// A simulated communicator: one rank's handle.
@@ -591,21 +646,52 @@ impl MockCommunicator {
         stream: &MockStream,
         modes: (bool, bool),
     ) -> Result<()> {
-        let mut accesses = Vec::with_capacity(2);
+        self.enqueue_scaled(kind, input, output, None, stream, modes)
+    }
+
+    /// Enqueues this rank's part of an operation, with the device `PREMUL_SUM` factor it reads, if any. A host
+    /// factor leaves the reduction's kind as `PREMUL_SUM` with a placeholder factor of 1, so that ranks with
+    /// different factors still match, and travels in the part.
+    fn enqueue_scaled(
+        &self,
+        kind: CollKind,
+        input: &MockBuffer,
+        output: &MockBuffer,
+        scalar: Option<&MockBuffer>,
+        stream: &MockStream,
+        modes: (bool, bool),
+    ) -> Result<()> {
+        let name = kind.name();
+        self.check_buffer(input, name)?;
+        self.check_buffer(output, name)?;
+        let mut accesses = Vec::with_capacity(3);
         if modes.0 {
             accesses.push((input, Mode::Read));
+        }
+        if let Some(scalar) = scalar {
+            self.check_buffer(scalar, name)?;
+            accesses.push((scalar, Mode::Read));
         }
         if modes.1 {
             accesses.push((output, Mode::Write));
         }
+        let (kind, scale) = match (kind, scalar) {
+            (_, Some(scalar)) => (kind, Some(Scale::Device(scalar.block()))),
+            (CollKind::AllReduce(ReduceOp::PreMulSum(f)), None) => {
+                (CollKind::AllReduce(ReduceOp::PreMulSum(1.0)), Some(Scale::Host(f)))
+            }
+            (CollKind::ReduceScatter(ReduceOp::PreMulSum(f)), None) => {
+                (CollKind::ReduceScatter(ReduceOp::PreMulSum(1.0)), Some(Scale::Host(f)))
+            }
+            (kind, None) => (kind, None),
+        };
         let shape = Shape {
             dtype: input.dtype(),
             numel: (input.numel(), output.numel()),
             blocks: (input.block(), output.block()),
             views: None,
+            scale,
         };
-        self.check_buffer(input, kind.name())?;
-        self.check_buffer(output, kind.name())?;
         self.enqueue_part(kind, shape, &accesses, stream)
     }
 
@@ -652,6 +738,7 @@ impl MockCommunicator {
             numel: (total(&views.inputs), total(&views.outputs)),
             blocks: (first_block(&views.inputs), first_block(&views.outputs)),
             views: Some(Arc::new(views)),
+            scale: None,
         };
         self.enqueue_part(kind, shape, &accesses, stream)
     }
@@ -747,6 +834,7 @@ impl MockCommunicator {
                 output: shape.blocks.1,
                 enqueue: st.local(Some(tid)),
                 views: shape.views.clone(),
+                scale: shape.scale,
             };
             let hang = st.faults.iter().find_map(|f| match f {
                 Fault::HangAt { rank, op } if *rank == self.device && *op == op_index => {
@@ -807,6 +895,49 @@ impl pg_core::Communicator for MockCommunicator {
         same_shape("all_reduce", input, output, 1, 1)?;
         op.check(input.dtype())?;
         self.enqueue(CollKind::AllReduce(op), input, output, stream, (true, true))
+    }
+
+    fn all_reduce_pre_mul_sum(
+        &self,
+        input: &MockBuffer,
+        output: &MockBuffer,
+        scalar: &MockBuffer,
+        stream: &MockStream,
+    ) -> Result<()> {
+        same_shape("all_reduce", input, output, 1, 1)?;
+        ReduceOp::check_pre_mul_sum(input.dtype())?;
+        if scalar.numel() != 1 || scalar.dtype() != input.dtype() {
+            return Err(Error::invalid(format!(
+                "all_reduce: a PREMUL_SUM factor is one element of {}, not {} of {}",
+                input.dtype(),
+                scalar.numel(),
+                scalar.dtype()
+            )));
+        }
+        let kind = CollKind::AllReduce(ReduceOp::PreMulSum(1.0));
+        self.enqueue_scaled(kind, input, output, Some(scalar), stream, (true, true))
+    }
+
+    fn split(&self, color: Option<u32>, key: usize) -> Result<Option<MockCommunicator>> {
+        let tid = self.inner.require("split");
+        let mut state = self.inner.lock();
+        state.apply_scheduled_abort(self.group, self.rank);
+        if let Some(reason) = &state.comms.groups[self.group].ranks[self.rank].aborted {
+            return Err(Error::Aborted { reason: format!("split of an aborted communicator: {reason}") });
+        }
+        let time = state.local(Some(tid));
+        let n = state.split_part(self.group, self.rank, (color, key, self.device), time)?;
+        let what = format!("splitting communicator {} (split {n}, color {color:?})", state.comm_number(self.group));
+        let (state, _) = self.inner.park(state, tid, Cond::SplitDone(self.group, n), None, None, what);
+        let child = state.comms.splits.get(&(self.group, n)).and_then(|round| round.children.get(&self.rank).copied());
+        self.inner.raise(state);
+        Ok(child.map(|(group, rank, size)| MockCommunicator {
+            inner: Arc::clone(&self.inner),
+            group,
+            rank,
+            size,
+            device: self.device,
+        }))
     }
 
     fn broadcast(&self, input: &MockBuffer, output: &MockBuffer, root: usize, stream: &MockStream) -> Result<()> {

@@ -87,6 +87,8 @@ int_elem!(i8);
 int_elem!(u8);
 int_elem!(i32);
 int_elem!(i64);
+int_elem!(u32);
+int_elem!(u64);
 
 /// A bool element: one byte, sum = or, product = and (as PyTorch maps them).
 #[derive(Clone, Copy)]
@@ -154,6 +156,44 @@ macro_rules! narrow_float_elem {
 
 narrow_float_elem!(Half, f32_to_f16, f16_to_f32);
 narrow_float_elem!(Brain, f32_to_bf16, bf16_to_f32);
+
+/// `float8_e4m3fn`, computed in f32 and rounded back after every step, as PyTorch converts it.
+#[derive(Clone, Copy)]
+struct E4M3(f32);
+
+/// `float8_e5m2`, computed in f32 and rounded back after every step.
+#[derive(Clone, Copy)]
+struct E5M2(f32);
+
+macro_rules! fp8_elem {
+    ($t:ident, $to:path, $from:path) => {
+        impl Elem for $t {
+            const SIZE: usize = 1;
+            fn read(bytes: &[u8]) -> Self {
+                $t($from(bytes[0]))
+            }
+            fn write(self, out: &mut [u8]) {
+                out[0] = $to(self.0);
+            }
+            #[allow(clippy::cast_possible_truncation)] // A reason: narrowing to the dtype is the point.
+            fn from_f64(value: f64) -> Self {
+                $t(value as f32)
+            }
+            fn to_f64(self) -> f64 {
+                f64::from(self.0)
+            }
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                $t(f32::combine(op, a.0, b.0))
+            }
+            fn average(sum: Self, n: usize) -> Self {
+                $t(f32::average(sum.0, n))
+            }
+        }
+    };
+}
+
+fp8_elem!(E4M3, pg_core::fp8::to_e4m3fn, pg_core::fp8::from_e4m3fn);
+fp8_elem!(E5M2, pg_core::fp8::to_e5m2, pg_core::fp8::from_e5m2);
 
 /// Rounds an f32 to the nearest IEEE half (ties to even).
 fn f32_to_f16(x: f32) -> u16 {
@@ -266,6 +306,10 @@ macro_rules! dispatch {
             DType::I32 => $f::<i32>($($arg),*),
             DType::I64 => $f::<i64>($($arg),*),
             DType::Bool => $f::<Bool>($($arg),*),
+            DType::U32 => $f::<u32>($($arg),*),
+            DType::U64 => $f::<u64>($($arg),*),
+            DType::F8E4M3 => $f::<E4M3>($($arg),*),
+            DType::F8E5M2 => $f::<E5M2>($($arg),*),
         }
     };
 }
@@ -273,6 +317,17 @@ macro_rules! dispatch {
 /// Sets every element of `out` to `value` converted to `dtype` (saturating for integers, `!= 0` for bool).
 pub(crate) fn fill(dtype: DType, value: f64, out: &mut [u8]) {
     dispatch!(dtype, fill_typed, value, out);
+}
+
+fn scale_typed<T: Elem>(factor: f64, bytes: &mut [u8]) {
+    for chunk in bytes.chunks_exact_mut(T::SIZE) {
+        T::from_f64(T::read(chunk).to_f64() * factor).write(chunk);
+    }
+}
+
+/// Multiplies every element of `bytes` (of `dtype`) by `factor`, rounding to the dtype (`PREMUL_SUM`'s step).
+pub(crate) fn scale(dtype: DType, factor: f64, bytes: &mut [u8]) {
+    dispatch!(dtype, scale_typed, factor, bytes);
 }
 
 /// Reduces `inputs` (one per rank, equal lengths) element-wise into `out`.
@@ -307,5 +362,21 @@ mod tests {
         }
         assert_eq!(f32_to_f16(1e6), 0x7c00);
         assert_eq!(bf16_to_f32(f32_to_bf16(1.5)), 1.5);
+    }
+
+    #[test]
+    fn new_dtypes_reduce_with_real_values() {
+        let sum = |dtype: DType, a: &[f64], b: &[f64]| {
+            let (a, b) = (encode(dtype, a), encode(dtype, b));
+            let mut out = vec![0; a.len()];
+            reduce(dtype, ReduceOp::Sum, &[&a, &b], &mut out).unwrap();
+            decode(dtype, &out)
+        };
+        assert_eq!(sum(DType::U32, &[4_000_000_000.0, 1.0], &[1.0, 2.0]), [4_000_000_001.0, 3.0]);
+        assert_eq!(sum(DType::U64, &[1e18, 0.0], &[1e18, 7.0]), [2e18, 7.0]);
+        assert_eq!(sum(DType::F8E4M3, &[1.5, 200.0], &[0.25, 100.0]), [1.75, 288.0]);
+        assert!(sum(DType::F8E4M3, &[400.0], &[100.0])[0].is_nan(), "500 is past e4m3fn's range");
+        assert_eq!(sum(DType::F8E5M2, &[1.0, 40000.0], &[2.0, 40000.0]), [3.0, f64::INFINITY]);
+        assert_eq!(decode(DType::F8E4M3, &encode(DType::F8E4M3, &[0.3])), [0.3125]);
     }
 }

@@ -293,6 +293,7 @@ impl State {
             Cond::CommReady(group) => self.comms.groups.get(*group).and_then(|g| g.ready_time),
             Cond::StoreKeys(keys) => self.store.keys_time(keys),
             Cond::QueueNonEmpty(key) => self.store.queue_time(key),
+            Cond::SplitDone(group, n) => self.comms.splits.get(&(*group, *n)).and_then(|round| round.done),
             Cond::Never => None,
         }
     }
@@ -365,6 +366,9 @@ impl State {
                         }
                         Cond::CommReady(group) => {
                             let _ = write!(out, "; {}", self.comm_status(*group));
+                        }
+                        Cond::SplitDone(group, n) => {
+                            let _ = write!(out, "; {}", self.split_status(*group, *n));
                         }
                         _ => {}
                     }

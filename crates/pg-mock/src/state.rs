@@ -392,6 +392,15 @@ pub(crate) struct Part {
     pub(crate) enqueue: Time,
     /// The input and output views of an op over lists or chunks of buffers (`None`: `input` and `output`).
     pub(crate) views: Option<std::sync::Arc<Views>>,
+    /// This rank's `PREMUL_SUM` factor; `None` for every other op.
+    pub(crate) scale: Option<Scale>,
+}
+
+/// A `PREMUL_SUM` factor: from the host, or read from a one-element device block when the op runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Scale {
+    Host(f64),
+    Device(u64),
 }
 
 /// A run of elements in a memory block.
@@ -460,6 +469,8 @@ pub(crate) struct RankComm {
     pub(crate) completed: u64,
     /// The last operation this rank enqueued on each stream (what `finalize` waits for).
     pub(crate) last_ops: HashMap<usize, u64>,
+    /// How many splits this rank has made of the communicator.
+    pub(crate) splits: u64,
     pub(crate) aborted: Option<String>,
     /// An injected abort and the time it happens ([`Fault::AbortDuringOp`]).
     pub(crate) scheduled_abort: Option<(Time, String)>,
@@ -488,6 +499,19 @@ pub(crate) struct Comms {
     pub(crate) next_unique: u64,
     /// Rank-local communicators created (what NCCL's logs count).
     pub(crate) created: usize,
+    /// Splits by (parent group, split number): what each rank asked for and the children made.
+    pub(crate) splits: HashMap<(usize, u64), SplitRound>,
+}
+
+/// One split of a communicator: every rank's color and key, and once all have called, the children.
+#[derive(Debug, Default)]
+pub(crate) struct SplitRound {
+    /// By parent rank: (color, key, device).
+    pub(crate) asked: BTreeMap<usize, (Option<u32>, usize, usize)>,
+    /// By parent rank: (child group, rank in it, its size), for the ranks that got a color.
+    pub(crate) children: HashMap<usize, (usize, usize, usize)>,
+    /// When every child is ready (set once the last rank called).
+    pub(crate) done: Option<Time>,
 }
 
 impl Comms {

@@ -1,6 +1,6 @@
-//! The whole conformance suite on the simulated backend, at world sizes 1, 2 and 4, and the collective cases
-//! also at 3 and 8: each test fails listing every case that failed; a case that does not apply must say why,
-//! and at these sizes only cases that need more ranks than the world has may be not applicable.
+//! The whole conformance suite on the simulated backend, at world sizes 1, 2, 4 and 8, and the collective cases
+//! also at 3: each test fails listing every case that failed; a case that does not apply must say why, and at
+//! these sizes only cases that need more ranks than the world has may be not applicable.
 
 use pg_conformance::mock::MockHarness;
 use pg_conformance::{collective_cases, run_all, Outcome};
@@ -51,6 +51,6 @@ fn collectives_world_3() {
 }
 
 #[test]
-fn collectives_world_8() {
-    collectives_at(8);
+fn conformance_world_8() {
+    conformance_at(8);
 }

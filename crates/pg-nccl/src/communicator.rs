@@ -12,6 +12,7 @@ use crate::conv::{cuda_error, data_type, nccl_error, red_op};
 use crate::exchange::{self, Call};
 #[cfg(feature = "testing")]
 use crate::launches::{self, KernelKind};
+use crate::premul::{self, OpPlan};
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
@@ -321,22 +322,47 @@ impl Communicator {
         stream: &Stream,
     ) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, 1))?;
-        let op = red_op(op, input.dtype)?;
+        let plan = premul::plan(op, input.dtype)?;
         self.issue("reduce", stream, |lib, comm| {
             // SAFETY: both buffers hold `numel` elements of the dtype on the communicator's device (checked), and
             // stay allocated until the stream passes this op (the process group records them on the stream);
             // the issue mutex is held.
             unsafe {
-                lib.reduce(
-                    input.ptr(),
-                    output.ptr(),
-                    input.numel,
-                    data_type(input.dtype),
-                    op,
-                    root,
-                    comm,
-                    stream.0.raw() as _,
-                )
+                premul::with_op(lib, comm, &plan, input.dtype, |op| {
+                    lib.reduce(
+                        input.ptr(),
+                        output.ptr(),
+                        input.numel,
+                        data_type(input.dtype),
+                        op,
+                        root,
+                        comm,
+                        stream.0.raw() as _,
+                    )
+                })
+            }
+        })
+    }
+}
+
+impl Communicator {
+    /// Enqueues an all-reduce with `plan`'s reduction (checked by the caller, as are the buffers).
+    fn all_reduce_with(&self, input: &Buffer, output: &Buffer, plan: &OpPlan, stream: &Stream) -> pg_core::Result<()> {
+        self.issue("all_reduce", stream, |lib, comm| {
+            // SAFETY: as in `reduce`; a device factor is one element of the dtype on this device (checked), kept
+            // allocated by the process group until the stream passes this op.
+            unsafe {
+                premul::with_op(lib, comm, plan, input.dtype, |op| {
+                    lib.all_reduce(
+                        input.ptr(),
+                        output.ptr(),
+                        input.numel,
+                        data_type(input.dtype),
+                        op,
+                        comm,
+                        stream.0.raw() as _,
+                    )
+                })
             }
         })
     }
@@ -355,21 +381,27 @@ impl pg_core::Communicator for Communicator {
 
     fn all_reduce(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, 1))?;
-        let op = red_op(op, input.dtype)?;
-        self.issue("all_reduce", stream, |lib, comm| {
-            // SAFETY: as in `reduce`.
-            unsafe {
-                lib.all_reduce(
-                    input.ptr(),
-                    output.ptr(),
-                    input.numel,
-                    data_type(input.dtype),
-                    op,
-                    comm,
-                    stream.0.raw() as _,
-                )
-            }
-        })
+        let plan = premul::plan(op, input.dtype)?;
+        self.all_reduce_with(input, output, &plan, stream)
+    }
+
+    fn all_reduce_pre_mul_sum(
+        &self,
+        input: &Buffer,
+        output: &Buffer,
+        scalar: &Buffer,
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.check_pair(input, output, (1, 1))?;
+        self.check_pair(scalar, scalar, (1, 1))?;
+        if scalar.numel != 1 || scalar.dtype != input.dtype {
+            return Err(Error::invalid(format!(
+                "a PREMUL_SUM factor is one element of {}, not {} of {}",
+                input.dtype, scalar.numel, scalar.dtype
+            )));
+        }
+        let plan = premul::device_plan(scalar.ptr(), input.dtype)?;
+        self.all_reduce_with(input, output, &plan, stream)
     }
 
     fn broadcast(&self, input: &Buffer, output: &Buffer, root: usize, stream: &Stream) -> pg_core::Result<()> {
@@ -412,19 +444,21 @@ impl pg_core::Communicator for Communicator {
 
     fn reduce_scatter(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, self.size))?;
-        let op = red_op(op, input.dtype)?;
+        let plan = premul::plan(op, input.dtype)?;
         self.issue("reduce_scatter", stream, |lib, comm| {
             // SAFETY: as in `reduce`; the input holds `size` times the output (checked).
             unsafe {
-                lib.reduce_scatter(
-                    input.ptr(),
-                    output.ptr(),
-                    output.numel,
-                    data_type(input.dtype),
-                    op,
-                    comm,
-                    stream.0.raw() as _,
-                )
+                premul::with_op(lib, comm, &plan, input.dtype, |op| {
+                    lib.reduce_scatter(
+                        input.ptr(),
+                        output.ptr(),
+                        output.numel,
+                        data_type(input.dtype),
+                        op,
+                        comm,
+                        stream.0.raw() as _,
+                    )
+                })
             }
         })
     }
@@ -571,6 +605,47 @@ impl pg_core::Communicator for Communicator {
             self.wait_while_in_progress()?;
         }
         Ok(())
+    }
+
+    fn split(&self, color: Option<u32>, key: usize) -> pg_core::Result<Option<Self>> {
+        let nccl_color = match color {
+            Some(color) => i32::try_from(color)
+                .map_err(|_| Error::invalid(format!("split color {color} is above NCCL's int range")))?,
+            None => nccl_sys::sys::NCCL_SPLIT_NOCOLOR,
+        };
+        let nccl_key =
+            i32::try_from(key).map_err(|_| Error::invalid(format!("split key {key} is above NCCL's int range")))?;
+        let _issuing = self.lock_issue();
+        let comm = self.live()?;
+        self.device.bind_to_thread().map_err(cuda_error)?;
+        let mut config = self.library.config(true);
+        // SAFETY: the handle is live and no other thread issues on it (the issue mutex is held); the device's
+        // context is current, so the child lives on the same device.
+        let (handle, status) =
+            unsafe { self.library.comm_split(comm.0, nccl_color, nccl_key, &mut config) }.map_err(nccl_error)?;
+        if handle.is_null() {
+            return Ok(None);
+        }
+        let mut child = Self {
+            library: self.library,
+            device: self.device.clone(),
+            rank: 0,
+            size: 0,
+            nonblocking: false,
+            description: format!("{} split color {nccl_color}", self.description),
+            handle: RwLock::new(Some(RawComm(handle))),
+            issue: Mutex::new(()),
+            ready: AtomicBool::new(status.is_success()),
+            aborted: AtomicBool::new(false),
+            abort_reason: Mutex::new(None),
+        };
+        // SAFETY: `handle` is the live communicator NCCL just made, used by this thread only; a failure drops
+        // `child`, which destroys it.
+        child.rank = unsafe { self.library.comm_user_rank(handle) }.map_err(nccl_error)?;
+        // SAFETY: as above.
+        child.size = unsafe { self.library.comm_count(handle) }.map_err(nccl_error)?;
+        tracing::debug!(rank = child.rank, size = child.size, color = nccl_color, key, "NCCL communicator split");
+        Ok(Some(child))
     }
 
     fn is_ready(&self) -> pg_core::Result<bool> {

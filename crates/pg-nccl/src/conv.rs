@@ -1,11 +1,28 @@
 //! Conversions between pg-core's values and NCCL's and pg-cuda's: the only module that matches on NCCL enums.
 
-use nccl_sys::sys;
+use nccl_sys::{sys, Version, FP8_VERSION};
 use pg_core::{DType, Error, ReduceOp};
 
-/// NCCL's data type for `dtype` (bool travels as uint8, as in PyTorch).
+/// The loaded NCCL's version (a communicator exists only once the library loaded; the oldest supported
+/// version stands in otherwise, which only narrows what is allowed).
+fn loaded_version() -> Version {
+    nccl_sys::library().map_or(nccl_sys::MIN_VERSION, nccl_sys::Library::version)
+}
+
+/// NCCL's data type for `dtype` on the loaded NCCL (see [`data_type_for`]).
 pub(crate) fn data_type(dtype: DType) -> sys::DataType {
+    data_type_for(dtype, loaded_version())
+}
+
+/// NCCL's data type for `dtype` on NCCL `version`: bool travels as uint8, as in PyTorch, and so does fp8 on an
+/// NCCL older than [`FP8_VERSION`] (moving it is fine, reducing it is refused by [`red_op_for`]).
+pub(crate) fn data_type_for(dtype: DType, version: Version) -> sys::DataType {
     match dtype {
+        DType::F8E4M3 if version >= FP8_VERSION => sys::ncclFloat8e4m3,
+        DType::F8E5M2 if version >= FP8_VERSION => sys::ncclFloat8e5m2,
+        DType::F8E4M3 | DType::F8E5M2 => sys::ncclUint8,
+        DType::U32 => sys::ncclUint32,
+        DType::U64 => sys::ncclUint64,
         DType::F32 => sys::ncclFloat32,
         DType::F64 => sys::ncclFloat64,
         DType::F16 => sys::ncclFloat16,
@@ -17,9 +34,20 @@ pub(crate) fn data_type(dtype: DType) -> sys::DataType {
     }
 }
 
-/// NCCL's reduction for `op` on `dtype` (PyTorch's mapping: a sum of bools is a max, i.e. a logical or).
+/// NCCL's reduction for `op` on `dtype` on the loaded NCCL (see [`red_op_for`]).
 pub(crate) fn red_op(op: ReduceOp, dtype: DType) -> pg_core::Result<sys::RedOp> {
+    red_op_for(op, dtype, loaded_version())
+}
+
+/// NCCL's reduction for `op` on `dtype` on NCCL `version` (PyTorch's mapping: a sum of bools is a max, i.e. a
+/// logical or); a reduction on fp8 needs [`FP8_VERSION`].
+pub(crate) fn red_op_for(op: ReduceOp, dtype: DType, version: Version) -> pg_core::Result<sys::RedOp> {
     op.check(dtype)?;
+    if dtype.is_fp8() && version < FP8_VERSION {
+        return Err(Error::unsupported(format!(
+            "a reduction on {dtype} needs NCCL {FP8_VERSION} or newer; the loaded NCCL is {version}"
+        )));
+    }
     Ok(match (op, dtype) {
         (ReduceOp::Sum, DType::Bool) => sys::ncclMax,
         (ReduceOp::Product, DType::Bool) => sys::ncclMin,
@@ -28,6 +56,9 @@ pub(crate) fn red_op(op: ReduceOp, dtype: DType) -> pg_core::Result<sys::RedOp> 
         (ReduceOp::Max, _) => sys::ncclMax,
         (ReduceOp::Min, _) => sys::ncclMin,
         (ReduceOp::Avg, _) => sys::ncclAvg,
+        (ReduceOp::PreMulSum(_), _) => {
+            return Err(Error::unsupported("PREMUL_SUM as a built-in NCCL reduction: it is an op made per call"))
+        }
         (ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor, _) => {
             return Err(Error::unsupported(format!("ReduceOp.{} on NCCL", op.torch_name())))
         }
@@ -46,6 +77,10 @@ pub(crate) fn fill_pattern(dtype: DType, value: f64) -> (usize, u64) {
         DType::Bool => (1, u64::from(value != 0.0)),
         DType::I32 => (4, u64::from(value as i32 as u32)),
         DType::I64 => (8, value as i64 as u64),
+        DType::U32 => (4, u64::from(value as u32)),
+        DType::U64 => (8, value as u64),
+        DType::F8E4M3 => (1, u64::from(pg_core::fp8::to_e4m3fn(value as f32))),
+        DType::F8E5M2 => (1, u64::from(pg_core::fp8::to_e5m2(value as f32))),
     }
 }
 
@@ -132,6 +167,24 @@ mod tests {
         assert_eq!(data_type(DType::F32), 7);
         assert_eq!(data_type(DType::BF16), 9);
         assert_eq!(data_type(DType::Bool), data_type(DType::U8));
+        assert_eq!(data_type(DType::U32), sys::ncclUint32);
+        assert_eq!(data_type(DType::U64), sys::ncclUint64);
+        let old = Version::new(2, 21, 5);
+        assert_eq!(data_type_for(DType::F8E4M3, FP8_VERSION), sys::ncclFloat8e4m3);
+        assert_eq!(data_type_for(DType::F8E5M2, Version::new(2, 27, 3)), sys::ncclFloat8e5m2);
+        assert_eq!(data_type_for(DType::F8E4M3, old), sys::ncclUint8, "fp8 still moves as bytes");
+        assert_eq!(data_type_for(DType::F8E5M2, old), sys::ncclUint8);
+    }
+
+    #[test]
+    fn fp8_reductions_need_a_new_enough_nccl() {
+        let old = Version::new(2, 21, 5);
+        let err = red_op_for(ReduceOp::Sum, DType::F8E4M3, old).unwrap_err();
+        assert_eq!(err.kind(), pg_core::ErrorKind::Unsupported);
+        let text = err.to_string();
+        assert!(text.contains("2.21.5") && text.contains("2.24.0") && text.contains("Float8_e4m3fn"), "{text}");
+        assert_eq!(red_op_for(ReduceOp::Max, DType::F8E5M2, FP8_VERSION).unwrap(), sys::ncclMax);
+        assert_eq!(red_op_for(ReduceOp::Sum, DType::U64, old).unwrap(), sys::ncclSum);
     }
 
     #[test]
@@ -154,6 +207,9 @@ mod tests {
         assert_eq!(fill_pattern(DType::I64, -1.0), (8, u64::MAX));
         assert_eq!(fill_pattern(DType::Bool, 2.0), (1, 1));
         assert_eq!(fill_pattern(DType::F64, 2.0), (8, 2.0f64.to_bits()));
+        assert_eq!(fill_pattern(DType::U32, 3e9), (4, 3_000_000_000));
+        assert_eq!(fill_pattern(DType::F8E4M3, 1.0), (1, 0x38));
+        assert_eq!(fill_pattern(DType::F8E5M2, -1.0), (1, 0xbc));
     }
 
     #[test]

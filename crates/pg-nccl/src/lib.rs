@@ -22,6 +22,7 @@ mod device;
 mod exchange;
 #[cfg(feature = "testing")]
 pub mod launches;
+mod premul;
 #[cfg(feature = "testing")]
 pub mod raw;
 mod stream;

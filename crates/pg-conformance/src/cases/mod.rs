@@ -2,9 +2,11 @@
 //! the group's life cycle and error paths.
 
 pub(crate) mod collectives;
+pub(crate) mod dtypes;
 pub(crate) mod lifecycle;
 pub(crate) mod ops;
 pub(crate) mod semantics;
+pub(crate) mod subgroups;
 
 use std::time::Duration;
 

@@ -47,7 +47,7 @@ fn reference(n: usize, dtype: DType, op: ReduceOp) -> Vec<f64> {
                 ReduceOp::Product => values.iter().product(),
                 ReduceOp::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
                 ReduceOp::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor => f64::NAN,
+                ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor | ReduceOp::PreMulSum(_) => f64::NAN,
             };
             match dtype {
                 DType::Bool => f64::from(u8::from(value != 0.0)),

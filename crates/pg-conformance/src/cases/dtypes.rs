@@ -1,0 +1,211 @@
+//! Every dtype through the group's ops (unsigned and fp8 included) and `PREMUL_SUM` with host and device
+//! factors.
+
+use pg_core::{Backend, DType, Device as _, Error, ErrorKind, Options, ProcessGroup, ReduceOp};
+
+use super::case;
+use crate::check::{Check, Context};
+use crate::harness::{Harness, Rank};
+use crate::registry::{not_applicable, pass, Case, Outcome};
+use crate::{ensure, ensure_eq};
+
+pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
+    vec![
+        case!(every_dtype_moves_through_broadcast_and_all_gather, 1),
+        case!(every_dtype_but_fp8_all_reduces_with_real_values, 1),
+        case!(fp8_all_reduce_rounds_as_pytorch_or_is_refused_with_the_version, 1),
+        case!(pre_mul_sum_scales_each_rank_by_its_host_or_device_factor, 1),
+        case!(pre_mul_sum_refuses_bad_dtypes_and_factors, 1),
+    ]
+}
+
+/// What rank `rank` holds: values every dtype stores exactly (no negatives, as unsigned and bool take them).
+fn values(rank: usize, dtype: DType) -> Vec<f64> {
+    if dtype == DType::Bool {
+        return vec![1.0, 0.0, (rank % 2) as f64, 1.0];
+    }
+    let fraction = if dtype.is_float() { 0.5 } else { 0.0 };
+    vec![rank as f64 + 1.0, fraction, (rank % 2) as f64, 3.0]
+}
+
+/// Reads `buffer` and checks it is `want` exactly.
+fn expect<B: Backend>(r: &Rank<B>, what: &str, buffer: &B::Buffer, want: &[f64]) -> Check {
+    let got = r.read(buffer)?;
+    ensure!(got == want, "{what}: got {got:?}, want {want:?}");
+    Ok(())
+}
+
+fn every_dtype_moves_through_broadcast_and_all_gather<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let ran = h.run(n, |r| -> Check {
+        let group = r.group("dtypes_move", Options::builder())?;
+        for dtype in DType::ALL {
+            let root = n - 1;
+            let buffer = r.holding(dtype, &values(r.rank, dtype))?;
+            group.broadcast(&buffer, root).and_then(|w| w.wait()).ctx(&format!("broadcast of {dtype}"))?;
+            expect(r, &format!("broadcast of {dtype}"), &buffer, &values(root, dtype))?;
+            let input = r.holding(dtype, &values(r.rank, dtype))?;
+            let gathered = r.device.alloc(dtype, 4 * n).ctx("alloc")?;
+            group.all_gather(&input, &gathered).and_then(|w| w.wait()).ctx(&format!("all_gather of {dtype}"))?;
+            let want: Vec<f64> = (0..n).flat_map(|k| values(k, dtype)).collect();
+            expect(r, &format!("all_gather of {dtype}"), &gathered, &want)?;
+        }
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    pass()
+}
+
+fn every_dtype_but_fp8_all_reduces_with_real_values<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let nf = n as f64;
+    let ran = h.run(n, |r| -> Check {
+        let group = r.group("dtypes_reduce", Options::builder())?;
+        let rank = r.rank as f64;
+        for dtype in DType::ALL.into_iter().filter(|d| !d.is_fp8()) {
+            let buffer = r.holding(dtype, &values(r.rank, dtype))?;
+            let op = if dtype == DType::Bool { ReduceOp::Max } else { ReduceOp::Sum };
+            group.all_reduce_sync(&buffer, op).ctx(&format!("all_reduce of {dtype}"))?;
+            let want = match dtype {
+                DType::Bool => vec![1.0, 0.0, f64::from(u8::from(n > 1)), 1.0],
+                _ => {
+                    let fraction = if dtype.is_float() { 0.5 * nf } else { 0.0 };
+                    vec![nf * (nf + 1.0) / 2.0, fraction, (n / 2) as f64, 3.0 * nf]
+                }
+            };
+            expect(r, &format!("SUM of {dtype}"), &buffer, &want)?;
+        }
+        // Values past the signed range: unsigned types must not read them as negative.
+        let big32 = 3_000_000_000.0;
+        let buffer = r.holding(DType::U32, &[big32 + rank, big32 + rank])?;
+        group.all_reduce_sync(&buffer, ReduceOp::Max).ctx("MAX of UInt32")?;
+        group.all_reduce_sync(&buffer, ReduceOp::Min).ctx("MIN of UInt32")?;
+        expect(r, "MAX then MIN of UInt32 past 2^31", &buffer, &[big32 + nf - 1.0; 2])?;
+        let big64 = 2f64.powi(63);
+        let buffer = r.holding(DType::U64, &[big64 + 2048.0 * rank])?;
+        group.all_reduce_sync(&buffer, ReduceOp::Max).ctx("MAX of UInt64")?;
+        expect(r, "MAX of UInt64 past 2^63", &buffer, &[big64 + 2048.0 * (nf - 1.0)])?;
+        let buffer = r.holding(DType::U64, &[2f64.powi(12) * (rank + 1.0)])?;
+        group.all_reduce_sync(&buffer, ReduceOp::Product).ctx("PRODUCT of UInt64")?;
+        let want = (1..=n).map(|k| 2f64.powi(12) * k as f64).product::<f64>();
+        if want < 2f64.powi(64) {
+            expect(r, "PRODUCT of UInt64", &buffer, &[want])?;
+        }
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    pass()
+}
+
+/// Whether `error` is the backend saying it cannot reduce `dtype`: the reason the case does not apply.
+fn refused_fp8(error: &Error) -> Option<String> {
+    (error.kind() == ErrorKind::Unsupported).then(|| error.to_string())
+}
+
+fn fp8_all_reduce_rounds_as_pytorch_or_is_refused_with_the_version<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let nf = n as f64;
+    let ran = h.run(n, |r| -> Check<Option<String>> {
+        let group = r.group("fp8_reduce", Options::builder())?;
+        for dtype in [DType::F8E4M3, DType::F8E5M2] {
+            // Every partial sum of these is an fp8 value for up to 8 ranks, whatever the order.
+            let buffer = r.holding(dtype, &[1.0, 0.25, 2.0 * (r.rank % 2) as f64])?;
+            match group.all_reduce(&buffer, ReduceOp::Sum) {
+                Ok(work) => work.wait().ctx(&format!("SUM of {dtype}"))?,
+                Err(error) => match refused_fp8(&error) {
+                    Some(why) => {
+                        ensure!(why.contains(&dtype.to_string()), "the refusal does not name {dtype}: {why}");
+                        return Ok(Some(why));
+                    }
+                    None => return Err(format!("SUM of {dtype}: {error}")),
+                },
+            }
+            expect(r, &format!("SUM of {dtype}"), &buffer, &[nf, 0.25 * nf, 2.0 * (n / 2) as f64])?;
+            // A sum past the format's range: NaN for e4m3fn (no infinities), infinity for e5m2, as PyTorch.
+            let big = r.holding(dtype, &[if dtype == DType::F8E4M3 { 448.0 } else { 57344.0 }])?;
+            group.all_reduce_sync(&big, ReduceOp::Sum).ctx(&format!("overflowing SUM of {dtype}"))?;
+            let got = r.read(&big)?[0];
+            let overflowed = if dtype == DType::F8E4M3 { got.is_nan() } else { got == f64::INFINITY };
+            ensure!(n == 1 || overflowed, "{dtype}: {n} x max summed to {got}");
+        }
+        Ok(None)
+    })?;
+    ran.no_hazards()?;
+    let reasons: Vec<String> = ran.all_ok()?.into_iter().filter_map(|(_, why)| why).collect();
+    match reasons.first() {
+        Some(why) => not_applicable(format!("the backend refuses fp8 reductions: {why}")),
+        None => pass(),
+    }
+}
+
+/// Runs an all_reduce of `buffer` with a device factor through `group`, waited on.
+fn device_factor<B: Backend>(group: &ProcessGroup<B>, buffer: &B::Buffer, factor: &B::Buffer) -> Check {
+    group.all_reduce_pre_mul_sum(buffer, factor).and_then(|w| w.wait()).ctx("all_reduce with a device factor")
+}
+
+fn pre_mul_sum_scales_each_rank_by_its_host_or_device_factor<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let ran = h.run(n, |r| -> Check {
+        let group = r.group("premul", Options::builder())?;
+        let k = r.rank as f64 + 1.0;
+        let squares: f64 = (1..=n).map(|j| (j * j) as f64).sum();
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            // Host factor: rank k-1 contributes k * (k / 2).
+            let buffer = r.holding(dtype, &[k, 2.0])?;
+            group.all_reduce_sync(&buffer, ReduceOp::PreMulSum(k / 2.0)).ctx(&format!("host PREMUL_SUM {dtype}"))?;
+            let want = [squares / 2.0, (1..=n).map(|j| j as f64).sum()];
+            expect(r, &format!("host PREMUL_SUM of {dtype}"), &buffer, &want)?;
+            // Device factor: rank k-1 contributes k * (k + 1), its factor read from device memory.
+            let buffer = r.holding(dtype, &[k, 1.0])?;
+            let factor = r.holding(dtype, &[k + 1.0])?;
+            device_factor(&group, &buffer, &factor)?;
+            let want = [squares + (1..=n).map(|j| j as f64).sum::<f64>(), (2..=n + 1).map(|j| j as f64).sum()];
+            expect(r, &format!("device PREMUL_SUM of {dtype}"), &buffer, &want)?;
+        }
+        // The host form also reduces-scatters: every block is the factor-weighted sum.
+        let input = r.holding(DType::F32, &vec![k; n])?;
+        let output = r.device.alloc(DType::F32, 1).ctx("alloc")?;
+        group.reduce_scatter(&input, &output, ReduceOp::PreMulSum(0.5)).and_then(|w| w.wait()).ctx("reduce_scatter")?;
+        expect(r, "reduce_scatter with PREMUL_SUM", &output, &[(1..=n).map(|j| j as f64).sum::<f64>() / 2.0])?;
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    pass()
+}
+
+/// Checks that `result` is an `InvalidArgument` error.
+fn refused<T>(what: &str, result: pg_core::Result<T>) -> Check {
+    match result {
+        Ok(_) => Err(format!("{what}: accepted")),
+        Err(error) if error.kind() == ErrorKind::InvalidArgument => Ok(()),
+        Err(error) => Err(format!("{what}: {:?} instead of InvalidArgument: {error}", error.kind())),
+    }
+}
+
+fn pre_mul_sum_refuses_bad_dtypes_and_factors<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let ran = h.run(n, |r| -> Check {
+        let group = r.group("premul_bad", Options::builder())?;
+        for dtype in [DType::I32, DType::U8, DType::U64, DType::Bool, DType::F8E4M3] {
+            let buffer = r.holding(dtype, &[1.0])?;
+            refused(&format!("host PREMUL_SUM on {dtype}"), group.all_reduce(&buffer, ReduceOp::PreMulSum(2.0)))?;
+            refused(&format!("device PREMUL_SUM on {dtype}"), group.all_reduce_pre_mul_sum(&buffer, &buffer))?;
+        }
+        let buffer = r.holding(DType::F32, &[1.0, 2.0])?;
+        let two = r.holding(DType::F32, &[1.0, 1.0])?;
+        refused("a two-element device factor", group.all_reduce_pre_mul_sum(&buffer, &two))?;
+        let wrong = r.holding(DType::F64, &[1.0])?;
+        refused("a device factor of another dtype", group.all_reduce_pre_mul_sum(&buffer, &wrong))?;
+        // Nothing was enqueued: the next op is the group's first, and it works.
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce after the refusals")?;
+        ensure_eq!(group.counters().ops_issued, 1, "ops issued after the refusals");
+        expect(r, "all_reduce after the refusals", &buffer, &[n as f64, 2.0 * n as f64])?;
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    pass()
+}
