@@ -271,6 +271,21 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         Err(crate::Error::unsupported(format!("reduce_scatter on the {} backend", <Self::B as Backend>::NAME)))
     }
 
+    /// Enqueues a reduce-scatter of `input` (size times larger) into `output` with `PREMUL_SUM` whose factor is
+    /// this rank's `scalar` (one element of the input's dtype, in device memory, read when the op runs).
+    fn reduce_scatter_pre_mul_sum(
+        &self,
+        _input: &<Self::B as Backend>::Buffer,
+        _output: &<Self::B as Backend>::Buffer,
+        _scalar: &<Self::B as Backend>::Buffer,
+        _stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()> {
+        Err(crate::Error::unsupported(format!(
+            "reduce_scatter with a device PREMUL_SUM factor on the {} backend",
+            <Self::B as Backend>::NAME
+        )))
+    }
+
     /// Enqueues a send of `buffer` to `peer`.
     fn send(
         &self,

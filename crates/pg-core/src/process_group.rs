@@ -358,18 +358,7 @@ impl<B: Backend> ProcessGroup<B> {
     /// `all_reduce(buffer, ReduceOp::PreMulSum(factor))`.
     pub fn all_reduce_pre_mul_sum(&self, buffer: &B::Buffer, scalar: &B::Buffer) -> Result<WorkHandle<B>> {
         self.check_buffer("all_reduce", buffer)?;
-        ReduceOp::check_pre_mul_sum(buffer.dtype())?;
-        if scalar.numel() != 1 || scalar.dtype() != buffer.dtype() || scalar.device_index() != buffer.device_index() {
-            return Err(Error::invalid(format!(
-                "all_reduce: a PREMUL_SUM factor is one element of the input's dtype {} on device {}; got {} of {} \
-                 on device {}",
-                buffer.dtype(),
-                buffer.device_index(),
-                scalar.numel(),
-                scalar.dtype(),
-                scalar.device_index()
-            )));
-        }
+        self.check_pre_mul_sum_factor("all_reduce", buffer, scalar)?;
         let device = self.inner.device.clone();
         let spec = self.in_place_spec(OpType::AllReduce, buffer);
         self.run(spec, |comm, stream| {
@@ -377,6 +366,43 @@ impl<B: Backend> ProcessGroup<B> {
             device.record_stream(scalar, stream)?;
             comm.all_reduce_pre_mul_sum(buffer, buffer, scalar, stream)
         })
+    }
+
+    /// [`ProcessGroup::reduce_scatter`] with `PREMUL_SUM` whose factor is this rank's `scalar`, as in
+    /// [`ProcessGroup::all_reduce_pre_mul_sum`] (what FSDP's gradient reduce-scatter uses).
+    pub fn reduce_scatter_pre_mul_sum(
+        &self,
+        input: &B::Buffer,
+        output: &B::Buffer,
+        scalar: &B::Buffer,
+    ) -> Result<WorkHandle<B>> {
+        let scattered = self.times_size("reduce_scatter", "output", output)?;
+        self.check_pair("reduce_scatter", input, output, input.numel(), scattered)?;
+        self.check_pre_mul_sum_factor("reduce_scatter", input, scalar)?;
+        let device = self.inner.device.clone();
+        let spec = self.spec(OpType::ReduceScatterBase, input, output);
+        self.run(spec, |comm, stream| {
+            device.record_stream(scalar, stream)?;
+            comm.reduce_scatter_pre_mul_sum(input, output, scalar, stream)
+        })
+    }
+
+    /// Checks that `scalar` can be the `PREMUL_SUM` factor of an op on `input`: one element of its dtype (f16,
+    /// bf16, f32 or f64) on its device.
+    fn check_pre_mul_sum_factor(&self, what: &str, input: &B::Buffer, scalar: &B::Buffer) -> Result<()> {
+        ReduceOp::check_pre_mul_sum(input.dtype())?;
+        if scalar.numel() != 1 || scalar.dtype() != input.dtype() || scalar.device_index() != input.device_index() {
+            return Err(Error::invalid(format!(
+                "{what}: a PREMUL_SUM factor is one element of the input's dtype {} on device {}; got {} of {} \
+                 on device {}",
+                input.dtype(),
+                input.device_index(),
+                scalar.numel(),
+                scalar.dtype(),
+                scalar.device_index()
+            )));
+        }
+        Ok(())
     }
 
     /// Broadcasts `root`'s `buffer` into every rank's `buffer`.

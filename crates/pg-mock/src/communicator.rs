@@ -905,15 +905,7 @@ impl pg_core::Communicator for MockCommunicator {
         stream: &MockStream,
     ) -> Result<()> {
         same_shape("all_reduce", input, output, 1, 1)?;
-        ReduceOp::check_pre_mul_sum(input.dtype())?;
-        if scalar.numel() != 1 || scalar.dtype() != input.dtype() {
-            return Err(Error::invalid(format!(
-                "all_reduce: a PREMUL_SUM factor is one element of {}, not {} of {}",
-                input.dtype(),
-                scalar.numel(),
-                scalar.dtype()
-            )));
-        }
+        check_factor("all_reduce", input, scalar)?;
         let kind = CollKind::AllReduce(ReduceOp::PreMulSum(1.0));
         self.enqueue_scaled(kind, input, output, Some(scalar), stream, (true, true))
     }
@@ -960,6 +952,19 @@ impl pg_core::Communicator for MockCommunicator {
         same_shape("reduce_scatter", input, output, self.size, 1)?;
         op.check(input.dtype())?;
         self.enqueue(CollKind::ReduceScatter(op), input, output, stream, (true, true))
+    }
+
+    fn reduce_scatter_pre_mul_sum(
+        &self,
+        input: &MockBuffer,
+        output: &MockBuffer,
+        scalar: &MockBuffer,
+        stream: &MockStream,
+    ) -> Result<()> {
+        same_shape("reduce_scatter", input, output, self.size, 1)?;
+        check_factor("reduce_scatter", input, scalar)?;
+        let kind = CollKind::ReduceScatter(ReduceOp::PreMulSum(1.0));
+        self.enqueue_scaled(kind, input, output, Some(scalar), stream, (true, true))
     }
 
     fn send(&self, buffer: &MockBuffer, peer: usize, stream: &MockStream) -> Result<()> {
@@ -1127,6 +1132,20 @@ fn whole(buffer: &MockBuffer) -> (&MockBuffer, usize, usize) {
 }
 
 /// Checks dtypes and that `input.numel * in_factor == output.numel * out_factor`.
+/// Checks that `scalar` can be the `PREMUL_SUM` factor of an op on `input`: one element of its dtype.
+fn check_factor(what: &str, input: &MockBuffer, scalar: &MockBuffer) -> Result<()> {
+    ReduceOp::check_pre_mul_sum(input.dtype())?;
+    if scalar.numel() != 1 || scalar.dtype() != input.dtype() {
+        return Err(Error::invalid(format!(
+            "{what}: a PREMUL_SUM factor is one element of {}, not {} of {}",
+            input.dtype(),
+            scalar.numel(),
+            scalar.dtype()
+        )));
+    }
+    Ok(())
+}
+
 fn same_shape(what: &str, input: &MockBuffer, output: &MockBuffer, in_factor: usize, out_factor: usize) -> Result<()> {
     if input.dtype() != output.dtype() {
         return Err(Error::invalid(format!(

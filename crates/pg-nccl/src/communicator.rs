@@ -346,6 +346,18 @@ impl Communicator {
 }
 
 impl Communicator {
+    /// The plan of a `PREMUL_SUM` whose factor is `scalar`: one element of `input`'s dtype on this device.
+    fn device_factor(&self, input: &Buffer, scalar: &Buffer) -> pg_core::Result<OpPlan> {
+        self.check_pair(scalar, scalar, (1, 1))?;
+        if scalar.numel != 1 || scalar.dtype != input.dtype {
+            return Err(Error::invalid(format!(
+                "a PREMUL_SUM factor is one element of {}, not {} of {}",
+                input.dtype, scalar.numel, scalar.dtype
+            )));
+        }
+        premul::device_plan(scalar.ptr(), input.dtype)
+    }
+
     /// Enqueues an all-reduce with `plan`'s reduction (checked by the caller, as are the buffers).
     fn all_reduce_with(&self, input: &Buffer, output: &Buffer, plan: &OpPlan, stream: &Stream) -> pg_core::Result<()> {
         self.issue("all_reduce", stream, |lib, comm| {
@@ -357,6 +369,33 @@ impl Communicator {
                         input.ptr(),
                         output.ptr(),
                         input.numel,
+                        data_type(input.dtype),
+                        op,
+                        comm,
+                        stream.0.raw() as _,
+                    )
+                })
+            }
+        })
+    }
+
+    /// Enqueues a reduce-scatter with `plan`'s reduction (checked by the caller, as are the buffers).
+    fn reduce_scatter_with(
+        &self,
+        input: &Buffer,
+        output: &Buffer,
+        plan: &OpPlan,
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.issue("reduce_scatter", stream, |lib, comm| {
+            // SAFETY: as in `reduce`; the input holds `size` times the output (checked); a device factor as in
+            // `all_reduce_with`.
+            unsafe {
+                premul::with_op(lib, comm, plan, input.dtype, |op| {
+                    lib.reduce_scatter(
+                        input.ptr(),
+                        output.ptr(),
+                        output.numel,
                         data_type(input.dtype),
                         op,
                         comm,
@@ -393,14 +432,7 @@ impl pg_core::Communicator for Communicator {
         stream: &Stream,
     ) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, 1))?;
-        self.check_pair(scalar, scalar, (1, 1))?;
-        if scalar.numel != 1 || scalar.dtype != input.dtype {
-            return Err(Error::invalid(format!(
-                "a PREMUL_SUM factor is one element of {}, not {} of {}",
-                input.dtype, scalar.numel, scalar.dtype
-            )));
-        }
-        let plan = premul::device_plan(scalar.ptr(), input.dtype)?;
+        let plan = self.device_factor(input, scalar)?;
         self.all_reduce_with(input, output, &plan, stream)
     }
 
@@ -445,22 +477,19 @@ impl pg_core::Communicator for Communicator {
     fn reduce_scatter(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
         self.check_pair(input, output, (1, self.size))?;
         let plan = premul::plan(op, input.dtype)?;
-        self.issue("reduce_scatter", stream, |lib, comm| {
-            // SAFETY: as in `reduce`; the input holds `size` times the output (checked).
-            unsafe {
-                premul::with_op(lib, comm, &plan, input.dtype, |op| {
-                    lib.reduce_scatter(
-                        input.ptr(),
-                        output.ptr(),
-                        output.numel,
-                        data_type(input.dtype),
-                        op,
-                        comm,
-                        stream.0.raw() as _,
-                    )
-                })
-            }
-        })
+        self.reduce_scatter_with(input, output, &plan, stream)
+    }
+
+    fn reduce_scatter_pre_mul_sum(
+        &self,
+        input: &Buffer,
+        output: &Buffer,
+        scalar: &Buffer,
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.check_pair(input, output, (1, self.size))?;
+        let plan = self.device_factor(input, scalar)?;
+        self.reduce_scatter_with(input, output, &plan, stream)
     }
 
     fn send(&self, buffer: &Buffer, peer: usize, stream: &Stream) -> pg_core::Result<()> {

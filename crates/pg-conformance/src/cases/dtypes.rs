@@ -169,6 +169,11 @@ fn pre_mul_sum_scales_each_rank_by_its_host_or_device_factor<H: Harness>(h: &H) 
         let output = r.device.alloc(DType::F32, 1).ctx("alloc")?;
         group.reduce_scatter(&input, &output, ReduceOp::PreMulSum(0.5)).and_then(|w| w.wait()).ctx("reduce_scatter")?;
         expect(r, "reduce_scatter with PREMUL_SUM", &output, &[(1..=n).map(|j| j as f64).sum::<f64>() / 2.0])?;
+        // And with a device factor: rank k-1 scales by k, so every block is the sum of squares.
+        let factor = r.holding(DType::F32, &[k])?;
+        let work = group.reduce_scatter_pre_mul_sum(&input, &output, &factor).ctx("reduce_scatter, device factor")?;
+        work.wait().ctx("wait")?;
+        expect(r, "reduce_scatter with a device PREMUL_SUM factor", &output, &[squares])?;
         Ok(())
     })?;
     ran.no_hazards()?;
@@ -199,6 +204,13 @@ fn pre_mul_sum_refuses_bad_dtypes_and_factors<H: Harness>(h: &H) -> Check<Outcom
         refused("a two-element device factor", group.all_reduce_pre_mul_sum(&buffer, &two))?;
         let wrong = r.holding(DType::F64, &[1.0])?;
         refused("a device factor of another dtype", group.all_reduce_pre_mul_sum(&buffer, &wrong))?;
+        let input = r.holding(DType::F32, &vec![1.0; n])?;
+        let output = r.device.alloc(DType::F32, 1).ctx("alloc")?;
+        refused("a reduce_scatter device factor of two", group.reduce_scatter_pre_mul_sum(&input, &output, &two))?;
+        let ints = r.holding(DType::I64, &vec![1.0; n])?;
+        let int_out = r.device.alloc(DType::I64, 1).ctx("alloc")?;
+        let int_factor = r.holding(DType::I64, &[1.0])?;
+        refused("a reduce_scatter PREMUL_SUM on Long", group.reduce_scatter_pre_mul_sum(&ints, &int_out, &int_factor))?;
         // Nothing was enqueued: the next op is the group's first, and it works.
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce after the refusals")?;
         ensure_eq!(group.counters().ops_issued, 1, "ops issued after the refusals");
