@@ -63,6 +63,7 @@ impl<B: Backend> Coalescer<'_, B> {
     pub fn all_reduce(&mut self, buffer: &B::Buffer, op: ReduceOp) -> Result<()> {
         self.group.check_device("all_reduce", buffer)?;
         op.check(buffer.dtype())?;
+        no_pre_mul_sum("coalesced all_reduce", op)?;
         self.ops.push(Coalesced::AllReduce(buffer.clone(), op));
         Ok(())
     }
@@ -80,6 +81,7 @@ impl<B: Backend> Coalescer<'_, B> {
         self.group.check_device("reduce", buffer)?;
         self.group.check_root("reduce", root)?;
         op.check(buffer.dtype())?;
+        no_pre_mul_sum("coalesced reduce", op)?;
         self.ops.push(Coalesced::Reduce(buffer.clone(), root, op));
         Ok(())
     }
@@ -95,6 +97,7 @@ impl<B: Backend> Coalescer<'_, B> {
     pub fn reduce_scatter(&mut self, input: &B::Buffer, output: &B::Buffer, op: ReduceOp) -> Result<()> {
         self.group.check_scaled("reduce_scatter", input, output, (1, self.group.size()))?;
         op.check(input.dtype())?;
+        no_pre_mul_sum("coalesced reduce_scatter", op)?;
         self.ops.push(Coalesced::ReduceScatter(input.clone(), output.clone(), op));
         Ok(())
     }
@@ -107,6 +110,7 @@ impl<B: Backend> ProcessGroup<B> {
         self.check_device("reduce", buffer)?;
         self.check_root("reduce", root)?;
         op.check(buffer.dtype())?;
+        no_pre_mul_sum("reduce", op)?;
         let spec = OpSpec { in_place: true, ..OpSpec::lists(OpType::Reduce, Bufs::One(buffer), Bufs::One(buffer)) };
         self.run(spec, |comm, stream| comm.reduce(buffer, buffer, root, op, stream))
     }
@@ -198,6 +202,7 @@ impl<B: Backend> ProcessGroup<B> {
             check_dtype(WHAT, output.dtype(), buffer.dtype())?;
         }
         op.check(output.dtype())?;
+        no_pre_mul_sum(WHAT, op)?;
         self.check_own_chunk(WHAT, "inputs", &inputs[self.rank()], output)?;
         let spec = OpSpec::lists(OpType::ReduceScatter, Bufs::List(inputs), Bufs::One(output));
         self.run(spec, |comm, stream| comm.reduce_scatter_v(inputs, output, op, stream))
@@ -431,5 +436,16 @@ fn check_dtype(what: &str, expected: DType, found: DType) -> Result<()> {
     match expected == found {
         true => Ok(()),
         false => Err(Error::invalid(format!("{what}: the buffers mix dtypes {expected} and {found}"))),
+    }
+}
+
+/// Refuses `PREMUL_SUM` on the ops that do not carry its factor yet (only all_reduce and reduce_scatter do), so
+/// that a factor is never silently dropped.
+fn no_pre_mul_sum(what: &str, op: ReduceOp) -> Result<()> {
+    match op {
+        ReduceOp::PreMulSum(_) => Err(crate::Error::invalid(format!(
+            "{what} with PREMUL_SUM: only all_reduce and reduce_scatter take a PREMUL_SUM factor"
+        ))),
+        _ => Ok(()),
     }
 }

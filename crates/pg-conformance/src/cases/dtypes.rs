@@ -211,6 +211,12 @@ fn pre_mul_sum_refuses_bad_dtypes_and_factors<H: Harness>(h: &H) -> Check<Outcom
         let int_out = r.device.alloc(DType::I64, 1).ctx("alloc")?;
         let int_factor = r.holding(DType::I64, &[1.0])?;
         refused("a reduce_scatter PREMUL_SUM on Long", group.reduce_scatter_pre_mul_sum(&ints, &int_out, &int_factor))?;
+        // Ops that do not carry the factor refuse it rather than drop it.
+        refused("reduce with PREMUL_SUM", group.reduce(&buffer, 0, ReduceOp::PreMulSum(2.0)))?;
+        let shares: Vec<_> = (0..n).map(|_| r.holding(DType::F32, &[1.0])).collect::<Check<_>>()?;
+        let share_out = r.device.alloc(DType::F32, 1).ctx("alloc")?;
+        let scattered = group.reduce_scatter_from(&share_out, &shares, ReduceOp::PreMulSum(2.0));
+        refused("reduce_scatter_from with PREMUL_SUM", scattered)?;
         // Nothing was enqueued: the next op is the group's first, and it works.
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce after the refusals")?;
         ensure_eq!(group.counters().ops_issued, 1, "ops issued after the refusals");
