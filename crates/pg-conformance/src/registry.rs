@@ -79,6 +79,7 @@ pub fn cases<H: Harness>() -> Vec<Case<H>> {
     all.extend(crate::cases::semantics::cases::<H>());
     all.extend(crate::cases::ops::cases::<H>());
     all.extend(crate::cases::lifecycle::cases::<H>());
+    all.extend(crate::cases::interop::cases::<H>());
     all
 }
 

@@ -509,6 +509,7 @@ impl<B: Backend> ProcessGroup<B> {
             is_barrier: spec.is_barrier,
             exception: Mutex::new(None),
             stash: Mutex::new(stash),
+            waiters: std::sync::OnceLock::new(),
         };
         let state = match source {
             WorkSource::Recycled(mut work) => {
