@@ -209,6 +209,14 @@ pub trait Buffer: Clone + Send + Sync + Debug + 'static {
 
     /// The ordinal of the device that holds it.
     fn device_index(&self) -> usize;
+
+    /// Whether the memory was made elsewhere (another framework's allocator, a raw pointer) rather than by the
+    /// backend's allocator. [`Device::record_stream`] cannot protect such memory, so the process group keeps
+    /// a handle of a foreign buffer on the Work until the op's end event has completed (the stash), whatever
+    /// the group's `avoid_record_streams` mode, and `wait()` does not release it early.
+    fn is_foreign(&self) -> bool {
+        false
+    }
 }
 
 /// A communicator: the ranks that run collectives together, with their operations enqueued on a stream.

@@ -456,7 +456,8 @@ impl<B: Backend> ProcessGroup<B> {
         // An in-place op passes one buffer as input and output: guard it once.
         let input = if spec.in_place { None } else { Some(spec.input) };
         for buffer in input.into_iter().chain([spec.output]) {
-            match self.inner.options.avoid_record_streams && !spec.op.is_p2p() {
+            // Foreign memory is not the allocator's: only the stash keeps it until the end event has passed.
+            match buffer.is_foreign() || (self.inner.options.avoid_record_streams && !spec.op.is_p2p()) {
                 true => stash.push(buffer.clone()),
                 false => device.record_stream(buffer, &entry.stream)?,
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::cache::CommEntry;
 use crate::completion::{Completion, Waiters};
-use crate::{Backend, Communicator, DType, Device, Error, Event, Future, OpType, Result, Stream};
+use crate::{Backend, Buffer, Communicator, DType, Device, Error, Event, Future, OpType, Result, Stream};
 
 /// The object-safe face of a Work, for code that holds Works of several backends or groups.
 pub trait Work: Send + Sync + fmt::Debug {
@@ -134,11 +134,13 @@ impl<B: Backend> WorkState<B> {
         true
     }
 
-    /// Makes the caller's current stream wait for the end event, then releases the stash (S11, S12).
+    /// Makes the caller's current stream wait for the end event, then releases the stash (S11, S12) except its
+    /// foreign buffers, which stay until the watchdog sees the end event pass (their owner may free them on
+    /// any stream, or at once).
     fn synchronize_stream(&self) -> Result<()> {
         let current = self.entry.device.current_stream();
         current.wait_event(&self.end_event)?;
-        self.stash.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.stash.lock().unwrap_or_else(PoisonError::into_inner).retain(Buffer::is_foreign);
         Ok(())
     }
 

@@ -1,4 +1,5 @@
-//! Awaitable Work: a Work awaited from an async executor resolves once the device has finished the op, or with
+//! Interop. Foreign memory: a buffer another framework made is kept on the Work until its op has ended, in either
+//! lifetime mode. Awaitable Work: a Work awaited from an async executor resolves once the device has finished the op, or with
 //! its error (abort, timeout), without a blocked host thread per Work and without busy polling; `Future::then`.
 //!
 //! The executor runs on a thread of its own, outside the backend's world, while the rank's thread waits for the
@@ -13,9 +14,9 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt as _};
-use pg_core::{Backend, ErrorHandling, ErrorKind, Options, ReduceOp, WorkHandle};
+use pg_core::{Backend, Buffer as _, DType, Device as _, ErrorHandling, ErrorKind, Options, ReduceOp, WorkHandle};
 
-use super::{all_equal, case, clock_of, held_all_reduce, need, on_each_rank, triangle, SLEEP};
+use super::{all_equal, case, clock_of, held_all_reduce, need, needs_hazards, on_each_rank, triangle, SLEEP};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness};
 use crate::registry::{Case, Outcome};
@@ -28,6 +29,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(an_awaited_work_that_times_out_resolves_work_timeout, 1),
         case!(future_then_runs_the_callback_once_the_device_finished, 1),
         case!(dropping_an_awaited_work_cancels_nothing, 1),
+        case!(foreign_buffers_are_kept_until_the_op_ends_in_either_mode, 1),
     ]
 }
 
@@ -244,4 +246,36 @@ fn dropping_an_awaited_work_cancels_nothing<H: Harness>(h: &H) -> Check<Outcome>
         ensure!(work.is_success(), "the Work failed after its future was dropped: {:?}", work.exception());
         all_equal(&r.read(&buffer)?, triangle(n))
     })
+}
+
+fn foreign_buffers_are_kept_until_the_op_ends_in_either_mode<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_hazards(h));
+    let n = h.world_size();
+    let ran = h.run(n, |r| -> Check {
+        for avoid_record_streams in [false, true] {
+            let name = if avoid_record_streams { "stash" } else { "record_stream" };
+            let group = r.ready_group(name, Options::builder().avoid_record_streams(avoid_record_streams))?;
+            let foreign = r
+                .caps
+                .foreign_buffer(&r.device, DType::F32, 64)
+                .ok_or("the harness has a hazard detector but makes no foreign buffers")?
+                .ctx("foreign buffer")?;
+            ensure!(foreign.is_foreign(), "{name}: the foreign buffer does not say it is foreign");
+            r.device.fill(&foreign, (r.rank + 1) as f64, &r.device.current_stream()).ctx("fill")?;
+            // The op is held behind a kernel; its caller lets go of the Work and of its own handle at once, and
+            // its framework reuses the memory for the next tensor on the same stream: only pg's handle, kept
+            // until the end event passes, stops that reuse while the communication stream still uses it.
+            r.sleep_current(SLEEP)?;
+            let work = group.all_reduce(&foreign, ReduceOp::Sum).ctx("all_reduce")?;
+            drop(work);
+            drop(foreign);
+            let next = r.filled(7.0, 64)?;
+            all_equal(&r.read(&next)?, 7.0).map_err(|e| format!("{name}: {e}"))?;
+            r.device.synchronize().ctx("synchronize")?;
+        }
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    Ok(Outcome::Pass)
 }
