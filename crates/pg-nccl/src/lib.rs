@@ -19,6 +19,7 @@ mod communicator;
 pub mod conformance;
 mod conv;
 mod device;
+mod foreign;
 #[cfg(feature = "testing")]
 pub mod launches;
 #[cfg(feature = "testing")]
@@ -30,6 +31,7 @@ pub use buffer::Buffer;
 pub use communicator::call_timing;
 pub use communicator::Communicator;
 pub use device::Device;
+pub use foreign::Element;
 pub use stream::{Event, Stream};
 
 pub use nccl_sys;
