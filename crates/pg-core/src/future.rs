@@ -78,6 +78,16 @@ impl<B: Backend> Future<B> {
     /// `callback` does not run. Like every Rust future it is lazy: `callback` runs on the task that awaits it,
     /// after the device is done (never inside the backend's host callback, so it may use the device). Awaiting
     /// blocks no host thread and polls nothing (see [`crate::WorkFuture`]).
+    ///
+    /// ```
+    /// use pg_core::{Backend, Buffer as _, ProcessGroup, ReduceOp, Result};
+    ///
+    /// /// How many elements the all_reduce produced, once the device has produced them.
+    /// async fn reduced_len<B: Backend>(pg: &ProcessGroup<B>, grads: &B::Buffer) -> Result<usize> {
+    ///     let future = pg.all_reduce(grads, ReduceOp::Sum)?.future();
+    ///     future.then(|done| done.value()[0].numel()).await
+    /// }
+    /// ```
     pub fn then<T, F>(&self, callback: F) -> Then<B, F>
     where
         F: FnOnce(&Future<B>) -> T + Unpin,

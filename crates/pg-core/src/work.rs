@@ -204,6 +204,15 @@ impl<B: Backend> Completion for WorkState<B> {
 ///
 /// Unlike [`WorkHandle::wait`], awaiting orders no stream (the op is over when it resolves) and aborts no
 /// communicator on an error (the group's error handling does what its mode says).
+///
+/// ```
+/// use pg_core::{Backend, ProcessGroup, ReduceOp, Result};
+///
+/// /// Averages gradients across ranks from async code; resolves once the device has finished.
+/// async fn average<B: Backend>(pg: &ProcessGroup<B>, grads: &B::Buffer) -> Result<()> {
+///     pg.all_reduce(grads, ReduceOp::Avg)?.await
+/// }
+/// ```
 #[must_use = "a future does nothing unless awaited"]
 pub struct WorkFuture<B: Backend> {
     state: Arc<WorkState<B>>,

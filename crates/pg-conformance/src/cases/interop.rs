@@ -19,7 +19,7 @@ use pg_core::{Backend, Buffer as _, DType, Device as _, ErrorHandling, ErrorKind
 use super::{all_equal, case, clock_of, held_all_reduce, need, needs_hazards, on_each_rank, triangle, SLEEP};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness};
-use crate::registry::{Case, Outcome};
+use crate::registry::{not_applicable, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
@@ -30,6 +30,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(future_then_runs_the_callback_once_the_device_finished, 1),
         case!(dropping_an_awaited_work_cancels_nothing, 1),
         case!(foreign_buffers_are_kept_until_the_op_ends_in_either_mode, 1),
+        case!(a_foreign_buffer_on_another_device_is_refused_before_anything_is_enqueued, 1),
     ]
 }
 
@@ -278,4 +279,26 @@ fn foreign_buffers_are_kept_until_the_op_ends_in_either_mode<H: Harness>(h: &H) 
     ran.no_hazards()?;
     ran.all_ok()?;
     Ok(Outcome::Pass)
+}
+
+fn a_foreign_buffer_on_another_device_is_refused_before_anything_is_enqueued<H: Harness>(h: &H) -> Check<Outcome> {
+    if !h.offers().other_device {
+        return not_applicable("the harness has no second device");
+    }
+    need!(needs_hazards(h));
+    on_each_rank(h, h.world_size(), |r| {
+        let other = r.caps.other_device(r.rank).ok_or("no other device")?;
+        let group = r.group("0", Options::builder())?;
+        let theirs = r
+            .caps
+            .foreign_buffer(&other, DType::F32, 16)
+            .ok_or("the harness has a hazard detector but makes no foreign buffers")?
+            .ctx("foreign buffer")?;
+        let error =
+            group.all_reduce(&theirs, ReduceOp::Sum).err().ok_or("a foreign buffer of another device was accepted")?;
+        ensure_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
+        ensure!(error.to_string().contains("device"), "the error does not name the device: {error}");
+        ensure_eq!(group.counters().ops_issued, 0, "a refused call enqueued something");
+        Ok(())
+    })
 }
