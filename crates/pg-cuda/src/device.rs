@@ -180,6 +180,24 @@ impl Device {
         Ok(Stream::new(cuda, stream::next_stream_id(), self.shared.ordinal, false))
     }
 
+    /// Wraps a raw `CUstream` another library owns (dropping the result does not destroy it). A stream of
+    /// another context is refused with `InvalidArgument`, found through `cuStreamGetCtx`.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream handle (null is the legacy default stream) that its owner keeps alive while the
+    /// returned stream, or anything holding it (a current-stream guard, a Work's communication path), may use it.
+    pub unsafe fn wrap_raw_stream(&self, raw: cudarc::driver::sys::CUstream) -> Result<Stream> {
+        self.bind_to_thread()?;
+        // SAFETY: `raw` is live by this function's contract.
+        let ctx = unsafe { ffi::stream_context(raw) }?;
+        let ordinal = self.shared.ordinal;
+        check_same_context((ordinal, self.shared.ctx.cu_ctx() as usize), (ordinal, ctx as usize), "stream")?;
+        // SAFETY: `raw` is a live stream of this device's context (checked above), kept alive by its owner as
+        // this function's contract requires.
+        let cuda = unsafe { ffi::wrap_borrowed_stream(&self.shared.ctx, raw) };
+        Ok(Stream::new(cuda, stream::next_stream_id(), ordinal, false))
+    }
+
     /// A new event; its driver object is made at its first record.
     pub fn event(&self) -> Event {
         Event::new(self.shared.events.clone())

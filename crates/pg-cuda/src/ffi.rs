@@ -4,6 +4,7 @@
 //! (`CudaContext::bind_to_thread`), as every driver call below needs the right current context.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use cudarc::driver::safe::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::driver::{result, sys, CudaContext};
@@ -170,4 +171,24 @@ pub(crate) fn launch_host_fn(stream: &CudaStream, callback: HostFn) -> Result<()
         drop(unsafe { Box::from_raw(data.cast::<HostFn>()) });
     }
     launched.during("cuLaunchHostFunc")
+}
+
+/// `cuStreamGetCtx`: the context a raw stream belongs to (for the null stream, the bound context).
+///
+/// # Safety
+/// `stream` must be a live stream handle (or null).
+pub(crate) unsafe fn stream_context(stream: sys::CUstream) -> Result<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the handle is live by the contract; `ctx` is a valid out-pointer for the call's duration.
+    unsafe { sys::cuStreamGetCtx(stream, &mut ctx) }.result().during("cuStreamGetCtx")?;
+    Ok(ctx)
+}
+
+/// Wraps a raw stream of `ctx` that another library owns; dropping the wrapper does not destroy it.
+///
+/// # Safety
+/// `stream` must be a live stream of `ctx` that its owner keeps alive while the wrapper may be used.
+pub(crate) unsafe fn wrap_borrowed_stream(ctx: &Arc<CudaContext>, stream: sys::CUstream) -> Arc<CudaStream> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { ctx.wrap_borrowed_stream(stream) }
 }

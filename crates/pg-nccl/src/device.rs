@@ -58,6 +58,17 @@ impl Device {
         self.cuda.wrap_stream(cuda).map(Stream).map_err(cuda_error)
     }
 
+    /// Wraps a raw `CUstream` another library owns as a stream of this device (dropping it destroys nothing); a
+    /// stream of another context is refused with `InvalidArgument`.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream handle that its owner keeps alive while the returned stream, or anything that
+    /// holds it (a current-stream guard, an op enqueued after it), may use it.
+    pub unsafe fn wrap_raw_stream(&self, raw: pg_cuda::cudarc::driver::sys::CUstream) -> pg_core::Result<Stream> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.cuda.wrap_raw_stream(raw) }.map(Stream).map_err(cuda_error)
+    }
+
     fn check_buffer(&self, buffer: &Buffer) -> pg_core::Result<()> {
         if buffer.device_index() == self.cuda.ordinal() {
             Ok(())
