@@ -171,13 +171,18 @@ impl Device {
     /// a current stream: ops then order after the work the caller enqueued on it. A stream of another context
     /// (another device, or a context other than the device's primary one) is refused.
     pub fn wrap_stream(&self, cuda: Arc<CudaStream>) -> Result<Stream> {
-        let ctx = cuda.context();
+        self.check_context(cuda.context(), "stream")?;
+        Ok(Stream::new(cuda, stream::next_stream_id(), self.shared.ordinal, false))
+    }
+
+    /// Refuses an object made elsewhere (`what`: a stream, a slice) whose context is not this device's primary
+    /// context: another device, or another context of this one.
+    pub fn check_context(&self, ctx: &CudaContext, what: &str) -> Result<()> {
         check_same_context(
             (self.shared.ordinal, self.shared.ctx.cu_ctx() as usize),
             (ctx.ordinal(), ctx.cu_ctx() as usize),
-            "stream",
-        )?;
-        Ok(Stream::new(cuda, stream::next_stream_id(), self.shared.ordinal, false))
+            what,
+        )
     }
 
     /// Wraps a raw `CUstream` another library owns (dropping the result does not destroy it). A stream of

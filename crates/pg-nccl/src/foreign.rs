@@ -60,6 +60,7 @@ impl Buffer {
         range: Range<usize>,
     ) -> pg_core::Result<Self> {
         check_range(&range, slice.len())?;
+        device.cuda().check_context(slice.context(), "slice").map_err(cuda_error)?;
         let stream = device.cuda().wrap_stream(Arc::clone(slice.stream())).map_err(cuda_error)?;
         // Ordered on the slice's own stream: it waits for the slice's last write if cudarc tracks it.
         let (base, record) = slice.device_ptr(slice.stream());
