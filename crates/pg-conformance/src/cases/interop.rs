@@ -6,7 +6,7 @@
 //! device (or sleeps, or aborts) as it would in a real program: on the simulated backend the rank's wait is what
 //! moves the virtual clock, and the backend's host callback wakes the executor.
 
-use std::future::IntoFuture as _;
+use std::future::{Future as _, IntoFuture as _};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -76,15 +76,41 @@ impl<B: Backend> std::future::Future for Counted<B> {
     }
 }
 
-/// Awaits every Work at once under `futures::executor::block_on`; the results in completion order.
-fn await_all<B: Backend>(works: &[WorkHandle<B>]) -> Vec<Awaited> {
-    let mut pending: FuturesUnordered<Counted<B>> = works
-        .iter()
-        .enumerate()
-        .map(|(index, work)| Counted { index, inner: work.into_future(), gpu: work.future(), polls: 0 })
-        .collect();
+/// A waker that only counts its wake-ups.
+#[derive(Default)]
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// What the first poll of every Work found: how many were pending, and how often they woke their task at once.
+#[derive(Debug, PartialEq)]
+struct FirstPoll {
+    pending: usize,
+    woken: usize,
+}
+
+/// Polls every Work once with a counting waker and reports on `first` (the op cannot finish meanwhile: the
+/// rank's thread waits for the report); then awaits them all at once under `futures::executor::block_on`.
+/// The results come in completion order.
+fn await_all<B: Backend>(works: &[WorkHandle<B>], first: &mpsc::Sender<FirstPoll>) -> Vec<Awaited> {
+    let counter = std::sync::Arc::new(CountingWaker::default());
+    let waker = std::task::Waker::from(std::sync::Arc::clone(&counter));
+    let mut cx = TaskContext::from_waker(&waker);
+    let mut done = Vec::with_capacity(works.len());
+    let mut pending = FuturesUnordered::new();
+    for (index, work) in works.iter().enumerate() {
+        let mut counted = Counted { index, inner: work.into_future(), gpu: work.future(), polls: 0 };
+        match Pin::new(&mut counted).poll(&mut cx) {
+            Poll::Ready(awaited) => done.push(awaited),
+            Poll::Pending => pending.push(counted),
+        }
+    }
+    let _ = first.send(FirstPoll { pending: pending.len(), woken: counter.0.load(Ordering::SeqCst) });
     futures::executor::block_on(async move {
-        let mut done = Vec::with_capacity(works.len());
         while let Some(awaited) = pending.next().await {
             done.push(awaited);
         }
@@ -126,12 +152,17 @@ fn awaited_works_resolve_once_the_device_finished_without_busy_polling<H: Harnes
             .collect::<pg_core::Result<Vec<_>>>()
             .ctx("all_reduce")?;
         let last = works.last().ok_or("no Work")?;
-        let (synced, awaited) = std::thread::scope(|scope| {
-            let executor = scope.spawn(|| await_all(&works));
+        let (sender, first) = mpsc::channel();
+        let (first, synced, awaited) = std::thread::scope(|scope| {
+            let works = &works;
+            let executor = scope.spawn(move || await_all(works, &sender));
+            let first = first.recv();
             // The rank's own thread waits for the device; the executor's tasks are woken by the completions.
             let synced = last.synchronize();
-            (synced, executor.join())
+            (first, synced, executor.join())
         });
+        // A future that wakes its own task while the op runs is a busy poll, whatever the thread timing.
+        ensure_eq!(first, Ok(FirstPoll { pending: JOINED, woken: 0 }), "the first poll of each Work");
         synced.ctx("synchronize")?;
         let awaited = awaited.map_err(|_| "the executor thread panicked".to_owned())?;
         ensure_eq!(awaited.len(), JOINED, "Works resolved");
