@@ -93,6 +93,12 @@ pub trait Capabilities<B: Backend>: Send + Sync {
     fn hazards(&self) -> Option<Vec<Hazard>> {
         None
     }
+
+    /// A buffer of `numel` elements of `dtype` on `device` whose memory another framework made and frees at once
+    /// when its last handle goes ([`pg_core::Buffer::is_foreign`]); `None` if this harness cannot make one.
+    fn foreign_buffer(&self, _device: &B::Device, _dtype: DType, _numel: usize) -> Option<pg_core::Result<B::Buffer>> {
+        None
+    }
 }
 
 /// The optional capabilities a harness's worlds offer.

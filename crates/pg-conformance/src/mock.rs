@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use pg_mock::{Mock, MockDevice, World, WorldConfig};
+use pg_core::DType;
+use pg_mock::{Mock, MockBuffer, MockDevice, World, WorldConfig};
 
 use crate::harness::{Capabilities, Clock, Fault, Harness, Hazard, KernelLaunch, Offers, Ran, Rank};
 
@@ -48,6 +49,10 @@ impl Capabilities<Mock> for MockCaps {
     fn hazards(&self) -> Option<Vec<Hazard>> {
         let hazards = self.0.hazards().into_iter().map(|h| Hazard { kind: h.kind, rank: h.device, message: h.message });
         Some(hazards.collect())
+    }
+
+    fn foreign_buffer(&self, device: &MockDevice, dtype: DType, numel: usize) -> Option<pg_core::Result<MockBuffer>> {
+        Some(device.foreign_buffer(dtype, numel))
     }
 }
 

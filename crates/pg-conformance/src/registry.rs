@@ -82,6 +82,7 @@ pub fn cases<H: Harness>() -> Vec<Case<H>> {
     all.extend(crate::cases::lifecycle::cases::<H>());
     all.extend(crate::cases::dtypes::cases::<H>());
     all.extend(crate::cases::subgroups::cases::<H>());
+    all.extend(crate::cases::interop::cases::<H>());
     all
 }
 

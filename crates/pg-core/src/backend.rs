@@ -158,6 +158,17 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
     ///
     /// Fails with the recorded error while its device is poisoned ([`Device::poison`]).
     fn synchronize(&self) -> Result<()>;
+
+    /// Enqueues `callback`: the host runs it once all work enqueued on this stream so far has finished (CUDA's
+    /// `cuLaunchHostFunc`). It runs on a backend thread, must be short, and must not call the backend (no stream,
+    /// event, memory or communicator call: CUDA forbids driver calls there). It may never run when the work
+    /// before it never finishes. An awaited Work wakes its task through it.
+    ///
+    /// The default refuses with [`crate::Error::Unsupported`].
+    fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        drop(callback);
+        Err(crate::Error::unsupported(format!("launch_host_fn on the {} backend", <Self::B as Backend>::NAME)))
+    }
 }
 
 /// A marker in a stream. An event never recorded counts as completed, as in CUDA.
@@ -198,6 +209,14 @@ pub trait Buffer: Clone + Send + Sync + Debug + 'static {
 
     /// The ordinal of the device that holds it.
     fn device_index(&self) -> usize;
+
+    /// Whether the memory was made elsewhere (another framework's allocator, a raw pointer) rather than by the
+    /// backend's allocator. [`Device::record_stream`] cannot protect such memory, so the process group keeps
+    /// a handle of a foreign buffer on the Work until the op's end event has completed (the stash), whatever
+    /// the group's `avoid_record_streams` mode, and `wait()` does not release it early.
+    fn is_foreign(&self) -> bool {
+        false
+    }
 }
 
 /// A communicator: the ranks that run collectives together, with their operations enqueued on a stream.

@@ -9,6 +9,7 @@
 
 mod backend;
 mod cache;
+mod completion;
 mod desync;
 mod enqueue_timing;
 mod error;
@@ -40,7 +41,7 @@ pub use desync::{DesyncReport, RankPosition, RankTrace};
 #[cfg(feature = "testing")]
 pub use enqueue_timing::{enqueue_step_totals, EnqueueStep};
 pub use error::{Error, ErrorKind, Result};
-pub use future::Future;
+pub use future::{Future, Then};
 pub use list_ops::{Coalescer, P2PKind, P2POp};
 pub use op_type::OpType;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
@@ -53,6 +54,6 @@ pub use torch_compat::{
     join_torch_default_group, torch_default_group_store, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT,
 };
 pub use types::{CommConfig, DType, ReduceOp, UniqueId};
-pub use work::{Work, WorkHandle};
+pub use work::{Work, WorkFuture, WorkHandle};
 
 pub use pg_store as store;

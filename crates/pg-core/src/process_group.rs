@@ -597,7 +597,8 @@ impl<B: Backend> ProcessGroup<B> {
         // An in-place op passes one buffer as input and output: guard it once.
         let inputs = if spec.in_place { &[][..] } else { spec.input.as_slice() };
         for buffer in inputs.iter().chain(spec.output.as_slice()) {
-            match self.inner.options.avoid_record_streams && !spec.op.is_p2p() {
+            // Foreign memory is not the allocator's: only the stash keeps it until the end event has passed.
+            match buffer.is_foreign() || (self.inner.options.avoid_record_streams && !spec.op.is_p2p()) {
                 true => stash.push(buffer.clone()),
                 false => device.record_stream(buffer, &entry.stream)?,
             }
@@ -652,6 +653,7 @@ impl<B: Backend> ProcessGroup<B> {
             is_barrier: spec.is_barrier,
             exception: Mutex::new(None),
             stash: Mutex::new(stash),
+            waiters: std::sync::OnceLock::new(),
         };
         let state = match source {
             WorkSource::Recycled(mut work) => {

@@ -1,11 +1,13 @@
 //! Work: the handle of one enqueued operation, with PyTorch's `WorkNCCL` semantics (S11, S13-S15).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::cache::CommEntry;
-use crate::{Backend, Communicator, DType, Device, Error, Event, Future, OpType, Result, Stream};
+use crate::completion::{Completion, Waiters};
+use crate::{Backend, Buffer, Communicator, DType, Device, Error, Event, Future, OpType, Result, Stream};
 
 /// The object-safe face of a Work, for code that holds Works of several backends or groups.
 pub trait Work: Send + Sync + fmt::Debug {
@@ -51,6 +53,9 @@ pub(crate) struct WorkState<B: Backend> {
     pub(crate) exception: Mutex<Option<Error>>,
     /// Buffers kept alive until the Work is waited on (avoid-record-streams mode, S12).
     pub(crate) stash: Mutex<Vec<B::Buffer>>,
+    /// The tasks that await the Work; made at the first poll that finds the op still running, so an op that is
+    /// never awaited allocates nothing for it.
+    pub(crate) waiters: OnceLock<Arc<Waiters>>,
 }
 
 impl<B: Backend> WorkState<B> {
@@ -71,6 +76,11 @@ impl<B: Backend> WorkState<B> {
         let mut slot = self.exception.lock().unwrap_or_else(PoisonError::into_inner);
         if slot.is_none() {
             *slot = Some(error);
+        }
+        drop(slot);
+        // A task awaiting the Work learns of the error now: the op itself may never finish.
+        if let Some(waiters) = self.waiters.get() {
+            waiters.wake_all();
         }
     }
 
@@ -126,11 +136,13 @@ impl<B: Backend> WorkState<B> {
         true
     }
 
-    /// Makes the caller's current stream wait for the end event, then releases the stash (S11, S12).
+    /// Makes the caller's current stream wait for the end event, then releases the stash (S11, S12) except its
+    /// foreign buffers, which stay until the watchdog sees the end event pass (their owner may free them on
+    /// any stream, or at once).
     fn synchronize_stream(&self) -> Result<()> {
         let current = self.entry.device.current_stream();
         current.wait_event(&self.end_event)?;
-        self.stash.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.stash.lock().unwrap_or_else(PoisonError::into_inner).retain(Buffer::is_foreign);
         Ok(())
     }
 
@@ -160,6 +172,83 @@ impl<B: Backend> WorkState<B> {
                 Err(error)
             }
         }
+    }
+}
+
+impl<B: Backend> Completion for WorkState<B> {
+    fn poll_completion(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let waiters = self.waiters.get_or_init(Arc::default);
+        // Registered before the check, so that a completion or an error recorded in between wakes this task.
+        waiters.register(cx.waker());
+        if self.is_completed() {
+            return Poll::Ready(self.exception().map_or(Ok(()), Err));
+        }
+        if waiters.arm() {
+            // The callback runs once the communication stream has passed everything enqueued on it so far, the
+            // end event included. It holds the wakers only: dropping it releases no buffer, event or Work.
+            let wake = Arc::clone(waiters);
+            if let Err(error) = self.entry.stream.launch_host_fn(Box::new(move || wake.wake_all())) {
+                waiters.disarm();
+                return Poll::Ready(Err(error));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// The future of an awaited Work ([`WorkHandle`]'s `IntoFuture`).
+///
+/// It resolves with `Ok(())` once the op has finished on the device, or with the Work's error: a
+/// [`Error::WorkTimeout`] when the watchdog times it out, [`Error::Aborted`] when the group is aborted, a
+/// communicator error. No host thread blocks for it and nothing polls: the first poll that finds the op running
+/// enqueues a host callback on the communication stream ([`crate::Stream::launch_host_fn`]) that wakes the task,
+/// and whoever records the Work's error wakes it too. Dropping the future cancels nothing; the op runs on.
+///
+/// Unlike [`WorkHandle::wait`], awaiting orders no stream (the op is over when it resolves) and aborts no
+/// communicator on an error (the group's error handling does what its mode says).
+///
+/// ```
+/// use pg_core::{Backend, ProcessGroup, ReduceOp, Result};
+///
+/// /// Averages gradients across ranks from async code; resolves once the device has finished.
+/// async fn average<B: Backend>(pg: &ProcessGroup<B>, grads: &B::Buffer) -> Result<()> {
+///     pg.all_reduce(grads, ReduceOp::Avg)?.await
+/// }
+/// ```
+#[must_use = "a future does nothing unless awaited"]
+pub struct WorkFuture<B: Backend> {
+    state: Arc<WorkState<B>>,
+}
+
+impl<B: Backend> fmt::Debug for WorkFuture<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkFuture").field("seq", &self.state.seq).field("op", &self.state.op).finish()
+    }
+}
+
+impl<B: Backend> std::future::Future for WorkFuture<B> {
+    type Output = Result<()>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        self.state.poll_completion(cx)
+    }
+}
+
+impl<B: Backend> std::future::IntoFuture for WorkHandle<B> {
+    type Output = Result<()>;
+    type IntoFuture = WorkFuture<B>;
+
+    fn into_future(self) -> WorkFuture<B> {
+        WorkFuture { state: self.state }
+    }
+}
+
+impl<B: Backend> std::future::IntoFuture for &WorkHandle<B> {
+    type Output = Result<()>;
+    type IntoFuture = WorkFuture<B>;
+
+    fn into_future(self) -> WorkFuture<B> {
+        WorkFuture { state: Arc::clone(&self.state) }
     }
 }
 
@@ -262,7 +351,9 @@ impl<B: Backend> WorkHandle<B> {
 
     /// The CUDA-aware Future of the op: done at once, with the outputs (S17).
     pub fn future(&self) -> Future<B> {
-        Future::new(self.state.entry.device.clone(), Arc::clone(&self.state.end_event), vec![self.output.clone()])
+        let completion: Arc<dyn Completion> = Arc::clone(&self.state) as Arc<dyn Completion>;
+        let device = self.state.entry.device.clone();
+        Future::new(device, Arc::clone(&self.state.end_event), vec![self.output.clone()], completion)
     }
 
     /// Blocks the host until the op has finished on the device (the end event's synchronize), whatever the

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::allocator::{Allocator, AllocatorStats};
 use crate::buffer::Buffer;
@@ -165,6 +165,42 @@ impl Device {
         let priority = if high_priority { greatest } else { least };
         let cuda = self.shared.ctx.new_stream_with_priority(priority).during("cuStreamCreateWithPriority")?;
         Ok(Stream::new(cuda, stream::next_stream_id(), self.shared.ordinal, high_priority))
+    }
+
+    /// Wraps a cudarc stream made elsewhere (another library's, or the caller's own), so that pg can use it as
+    /// a current stream: ops then order after the work the caller enqueued on it. A stream of another context
+    /// (another device, or a context other than the device's primary one) is refused.
+    pub fn wrap_stream(&self, cuda: Arc<CudaStream>) -> Result<Stream> {
+        self.check_context(cuda.context(), "stream")?;
+        Ok(Stream::new(cuda, stream::next_stream_id(), self.shared.ordinal, false))
+    }
+
+    /// Refuses an object made elsewhere (`what`: a stream, a slice) whose context is not this device's primary
+    /// context: another device, or another context of this one.
+    pub fn check_context(&self, ctx: &CudaContext, what: &str) -> Result<()> {
+        check_same_context(
+            (self.shared.ordinal, self.shared.ctx.cu_ctx() as usize),
+            (ctx.ordinal(), ctx.cu_ctx() as usize),
+            what,
+        )
+    }
+
+    /// Wraps a raw `CUstream` another library owns (dropping the result does not destroy it). A stream of
+    /// another context is refused with `InvalidArgument`, found through `cuStreamGetCtx`.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream handle (null is the legacy default stream) that its owner keeps alive while the
+    /// returned stream, or anything holding it (a current-stream guard, a Work's communication path), may use it.
+    pub unsafe fn wrap_raw_stream(&self, raw: cudarc::driver::sys::CUstream) -> Result<Stream> {
+        self.bind_to_thread()?;
+        // SAFETY: `raw` is live by this function's contract.
+        let ctx = unsafe { ffi::stream_context(raw) }?;
+        let ordinal = self.shared.ordinal;
+        check_same_context((ordinal, self.shared.ctx.cu_ctx() as usize), (ordinal, ctx as usize), "stream")?;
+        // SAFETY: `raw` is a live stream of this device's context (checked above), kept alive by its owner as
+        // this function's contract requires.
+        let cuda = unsafe { ffi::wrap_borrowed_stream(&self.shared.ctx, raw) };
+        Ok(Stream::new(cuda, stream::next_stream_id(), ordinal, false))
     }
 
     /// A new event; its driver object is made at its first record.
@@ -426,5 +462,34 @@ mod tests {
         let stats = device.memory_stats();
         assert!(stats.cache_hits >= 1 && stats.free_events_recorded >= 1, "{stats:?}");
         drop(third);
+    }
+}
+
+/// Refuses a foreign object (a stream, a slice: `what`) whose context is not the device's: `device` and
+/// `other` are (ordinal, context handle).
+pub(crate) fn check_same_context(device: (usize, usize), other: (usize, usize), what: &str) -> Result<()> {
+    if other.0 != device.0 {
+        return Err(CudaError::InvalidArgument(format!("a {what} of cuda:{} given to cuda:{}", other.0, device.0)));
+    }
+    if other.1 != device.1 {
+        return Err(CudaError::InvalidArgument(format!(
+            "a {what} of another CUDA context ({:#x}) on cuda:{}, whose primary context pg uses ({:#x})",
+            other.1, device.0, device.1
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod context_tests {
+    use super::check_same_context;
+
+    #[test]
+    fn a_foreign_object_of_another_device_or_context_is_refused_by_name() {
+        assert!(check_same_context((0, 0x10), (0, 0x10), "stream").is_ok());
+        let device = check_same_context((0, 0x10), (1, 0x20), "stream").unwrap_err().to_string();
+        assert!(device.contains("a stream of cuda:1 given to cuda:0"), "{device}");
+        let context = check_same_context((0, 0x10), (0, 0x30), "slice").unwrap_err().to_string();
+        assert!(context.contains("a slice of another CUDA context (0x30) on cuda:0"), "{context}");
     }
 }

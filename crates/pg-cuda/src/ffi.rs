@@ -4,6 +4,7 @@
 //! (`CudaContext::bind_to_thread`), as every driver call below needs the right current context.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use cudarc::driver::safe::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::driver::{result, sys, CudaContext};
@@ -142,4 +143,52 @@ pub(crate) fn stream_query(stream: &CudaStream) -> Result<bool> {
         sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
         other => Err(cudarc::driver::DriverError(other)).during("cuStreamQuery"),
     }
+}
+
+/// A host callback as `cuLaunchHostFunc` carries it (boxed once more into a thin pointer for the driver).
+pub(crate) type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+/// The trampoline the driver calls on its own thread: takes the callback back and runs it once. A panic is
+/// caught, as unwinding into the driver is undefined.
+unsafe extern "C" fn run_host_fn(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<HostFn>` that `launch_host_fn` leaked for this one launch; the driver calls the
+    // trampoline exactly once with it, so ownership is taken back exactly once.
+    let callback = unsafe { Box::from_raw(data.cast::<HostFn>()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(callback)).is_err() {
+        tracing::error!(target: "pg_cuda", "a host callback panicked; the panic was caught");
+    }
+}
+
+/// `cuLaunchHostFunc`: the driver runs `callback` on its own thread once all work enqueued on `stream` before it
+/// has finished; later work on the stream waits for the callback to return.
+pub(crate) fn launch_host_fn(stream: &CudaStream, callback: HostFn) -> Result<()> {
+    let data = Box::into_raw(Box::new(callback)).cast::<c_void>();
+    // SAFETY: the stream is live while `stream` is; `run_host_fn` has the driver's `CUhostFn` signature and owns
+    // `data` from here, which stays valid (leaked) until it runs.
+    let launched = unsafe { result::stream::launch_host_function(stream.cu_stream(), run_host_fn, data) };
+    if launched.is_err() {
+        // SAFETY: the driver refused the launch, so it never calls `run_host_fn` with `data`: take it back once.
+        drop(unsafe { Box::from_raw(data.cast::<HostFn>()) });
+    }
+    launched.during("cuLaunchHostFunc")
+}
+
+/// `cuStreamGetCtx`: the context a raw stream belongs to (for the null stream, the bound context).
+///
+/// # Safety
+/// `stream` must be a live stream handle (or null).
+pub(crate) unsafe fn stream_context(stream: sys::CUstream) -> Result<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the handle is live by the contract; `ctx` is a valid out-pointer for the call's duration.
+    unsafe { sys::cuStreamGetCtx(stream, &mut ctx) }.result().during("cuStreamGetCtx")?;
+    Ok(ctx)
+}
+
+/// Wraps a raw stream of `ctx` that another library owns; dropping the wrapper does not destroy it.
+///
+/// # Safety
+/// `stream` must be a live stream of `ctx` that its owner keeps alive while the wrapper may be used.
+pub(crate) unsafe fn wrap_borrowed_stream(ctx: &Arc<CudaContext>, stream: sys::CUstream) -> Arc<CudaStream> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { ctx.wrap_borrowed_stream(stream) }
 }

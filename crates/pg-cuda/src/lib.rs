@@ -35,6 +35,9 @@ pub use event::{Event, TimingEvent};
 pub use host::{notify_host_threads, now, sleep};
 pub use stream::Stream;
 
+/// The cudarc pg builds with: foreign memory and streams are taken in its types.
+pub use cudarc;
+
 /// The PTX of pg's kernels (for checking it with `ptxas` on a machine with the toolkit).
 pub fn kernels_ptx() -> &'static str {
     kernels::PTX

@@ -64,6 +64,13 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         self.inner.cuda.synchronize().during("cuStreamSynchronize")
     }
+
+    /// Enqueues `callback` (`cuLaunchHostFunc`): a driver thread runs it once all work enqueued so far has
+    /// finished, and later work on the stream waits for it to return. It must be short and make no CUDA call.
+    pub fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        self.inner.cuda.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::ffi::launch_host_fn(&self.inner.cuda, callback)
+    }
 }
 
 impl PartialEq for Stream {

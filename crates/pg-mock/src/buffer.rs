@@ -18,6 +18,9 @@ pub(crate) struct BufferHandle {
     pub(crate) dtype: DType,
     pub(crate) numel: usize,
     pub(crate) device: usize,
+    /// Memory made elsewhere (another framework's allocator): `record_stream` cannot hold it back, so only a
+    /// handle kept until the streams are done with it makes its release safe.
+    pub(crate) foreign: bool,
 }
 
 impl Drop for BufferHandle {
@@ -92,5 +95,9 @@ impl pg_core::Buffer for MockBuffer {
 
     fn device_index(&self) -> usize {
         self.handle.device
+    }
+
+    fn is_foreign(&self) -> bool {
+        self.handle.foreign
     }
 }

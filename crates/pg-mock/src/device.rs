@@ -46,10 +46,39 @@ impl MockDevice {
         Self { inner, index }
     }
 
+    /// A buffer of memory made elsewhere, as another framework's allocator would hand it over (zero copy), on
+    /// the calling thread's current stream.
+    ///
+    /// It behaves as foreign memory does: [`pg_core::Buffer::is_foreign`] is true, `record_stream` on it holds
+    /// nothing back (pg's allocator does not own it), and when its last handle goes the memory is free for the
+    /// next allocation of its size on that stream at once. The hazard detector then reports any stream that still
+    /// used it, which is what a process group that released the handle too early would cause.
+    pub fn foreign_buffer(&self, dtype: DType, numel: usize) -> Result<MockBuffer> {
+        self.allocate(dtype, numel, true)
+    }
+
     /// The device's default stream (id 0).
     pub fn default_stream(&self) -> MockStream {
         let state = self.inner.lock();
         MockStream::from_index(&self.inner, &state, state.devices[self.index].default_stream)
+    }
+
+    /// Allocates from the caching allocator; `foreign` marks memory that stands for another framework's.
+    fn allocate(&self, dtype: DType, numel: usize, foreign: bool) -> Result<MockBuffer> {
+        let tid = self.inner.require("Device::alloc");
+        let bytes = numel
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::invalid(format!("alloc: {numel} elements of {dtype} overflow the address space")))?;
+        let stream = pg_core::Device::current_stream(self);
+        let mut state = self.inner.lock();
+        let counter = state.alloc.next_buffer.entry(self.index).or_default();
+        *counter += 1;
+        let id = *counter;
+        let block = state.allocate(Some(tid), stream.index, bytes, id);
+        self.inner.raise(state);
+        let handle =
+            BufferHandle { inner: Arc::clone(&self.inner), id, block, dtype, numel, device: self.index, foreign };
+        Ok(MockBuffer { handle: Arc::new(handle) })
     }
 
     fn check_buffer(&self, buffer: &MockBuffer, what: &str) -> Result<()> {
@@ -195,24 +224,16 @@ impl pg_core::Device for MockDevice {
     }
 
     fn alloc(&self, dtype: DType, numel: usize) -> Result<MockBuffer> {
-        let tid = self.inner.require("Device::alloc");
-        let bytes = numel
-            .checked_mul(dtype.size())
-            .ok_or_else(|| Error::invalid(format!("alloc: {numel} elements of {dtype} overflow the address space")))?;
-        let stream = pg_core::Device::current_stream(self);
-        let mut state = self.inner.lock();
-        let counter = state.alloc.next_buffer.entry(self.index).or_default();
-        *counter += 1;
-        let id = *counter;
-        let block = state.allocate(Some(tid), stream.index, bytes, id);
-        self.inner.raise(state);
-        let handle = BufferHandle { inner: Arc::clone(&self.inner), id, block, dtype, numel, device: self.index };
-        Ok(MockBuffer { handle: Arc::new(handle) })
+        self.allocate(dtype, numel, false)
     }
 
     fn record_stream(&self, buffer: &MockBuffer, stream: &MockStream) -> Result<()> {
         self.check_buffer(buffer, "record_stream")?;
         stream.check(&self.inner, self.index, "record_stream")?;
+        if buffer.handle.foreign {
+            // Foreign memory is not this allocator's: recording a stream on it protects nothing.
+            return Ok(());
+        }
         let mut state = self.inner.lock();
         if let Some(block) = state.alloc.blocks.get_mut(&buffer.block()) {
             block.recorded.insert(stream.index);

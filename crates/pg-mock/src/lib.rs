@@ -51,6 +51,35 @@
 //! read followed a `Future::is_done()`. Every unordered read of a collective's output therefore carries the hint
 //! that `Future::is_done()` only means the outputs were marked, not that the GPU finished.
 #![forbid(unsafe_code)]
+//!
+//! # Awaiting a Work, and memory from elsewhere
+//!
+//! A Work is awaitable; its host callback ([`pg_core::Stream::launch_host_fn`]) runs on a registered helper
+//! thread when the stream reaches it in virtual time. An executor outside the world (a thread of its own)
+//! awaits, while the rank's thread waits for the device as usual, which is what moves the clock.
+//! [`MockDevice::foreign_buffer`] stands for memory another framework made: pg keeps it on the Work until the op
+//! has ended.
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use pg_core::{Device as _, DType, Options, ProcessGroup, ReduceOp};
+//!
+//! let world = pg_mock::World::new(pg_mock::WorldConfig { devices: 1, ..Default::default() });
+//! let store = world.store();
+//! world.run(1, |rank, device| {
+//!     let pg = ProcessGroup::<pg_mock::Mock>::new(Arc::clone(&store), rank, 1, device.clone(), Options::builder().build())
+//!         .unwrap();
+//!     let grads = device.foreign_buffer(DType::F32, 1024).unwrap();
+//!     device.fill(&grads, 2.0, &device.current_stream()).unwrap();
+//!     let work = pg.all_reduce(&grads, ReduceOp::Sum).unwrap();
+//!     std::thread::scope(|scope| {
+//!         let awaited = scope.spawn(|| futures::executor::block_on(async { (&work).await }));
+//!         work.synchronize().unwrap();
+//!         awaited.join().unwrap().unwrap();
+//!     });
+//! });
+//! ```
 
 mod allocator;
 mod buffer;

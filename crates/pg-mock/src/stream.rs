@@ -391,6 +391,41 @@ impl pg_core::Stream for MockStream {
         self.inner.raise(state);
         poison.check()
     }
+
+    /// Runs `callback` on a registered helper thread of the world once the stream's last operation at the call
+    /// has finished in virtual time (at once when the stream is idle). Unlike CUDA, later work on the stream
+    /// does not wait for the callback. Callable from any thread, registered or not (an async executor's).
+    fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        let op = self.inner.with(|st| {
+            st.resolve();
+            let op = st.last_op(self.index);
+            if let Some(op) = op {
+                st.pin(op);
+            }
+            op
+        });
+        let inner = Arc::clone(&self.inner);
+        let what = format!("running a host callback after stream {} of device {}", self.id, self.device);
+        let body = move || {
+            if let Some(op) = op {
+                let tid = inner.require("Stream::launch_host_fn");
+                let state = inner.lock();
+                let (mut state, _) = inner.park(state, tid, Cond::OpsDone(vec![op]), None, None, what);
+                state.unpin(op);
+                inner.release(state);
+            }
+            callback();
+        };
+        match self.inner.spawn("pg-mock host callback", true, body) {
+            Ok(_detached) => Ok(()),
+            Err(e) => {
+                if let Some(op) = op {
+                    self.inner.lock().unpin(op);
+                }
+                Err(Error::Backend(format!("cannot start the host callback thread: {e}")))
+            }
+        }
+    }
 }
 
 /// Parks `tid` until every operation enqueued so far on `streams` has finished, then joins their clocks into it;

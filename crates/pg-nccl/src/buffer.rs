@@ -1,4 +1,4 @@
-//! `Buffer`: device memory of one dtype from pg-cuda's caching allocator.
+//! `Buffer`: device memory of one dtype, from pg-cuda's caching allocator or from elsewhere (`foreign.rs`).
 
 use pg_core::DType;
 
@@ -36,5 +36,9 @@ impl pg_core::Buffer for Buffer {
 
     fn device_index(&self) -> usize {
         self.cuda.device_ordinal()
+    }
+
+    fn is_foreign(&self) -> bool {
+        self.cuda.is_foreign()
     }
 }

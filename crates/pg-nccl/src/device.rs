@@ -37,6 +37,38 @@ impl Device {
         Ok(Buffer { cuda, dtype, numel })
     }
 
+    /// Wraps a cudarc stream made elsewhere as a stream of this device: with a [`pg_core::StreamGuard`] it can
+    /// be the current stream for a scope, so ops order after the caller's kernels on it and `wait()` orders it
+    /// after the op. A stream of another device or context is refused with `InvalidArgument`.
+    ///
+    /// ```no_run
+    /// # fn main() -> pg_core::Result<()> {
+    /// use pg_nccl::pg_cuda::cudarc::driver::CudaContext;
+    ///
+    /// let device = pg_nccl::Device::new(0)?;
+    /// let ctx = CudaContext::new(0).map_err(|e| pg_core::Error::Backend(e.to_string()))?;
+    /// let theirs = ctx.new_stream().map_err(|e| pg_core::Error::Backend(e.to_string()))?;
+    /// let stream = device.wrap_stream(theirs)?;
+    /// let _guard = pg_core::StreamGuard::<pg_nccl::Nccl>::new(&device, &stream);
+    /// // Ops enqueued here wait for the caller's kernels on `theirs`.
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wrap_stream(&self, cuda: std::sync::Arc<pg_cuda::cudarc::driver::CudaStream>) -> pg_core::Result<Stream> {
+        self.cuda.wrap_stream(cuda).map(Stream).map_err(cuda_error)
+    }
+
+    /// Wraps a raw `CUstream` another library owns as a stream of this device (dropping it destroys nothing); a
+    /// stream of another context is refused with `InvalidArgument`.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream handle that its owner keeps alive while the returned stream, or anything that
+    /// holds it (a current-stream guard, an op enqueued after it), may use it.
+    pub unsafe fn wrap_raw_stream(&self, raw: pg_cuda::cudarc::driver::sys::CUstream) -> pg_core::Result<Stream> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.cuda.wrap_raw_stream(raw) }.map(Stream).map_err(cuda_error)
+    }
+
     fn check_buffer(&self, buffer: &Buffer) -> pg_core::Result<()> {
         if buffer.device_index() == self.cuda.ordinal() {
             Ok(())

@@ -20,6 +20,7 @@ pub mod conformance;
 mod conv;
 mod device;
 mod exchange;
+mod foreign;
 #[cfg(feature = "testing")]
 pub mod launches;
 mod premul;
@@ -32,6 +33,7 @@ pub use buffer::Buffer;
 pub use communicator::call_timing;
 pub use communicator::Communicator;
 pub use device::Device;
+pub use foreign::Element;
 pub use stream::{Event, Stream};
 
 pub use nccl_sys;

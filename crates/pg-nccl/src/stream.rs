@@ -45,6 +45,10 @@ impl pg_core::Stream for Stream {
         self.0.synchronize().map_err(cuda_error)?;
         poison.check()
     }
+
+    fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> pg_core::Result<()> {
+        self.0.launch_host_fn(callback).map_err(cuda_error)
+    }
 }
 
 /// A CUDA event whose driver object is made at its first record. The second field is the device ordinal,

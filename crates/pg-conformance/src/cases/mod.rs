@@ -1,8 +1,9 @@
-//! The cases, by concern: the stream/event/Work/cache semantics, each op's results and bad-input errors, and
-//! the group's life cycle and error paths.
+//! The cases, by concern: the stream/event/Work/cache semantics, each op's results and bad-input errors, the
+//! group's life cycle and error paths, and awaiting Work from async code.
 
 pub(crate) mod collectives;
 pub(crate) mod dtypes;
+pub(crate) mod interop;
 pub(crate) mod lifecycle;
 pub(crate) mod ops;
 pub(crate) mod semantics;
