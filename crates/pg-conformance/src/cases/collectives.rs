@@ -383,6 +383,12 @@ fn all_to_all_with_different_splits_on_two_ranks_ends_in_a_work_timeout<H: Harne
         ensure_eq!(error.kind(), ErrorKind::WorkTimeout, "{error}");
         let message = error.to_string();
         ensure!(message.contains("ALLTOALL_BASE"), "the timeout does not name the op: {message}");
+        // The flight recorder names the op and its sizes, never as completed.
+        let dump: serde_json::Value = serde_json::from_str(&group.flight_recorder_json()).ctx("the dump's JSON")?;
+        let entries = dump["entries"].as_array().ok_or("the dump has no entries")?;
+        let entry = entries.iter().find(|e| e["profiling_name"] == "nccl:all_to_all").ok_or("no nccl:all_to_all")?;
+        ensure_eq!(entry["input_sizes"], serde_json::json!([[4]]), "the recorded input sizes");
+        ensure!(entry["state"] != "completed", "the mismatched op was recorded as completed");
         Ok(())
     })?;
     ran.all_ok()?;
