@@ -402,4 +402,40 @@ mod tests {
         assert_eq!(rank_of("whatever", &json!({"rank": 3})), Some(3));
         assert_eq!(rank_of("no_digits", &json!({})), None);
     }
+
+    /// The dumps of list ops, batches and coalesced blocks run on the simulated backend read as one agreeing
+    /// history; a rank whose list op had other sizes is the first divergence.
+    #[test]
+    fn list_ops_batches_and_coalesced_blocks_from_the_mock_are_read() {
+        use std::sync::Arc;
+
+        use pg_core::{DType, Device as _, Options, P2POp, ProcessGroup, ReduceOp};
+
+        let world = pg_mock::World::new(pg_mock::WorldConfig { devices: 2, ..Default::default() });
+        let store = world.store();
+        let dumps = world.run(2, |rank, device| {
+            let pg =
+                ProcessGroup::<pg_mock::Mock>::new(Arc::clone(&store), rank, 2, device.clone(), Options::default())
+                    .unwrap();
+            let buffers: Vec<_> = (0..2).map(|_| device.alloc(DType::F32, 3).unwrap()).collect();
+            let outputs: Vec<_> = (0..2).map(|_| device.alloc(DType::F32, 3).unwrap()).collect();
+            pg.all_to_all(&outputs, &buffers).unwrap().wait().unwrap();
+            pg.coalesced(|c| c.all_reduce(&buffers[0], ReduceOp::Sum)).unwrap().wait().unwrap();
+            let peer = 1 - rank;
+            let batch = [P2POp::send(&buffers[0], peer), P2POp::recv(&buffers[1], peer)];
+            pg.batch_isend_irecv(&batch).unwrap().wait().unwrap();
+            device.synchronize().unwrap();
+            let dump: Value = serde_json::from_str(&pg.flight_recorder_json()).unwrap();
+            (format!("nccl_trace_rank_{rank}"), dump)
+        });
+        let names: Vec<&str> =
+            dumps[0].1["entries"].as_array().unwrap().iter().map(|e| e["profiling_name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["nccl:all_to_all", "nccl:coalesced", "nccl:batch_p2p"]);
+        assert_eq!(dumps[0].1["entries"][0]["input_sizes"], json!([[3], [3]]));
+        check(&dumps, &Finding::Consistent { last_seq: Some(3) }, "");
+        let mut skewed = dumps.clone();
+        skewed[1].1["entries"][0]["input_sizes"] = json!([[3], [4]]);
+        let reports = analyze(&skewed);
+        assert!(matches!(reports[0].findings.last(), Some(Finding::Mismatch { seq: 1, .. })), "{}", reports[0]);
+    }
 }

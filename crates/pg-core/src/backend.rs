@@ -404,8 +404,8 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     }
 
     /// Opens a group of operations that the backend issues together (NCCL's `ncclGroupStart`): sends and
-    /// receives inside one group do not wait for each other in issue order. A backend whose operations never
-    /// block one another in issue order needs nothing here.
+    /// receives inside one group do not wait for each other in issue order. The default does nothing: the
+    /// process group issues a batch in an order every rank agrees on, so a backend without groups runs it too.
     fn group_start(&self) -> Result<()> {
         Ok(())
     }

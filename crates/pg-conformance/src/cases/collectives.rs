@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pg_core::{Backend, DType, Device as _, ErrorKind, OpType, Options, P2POp, ProcessGroup, ReduceOp, WorkHandle};
 
-use super::{case, need, needs_virtual_clock};
+use super::{case, need, needs_hazards, needs_virtual_clock, SLEEP};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
 use crate::registry::{pass, Case, Outcome};
@@ -24,6 +24,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(list_ops_refuse_bad_input_before_enqueueing, 1),
         case!(list_ops_record_every_buffer_in_the_flight_recorder, 1),
         case!(all_to_all_with_different_splits_on_two_ranks_ends_in_a_work_timeout, 2),
+        case!(list_op_buffers_outlive_the_op_through_record_stream_or_the_stash, 1),
     ]
 }
 
@@ -382,8 +383,39 @@ fn all_to_all_with_different_splits_on_two_ranks_ends_in_a_work_timeout<H: Harne
         ensure_eq!(error.kind(), ErrorKind::WorkTimeout, "{error}");
         let message = error.to_string();
         ensure!(message.contains("ALLTOALL_BASE"), "the timeout does not name the op: {message}");
+        // The flight recorder names the op and its sizes, never as completed.
+        let dump: serde_json::Value = serde_json::from_str(&group.flight_recorder_json()).ctx("the dump's JSON")?;
+        let entries = dump["entries"].as_array().ok_or("the dump has no entries")?;
+        let entry = entries.iter().find(|e| e["profiling_name"] == "nccl:all_to_all").ok_or("no nccl:all_to_all")?;
+        ensure_eq!(entry["input_sizes"], serde_json::json!([[4]]), "the recorded input sizes");
+        ensure!(entry["state"] != "completed", "the mismatched op was recorded as completed");
         Ok(())
     })?;
     ran.all_ok()?;
+    pass()
+}
+
+fn list_op_buffers_outlive_the_op_through_record_stream_or_the_stash<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_hazards(h));
+    for avoid_record_streams in [false, true] {
+        let ran = h.run(h.world_size(), |r| -> Check {
+            let group = r.group("0", Options::builder().avoid_record_streams(avoid_record_streams))?;
+            let n = r.size;
+            let inputs = (0..n).map(|_| r.filled(1.0, 1024)).collect::<Check<Vec<_>>>()?;
+            let outputs = (0..n).map(|_| r.filled(0.0, 1024)).collect::<Check<Vec<_>>>()?;
+            r.sleep_current(SLEEP)?;
+            let work = group.all_to_all(&outputs, &inputs).ctx("all_to_all")?;
+            // The caller lets go of every buffer of both lists: only the lifetime guard keeps them from reuse.
+            drop((work, inputs, outputs));
+            // New allocations of the same size on the current stream, written at once.
+            let reused = (0..2 * n).map(|_| r.filled(2.0, 1024)).collect::<Check<Vec<_>>>()?;
+            for buffer in &reused {
+                ensure_eq!(r.read(buffer)?, vec![2.0; 1024], "a new buffer");
+            }
+            Ok(())
+        })?;
+        ran.no_hazards().map_err(|e| format!("avoid_record_streams={avoid_record_streams}: {e}"))?;
+        ran.all_ok()?;
+    }
     pass()
 }
