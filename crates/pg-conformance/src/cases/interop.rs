@@ -91,6 +91,9 @@ impl std::task::Wake for CountingWaker {
 struct FirstPoll {
     pending: usize,
     woken: usize,
+    /// The Works that were ready at their first poll, with their results and host times since the first poll
+    /// began, for the failure message (empty when every Work was pending).
+    ready: Vec<String>,
 }
 
 /// Polls every Work once with a counting waker and reports on `first` (the op cannot finish meanwhile: the
@@ -102,14 +105,19 @@ fn await_all<B: Backend>(works: &[WorkHandle<B>], first: &mpsc::Sender<FirstPoll
     let mut cx = TaskContext::from_waker(&waker);
     let mut done = Vec::with_capacity(works.len());
     let mut pending = FuturesUnordered::new();
+    let mut ready = Vec::new();
+    let began = std::time::Instant::now();
     for (index, work) in works.iter().enumerate() {
         let mut counted = Counted { index, inner: work.into_future(), gpu: work.future(), polls: 0 };
         match Pin::new(&mut counted).poll(&mut cx) {
-            Poll::Ready(awaited) => done.push(awaited),
+            Poll::Ready(awaited) => {
+                ready.push(format!("Work {index}: {:?} after {:?}", awaited.result, began.elapsed()));
+                done.push(awaited);
+            }
             Poll::Pending => pending.push(counted),
         }
     }
-    let _ = first.send(FirstPoll { pending: pending.len(), woken: counter.0.load(Ordering::SeqCst) });
+    let _ = first.send(FirstPoll { pending: pending.len(), woken: counter.0.load(Ordering::SeqCst), ready });
     futures::executor::block_on(async move {
         while let Some(awaited) = pending.next().await {
             done.push(awaited);
@@ -162,7 +170,14 @@ fn awaited_works_resolve_once_the_device_finished_without_busy_polling<H: Harnes
             (first, synced, executor.join())
         });
         // A future that wakes its own task while the op runs is a busy poll, whatever the thread timing.
-        ensure_eq!(first, Ok(FirstPoll { pending: JOINED, woken: 0 }), "the first poll of each Work");
+        let first = first.map_err(|_| "the executor thread sent no first-poll report".to_owned())?;
+        ensure!(
+            first.pending == JOINED && first.woken == 0,
+            "the first poll of each Work: {} of {JOINED} pending, {} wakes; ready at once: {:?}",
+            first.pending,
+            first.woken,
+            first.ready
+        );
         synced.ctx("synchronize")?;
         let awaited = awaited.map_err(|_| "the executor thread panicked".to_owned())?;
         ensure_eq!(awaited.len(), JOINED, "Works resolved");
