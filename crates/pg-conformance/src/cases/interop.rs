@@ -150,10 +150,16 @@ fn await_after_first_poll<B: Backend>(work: &WorkHandle<B>, first: &mpsc::Sender
 
 fn awaited_works_resolve_once_the_device_finished_without_busy_polling<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
+    // The ops must still be held behind the sleep when the executor first polls them. In real time that poll
+    // can come late (a new thread's first driver calls), so a real device holds them far longer.
+    let hold = match need!(clock_of(h)) {
+        Clock::Virtual => SLEEP,
+        Clock::Wall => SLEEP * 25,
+    };
     on_each_rank(h, n, |r| {
         let group = r.ready_group("0", Options::builder())?;
         let buffers = (0..JOINED).map(|_| r.filled((r.rank + 1) as f64, 64)).collect::<Check<Vec<_>>>()?;
-        r.sleep_current(SLEEP)?;
+        r.sleep_current(hold)?;
         let works = buffers
             .iter()
             .map(|buffer| group.all_reduce(buffer, ReduceOp::Sum))
