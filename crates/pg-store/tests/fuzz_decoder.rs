@@ -3,7 +3,7 @@
 //!
 //! The inputs come from a fixed-seed generator, so every run checks the same cases.
 //! For a longer search, set `PG_FUZZ_SEED` (a number mixed into every seed) and `PG_FUZZ_SCALE` (a
-//! multiplier of the round counts); a failure message names the seed to replay.
+//! multiplier of the round counts); a failure message names the random seed to replay.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -62,7 +62,7 @@ impl Rng {
     }
 }
 
-/// The seed for one test: fixed unless `PG_FUZZ_SEED` asks for another search.
+/// One test's random seed: fixed unless `PG_FUZZ_SEED` asks for another search.
 fn seed(base: u64) -> u64 {
     let extra = std::env::var("PG_FUZZ_SEED").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
     (base ^ extra.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1
