@@ -127,12 +127,16 @@ struct Half(f32);
 #[derive(Clone, Copy)]
 struct Brain(f32);
 
+/// An element stored narrower than f32 (`$bits`: u16 or u8) and computed in f32, rounded back to the dtype after
+/// every step through `$to` / `$from`.
 macro_rules! narrow_float_elem {
-    ($t:ident, $to:ident, $from:ident) => {
+    ($t:ident, $bits:ty, $to:path, $from:path) => {
         impl Elem for $t {
-            const SIZE: usize = 2;
+            const SIZE: usize = std::mem::size_of::<$bits>();
             fn read(bytes: &[u8]) -> Self {
-                $t($from(u16::from_le_bytes([bytes[0], bytes[1]])))
+                let mut raw = [0u8; std::mem::size_of::<$bits>()];
+                raw.copy_from_slice(&bytes[..Self::SIZE]);
+                $t($from(<$bits>::from_le_bytes(raw)))
             }
             fn write(self, out: &mut [u8]) {
                 out.copy_from_slice(&$to(self.0).to_le_bytes());
@@ -154,8 +158,8 @@ macro_rules! narrow_float_elem {
     };
 }
 
-narrow_float_elem!(Half, f32_to_f16, f16_to_f32);
-narrow_float_elem!(Brain, f32_to_bf16, bf16_to_f32);
+narrow_float_elem!(Half, u16, f32_to_f16, f16_to_f32);
+narrow_float_elem!(Brain, u16, f32_to_bf16, bf16_to_f32);
 
 /// `float8_e4m3fn`, computed in f32 and rounded back after every step, as PyTorch converts it.
 #[derive(Clone, Copy)]
@@ -165,35 +169,8 @@ struct E4M3(f32);
 #[derive(Clone, Copy)]
 struct E5M2(f32);
 
-macro_rules! fp8_elem {
-    ($t:ident, $to:path, $from:path) => {
-        impl Elem for $t {
-            const SIZE: usize = 1;
-            fn read(bytes: &[u8]) -> Self {
-                $t($from(bytes[0]))
-            }
-            fn write(self, out: &mut [u8]) {
-                out[0] = $to(self.0);
-            }
-            #[allow(clippy::cast_possible_truncation)] // A reason: narrowing to the dtype is the point.
-            fn from_f64(value: f64) -> Self {
-                $t(value as f32)
-            }
-            fn to_f64(self) -> f64 {
-                f64::from(self.0)
-            }
-            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
-                $t(f32::combine(op, a.0, b.0))
-            }
-            fn average(sum: Self, n: usize) -> Self {
-                $t(f32::average(sum.0, n))
-            }
-        }
-    };
-}
-
-fp8_elem!(E4M3, pg_core::fp8::to_e4m3fn, pg_core::fp8::from_e4m3fn);
-fp8_elem!(E5M2, pg_core::fp8::to_e5m2, pg_core::fp8::from_e5m2);
+narrow_float_elem!(E4M3, u8, pg_core::fp8::to_e4m3fn, pg_core::fp8::from_e4m3fn);
+narrow_float_elem!(E5M2, u8, pg_core::fp8::to_e5m2, pg_core::fp8::from_e5m2);
 
 /// Rounds an f32 to the nearest IEEE half (ties to even).
 fn f32_to_f16(x: f32) -> u16 {
