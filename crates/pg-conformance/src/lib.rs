@@ -9,8 +9,11 @@
 //!
 //! [`cases`] lists every case; [`run_all`] runs them and [`report`] prints the table and the JSON.
 //! [`mock::MockHarness`] runs the suite on the simulated backend; the GPU binary of `pg-nccl` brings its own.
+//! [`bench_exchange`] holds the exchange patterns the all-to-all and point-to-point benchmarks time, generic
+//! over the backend so that they are checked on the simulated backend too.
 #![forbid(unsafe_code)]
 
+pub mod bench_exchange;
 mod cases;
 mod check;
 mod harness;
