@@ -2,13 +2,15 @@
 //!
 //! It has none of [`crate::Communicator`]'s protection: no issue mutex, no abort handling, no checks beyond
 //! the sizes. It exists so that the benchmark can compare the process group with a direct `ncclAllReduce`
-//! loop through the same library, on the same buffers and streams.
+//! loop through the same library, on the same buffers and streams. Its all-to-all and point-to-point calls are
+//! what NCCL's own all-to-all does: `ncclSend`/`ncclRecv` per peer inside one `ncclGroupStart`/`ncclGroupEnd`.
 
 use std::fmt;
 
 use pg_core::{Buffer as _, Error, ReduceOp, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
+use crate::exchange::{self, Call};
 use crate::{Buffer, Stream};
 
 /// An NCCL communicator used by one thread only (it is neither `Send` nor `Sync`).
@@ -16,6 +18,7 @@ pub struct RawComm {
     library: &'static nccl_sys::Library,
     comm: nccl_sys::Comm,
     device: usize,
+    size: usize,
 }
 
 impl RawComm {
@@ -27,7 +30,7 @@ impl RawComm {
         let mut config = library.config(true);
         // SAFETY: the device's context is current on this thread, so NCCL uses that device.
         let (comm, _) = unsafe { library.comm_init_rank_config(size, &id, rank, &mut config) }.map_err(nccl_error)?;
-        Ok(Self { library, comm, device: device.cuda().ordinal() })
+        Ok(Self { library, comm, device: device.cuda().ordinal(), size })
     }
 
     /// Enqueues `ncclAllReduce` in place on `buffer`, on `stream`: one call, nothing else.
@@ -53,6 +56,86 @@ impl RawComm {
         }
         .map(drop)
         .map_err(nccl_error)
+    }
+
+    /// Enqueues an all-to-all of `input` into `output` cut by the splits (elements, one per rank): for each
+    /// peer an `ncclSend` of its input chunk and an `ncclRecv` into its output chunk (none for an empty chunk),
+    /// inside one NCCL group, on `stream`.
+    ///
+    /// The caller keeps both buffers alive until the stream has passed the op.
+    pub fn all_to_all_single(
+        &self,
+        input: &Buffer,
+        output: &Buffer,
+        input_splits: &[usize],
+        output_splits: &[usize],
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.check_buffers(&[input, output])?;
+        if input_splits.len() != self.size || output_splits.len() != self.size {
+            return Err(Error::invalid(format!(
+                "raw all_to_all_single: {} input and {} output splits for {} ranks",
+                input_splits.len(),
+                output_splits.len(),
+                self.size
+            )));
+        }
+        let mut calls = Vec::with_capacity(2 * self.size);
+        let (mut at_in, mut at_out) = (0usize, 0usize);
+        for peer in 0..self.size {
+            let (send, recv) = (input_splits[peer], output_splits[peer]);
+            if send > 0 {
+                calls.push(Call::Send { ptr: exchange::chunk(input, at_in, send)?, count: send, peer });
+            }
+            if recv > 0 {
+                calls.push(Call::Recv { ptr: exchange::chunk(output, at_out, recv)?, count: recv, peer });
+            }
+            at_in = at_in.saturating_add(send);
+            at_out = at_out.saturating_add(recv);
+        }
+        self.grouped(input.dtype, &calls, stream)
+    }
+
+    /// Enqueues an `ncclSend` of `send` to `to` and an `ncclRecv` into `recv` from `from`, inside one NCCL
+    /// group, on `stream`.
+    ///
+    /// The caller keeps both buffers alive until the stream has passed the op.
+    pub fn send_recv(
+        &self,
+        send: &Buffer,
+        to: usize,
+        recv: &Buffer,
+        from: usize,
+        stream: &Stream,
+    ) -> pg_core::Result<()> {
+        self.check_buffers(&[send, recv])?;
+        if to >= self.size || from >= self.size {
+            return Err(Error::invalid(format!(
+                "raw send_recv: peers {to} and {from} in a communicator of {} ranks",
+                self.size
+            )));
+        }
+        let calls: Vec<Call> = exchange::send(send, to).into_iter().chain(exchange::recv(recv, from)).collect();
+        self.grouped(send.dtype, &calls, stream)
+    }
+
+    fn check_buffers(&self, buffers: &[&Buffer]) -> pg_core::Result<()> {
+        if buffers.iter().any(|b| b.device_index() != self.device) {
+            return Err(Error::invalid("a buffer of another device"));
+        }
+        if buffers.windows(2).any(|pair| pair[0].dtype != pair[1].dtype) {
+            return Err(Error::invalid("buffers of different dtypes"));
+        }
+        Ok(())
+    }
+
+    fn grouped(&self, dtype: pg_core::DType, calls: &[Call], stream: &Stream) -> pg_core::Result<()> {
+        // SAFETY: the handle is live and used by this thread only (`RawComm` is neither Send nor Sync); every
+        // call's pointer lies inside a buffer of this communicator's device (`exchange::chunk`, `send`, `recv`
+        // check the ranges), which the caller keeps alive until `stream`, a stream of that device, passes it.
+        unsafe { exchange::grouped(self.library, self.comm, stream.0.raw() as _, data_type(dtype), calls) }
+            .map(drop)
+            .map_err(nccl_error)
     }
 }
 

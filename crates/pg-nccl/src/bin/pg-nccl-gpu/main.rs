@@ -1,6 +1,7 @@
 //! `pg-nccl-gpu`: the real-GPU suite of pg, one process per GPU.
 //!
-//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--out DIR] [bench options]` finds the GPUs,
+//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,bench-all-to-all,bench-p2p] [--out DIR]
+//! [bench options]` finds the GPUs,
 //! starts one rank process per GPU for each task (environment as torchrun sets it: `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges
 //! their results into `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank
@@ -12,9 +13,11 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_exchange;
 mod conformance;
 mod experiments;
 mod report;
+mod report_exchange;
 mod util;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +33,11 @@ usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--ou
                        [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
+       pg-nccl-gpu merge-all-to-all --out DIR   (DIR/bench-all-to-all.json and DIR/torch-all-to-all.json
+                                                 into DIR/all-to-all.{md,json})
+       pg-nccl-gpu merge-p2p --out DIR   (DIR/bench-p2p.json and DIR/torch-p2p.json into DIR/p2p.{md,json})
+tasks: conformance, experiments, bench (all_reduce), bench-all-to-all (all_to_all_single, equal and skewed
+splits), bench-p2p (batch_isend_irecv ring: send to rank + 1, receive from rank - 1; needs 2 ranks)
 ";
 
 /// Settings shared by the launcher and the ranks.
@@ -95,6 +103,15 @@ fn main() -> ExitCode {
         "merge-bench" => {
             let label = std::env::var("PG_BENCH_LABEL").unwrap_or_default();
             report::merge_bench(&settings.out, &label).map(drop)
+        }
+        "merge-all-to-all" | "merge-p2p" => {
+            let label = std::env::var("PG_BENCH_LABEL").unwrap_or_default();
+            let op = command.trim_start_matches("merge-");
+            match report_exchange::merge(&settings.out, op, &label) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(format!("the {op} results miss a contestant at some size")),
+                Err(message) => Err(message),
+            }
         }
         other => Err(format!("unknown command {other}\n{USAGE}")),
     };
@@ -258,6 +275,8 @@ fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, Stri
         "conformance" => conformance::run(&ctx),
         "experiments" => experiments::run(&ctx),
         "bench" => bench::run(&ctx),
+        "bench-all-to-all" => bench_exchange::run_all_to_all(&ctx),
+        "bench-p2p" => bench_exchange::run_p2p(&ctx),
         other => return Err(format!("unknown task {other}")),
     }?;
     value["rank"] = json!(rank);

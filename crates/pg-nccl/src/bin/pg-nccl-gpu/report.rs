@@ -17,6 +17,7 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
     let (ok, markdown) = match task {
         "experiments" => experiments(ranks),
         "bench" => bench(ranks),
+        other if crate::report_exchange::op_of(other).is_some() => crate::report_exchange::task(other, ranks),
         other => return Err(format!("no report for task {other}")),
     };
     print!("{markdown}");

@@ -1,0 +1,286 @@
+//! The all-to-all and point-to-point benchmarks' Rust contestants (tasks `bench-all-to-all`, `bench-p2p`): a
+//! raw NCCL loop (`ncclSend`/`ncclRecv` per peer inside one NCCL group, through nccl-sys) and the process group
+//! (`all_to_all_single`, `batch_isend_irecv`), on the buffers of `pg_conformance::bench_exchange`.
+//!
+//! The procedure is the all_reduce benchmark's: per size, interleaved raw / pg, for each trial align the ranks
+//! (a one-element all_reduce and a stream synchronize), queue a spin kernel so the host runs ahead, record a
+//! timing event, enqueue K ops (the process group: the call, then `wait()`), record an event, synchronise.
+//! Device time per op = elapsed / K; host enqueue and `wait()` times are host clocks around each call. Medians
+//! over trials (device) and over every op (host). What arrived is checked once per size and contestant.
+
+use std::time::Instant;
+
+use pg_conformance::bench_exchange::{AllToAll, Ring, Split, RING_NOT_APPLICABLE};
+use pg_core::{DType, Device as _, Options, P2POp, ReduceOp};
+use pg_nccl::raw::RawComm;
+use pg_nccl::{Buffer, Nccl, Stream};
+use serde_json::{json, Value};
+
+use crate::bench::{median, spin_for};
+use crate::util::{filled, group, Group};
+use crate::Rank;
+
+fn e(err: impl std::fmt::Display) -> String {
+    err.to_string()
+}
+
+/// The sizes, bytes each rank sends per op: 1 KiB to 1 GiB, up to `max`.
+pub fn sizes(max: usize) -> Vec<usize> {
+    let all = [1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
+    all.into_iter().filter(|&s| s <= max).collect()
+}
+
+fn ops_per_trial(bytes: usize) -> usize {
+    match bytes {
+        0..=1_048_576 => 200,
+        1_048_577..=67_108_864 => 20,
+        67_108_865..=268_435_456 => 10,
+        _ => 5,
+    }
+}
+
+/// What one op exchanges.
+#[derive(Clone, Copy)]
+enum Exchange<'a> {
+    AllToAll(&'a AllToAll<Nccl>),
+    Ring(&'a Ring<Nccl>),
+}
+
+/// Who enqueues it.
+#[derive(Clone, Copy)]
+enum Contestant<'a> {
+    /// The raw loop on its own communicator and pool stream.
+    Raw { comm: &'a RawComm, stream: &'a Stream },
+    /// The process group, the caller's current stream being the legacy default stream (as in PyTorch).
+    Pg { pg: &'a Group },
+}
+
+impl Contestant<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Contestant::Raw { .. } => "raw",
+            Contestant::Pg { .. } => "pg",
+        }
+    }
+}
+
+fn raw_op(comm: &RawComm, stream: &Stream, op: Exchange<'_>) -> Result<(), String> {
+    match op {
+        Exchange::AllToAll(case) => {
+            comm.all_to_all_single(&case.input, &case.output, &case.input_splits, &case.output_splits, stream)
+        }
+        Exchange::Ring(ring) => comm.send_recv(&ring.send, ring.next, &ring.recv, ring.prev, stream),
+    }
+    .map_err(e)
+}
+
+fn pg_op(pg: &Group, op: Exchange<'_>) -> Result<pg_core::WorkHandle<Nccl>, String> {
+    match op {
+        Exchange::AllToAll(case) => case.enqueue(pg),
+        Exchange::Ring(ring) => ring.enqueue(pg),
+    }
+    .map_err(e)
+}
+
+/// Runs one op outside timing, waits for it, and checks what arrived.
+fn check(ctx: &Rank, who: Contestant<'_>, op: Exchange<'_>) -> Result<(), String> {
+    let device = &ctx.device;
+    match op {
+        Exchange::AllToAll(case) => case.clear(device),
+        Exchange::Ring(ring) => ring.clear(device),
+    }
+    .map_err(e)?;
+    match who {
+        Contestant::Raw { comm, stream } => {
+            // The raw stream is ordered after the clear by a device synchronize, then the host after it.
+            device.synchronize().map_err(e)?;
+            raw_op(comm, stream, op)?;
+            stream.cuda().synchronize().map_err(e)?;
+        }
+        Contestant::Pg { pg } => pg_op(pg, op)?.wait().map_err(e)?,
+    }
+    match op {
+        Exchange::AllToAll(case) => case.check(device),
+        Exchange::Ring(ring) => ring.check(device),
+    }
+    .map_err(|err| format!("{}: {err}", who.name()))
+}
+
+struct Sample {
+    device_us: f64,
+    enqueue_us: Vec<f64>,
+    wait_us: Vec<f64>,
+}
+
+fn trial(ctx: &Rank, who: Contestant<'_>, op: Exchange<'_>, tiny: &Buffer, ops: usize) -> Result<Sample, String> {
+    let device = &ctx.device;
+    let cuda = device.cuda();
+    let stream = match who {
+        Contestant::Raw { stream, .. } => stream.clone(),
+        Contestant::Pg { .. } => device.current_stream(),
+    };
+    // Align the ranks.
+    match who {
+        Contestant::Raw { comm, stream } => comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?,
+        Contestant::Pg { pg } => pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?,
+    }
+    stream.cuda().synchronize().map_err(e)?;
+    let start = cuda.timing_event().map_err(e)?;
+    let end = cuda.timing_event().map_err(e)?;
+    cuda.sleep_kernel(stream.cuda(), spin_for(ops)).map_err(e)?;
+    start.record(stream.cuda()).map_err(e)?;
+    let mut enqueue_us = Vec::with_capacity(ops);
+    let mut wait_us = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        match who {
+            Contestant::Raw { comm, stream } => {
+                let t = Instant::now();
+                raw_op(comm, stream, op)?;
+                enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Contestant::Pg { pg } => {
+                let t = Instant::now();
+                let work = pg_op(pg, op)?;
+                enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
+                let t = Instant::now();
+                work.wait().map_err(e)?;
+                wait_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+    }
+    end.record(stream.cuda()).map_err(e)?;
+    let elapsed = end.elapsed_since(&start).map_err(e)?;
+    Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us })
+}
+
+/// busbw from algbw: nccl-tests' definitions (all-to-all moves (n-1)/n of its bytes over links; a ring of
+/// send/recv pairs moves all of them).
+pub fn busbw(op: &str, algbw: f64, world: usize) -> f64 {
+    match op {
+        "all-to-all" => algbw * (world as f64 - 1.0) / world as f64,
+        _ => algbw,
+    }
+}
+
+/// The timed rows of one exchange at one size: one per contestant.
+fn measure(
+    ctx: &Rank,
+    contestants: &[Contestant<'_>],
+    op: Exchange<'_>,
+    tiny: &Buffer,
+    bytes: usize,
+    fields: &Value,
+) -> Result<Vec<Value>, String> {
+    let ops = ops_per_trial(bytes);
+    for &who in contestants {
+        check(ctx, who, op)?;
+    }
+    // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
+    for &who in contestants {
+        trial(ctx, who, op, tiny, ops.min(20))?;
+    }
+    let mut samples: Vec<Vec<Sample>> = contestants.iter().map(|_| Vec::new()).collect();
+    for _ in 0..ctx.settings.bench_trials {
+        for (index, &who) in contestants.iter().enumerate() {
+            samples[index].push(trial(ctx, who, op, tiny, ops)?);
+        }
+    }
+    let name = fields["op"].as_str().unwrap_or("?").to_owned();
+    let mut rows = Vec::new();
+    for (who, samples) in contestants.iter().zip(samples) {
+        let mut device_us: Vec<f64> = samples.iter().map(|s| s.device_us).collect();
+        let mut enqueue: Vec<f64> = samples.iter().flat_map(|s| s.enqueue_us.iter().copied()).collect();
+        let mut wait: Vec<f64> = samples.iter().flat_map(|s| s.wait_us.iter().copied()).collect();
+        let time_us = median(&mut device_us);
+        let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
+        let mut row = json!({
+            "contestant": who.name(),
+            "bytes": bytes,
+            "ops_per_trial": ops,
+            "trials": ctx.settings.bench_trials,
+            "time_us": time_us,
+            "algbw_gbps": algbw,
+            "busbw_gbps": busbw(&name, algbw, ctx.world),
+            "host_enqueue_us": median(&mut enqueue),
+            "wait_us": if wait.is_empty() { Value::Null } else { json!(median(&mut wait)) },
+            "device_us_trials": device_us,
+        });
+        if let (Some(row), Some(fields)) = (row.as_object_mut(), fields.as_object()) {
+            row.extend(fields.iter().filter(|(k, _)| *k != "op").map(|(k, v)| (k.clone(), v.clone())));
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// The raw communicator: its own unique id through the store under `key`.
+fn raw_comm(ctx: &Rank, key: &str) -> Result<RawComm, String> {
+    let device = &ctx.device;
+    let id = if ctx.rank == 0 {
+        let id = device.new_unique_id().map_err(e)?;
+        ctx.store.set(key, &id.0).map_err(e)?;
+        id
+    } else {
+        pg_core::UniqueId(ctx.store.get(key).map_err(e)?)
+    };
+    RawComm::new(device, &id, ctx.world, ctx.rank).map_err(e)
+}
+
+/// Task `bench-all-to-all`: equal and skewed splits, every size, raw and pg.
+pub fn run_all_to_all(ctx: &Rank) -> Result<Value, String> {
+    let device = &ctx.device;
+    let raw = raw_comm(ctx, "bench-all-to-all-raw-id")?;
+    let raw_stream = device.stream_from_pool(false).map_err(e)?;
+    let pg = group(ctx, "bench-all-to-all", Options::builder())?;
+    let tiny = filled(ctx, DType::F32, 1, 1.0)?;
+    pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    let contestants = [Contestant::Raw { comm: &raw, stream: &raw_stream }, Contestant::Pg { pg: &pg }];
+    let mut rows = Vec::new();
+    for bytes in sizes(ctx.settings.bench_max_bytes) {
+        for split in Split::ALL {
+            let case = AllToAll::<Nccl>::new(device, split, bytes, ctx.rank, ctx.world).map_err(e)?;
+            let fields = json!({ "op": "all-to-all", "split": split.name(), "input_splits": case.input_splits });
+            rows.extend(measure(ctx, &contestants, Exchange::AllToAll(&case), &tiny, case.bytes(), &fields)?);
+            device.synchronize().map_err(e)?;
+        }
+        println!("  rank {} all-to-all {bytes} B done", ctx.rank);
+    }
+    device.synchronize().map_err(e)?;
+    pg.shutdown().map_err(e)?;
+    drop(raw);
+    Ok(json!({ "task": "bench-all-to-all", "rows": rows }))
+}
+
+/// Task `bench-p2p`: the batched send/recv ring at every size, raw and pg; at world size 1 no ring exists, and
+/// the result says so, with the process group's refusal of the self-send a ring of one would be.
+pub fn run_p2p(ctx: &Rank) -> Result<Value, String> {
+    let device = &ctx.device;
+    let pg = group(ctx, "bench-p2p", Options::builder())?;
+    let tiny = filled(ctx, DType::F32, 1, 1.0)?;
+    pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    if ctx.world < 2 {
+        let refused = match pg.batch_isend_irecv(&[P2POp::send(&tiny, ctx.rank), P2POp::recv(&tiny, ctx.rank)]) {
+            Ok(_) => return Err("the process group accepted a send to itself".into()),
+            Err(err) => err.to_string(),
+        };
+        pg.shutdown().map_err(e)?;
+        return Ok(json!({
+            "task": "bench-p2p", "rows": [], "not_applicable": RING_NOT_APPLICABLE, "self_send_refused": refused,
+        }));
+    }
+    let raw = raw_comm(ctx, "bench-p2p-raw-id")?;
+    let raw_stream = device.stream_from_pool(false).map_err(e)?;
+    let contestants = [Contestant::Raw { comm: &raw, stream: &raw_stream }, Contestant::Pg { pg: &pg }];
+    let mut rows = Vec::new();
+    for bytes in sizes(ctx.settings.bench_max_bytes) {
+        let ring = Ring::<Nccl>::new(device, bytes, ctx.rank, ctx.world).map_err(e)?;
+        let fields = json!({ "op": "p2p" });
+        rows.extend(measure(ctx, &contestants, Exchange::Ring(&ring), &tiny, ring.bytes(), &fields)?);
+        device.synchronize().map_err(e)?;
+        println!("  rank {} p2p {bytes} B done", ctx.rank);
+    }
+    device.synchronize().map_err(e)?;
+    pg.shutdown().map_err(e)?;
+    drop(raw);
+    Ok(json!({ "task": "bench-p2p", "rows": rows }))
+}
