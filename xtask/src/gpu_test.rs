@@ -1,5 +1,5 @@
 //! `cargo xtask gpu-test`: builds the real-GPU suite (`pg-nccl-gpu`, release) and runs it, one process per
-//! GPU; `--bundle DIR` instead puts the binary, the PyTorch bench script and `run.sh` into DIR for a machine
+//! GPU; `--bundle DIR` instead puts the binaries, the PyTorch bench scripts and `run.sh` into DIR for a machine
 //! without cargo.
 
 use std::path::{Path, PathBuf};
@@ -12,6 +12,9 @@ Without --bundle: finds the GPUs (nvidia-smi), builds pg-nccl-gpu (release) and 
 and the three experiments, one process per GPU over loopback; results in --out (default
 bench/results/gpu-test). Without GPUs it says so and fails.
 With --bundle DIR: builds everything (release, stripped) into DIR with run.sh, to run where cargo is not.
+run.sh [OUT_DIR] reads TASKS (default conformance,experiments), BENCH (1 = every benchmark, the default;
+0 = none; or a list of all-reduce, all-to-all, p2p), BENCH_MAX_BYTES, BENCH_TRIALS and NPROC; the
+benchmarks write OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
 ";
 
 /// The workspace root (xtask's parent).
@@ -51,10 +54,12 @@ pub fn find_gpus() -> Result<Vec<String>, String> {
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs pg's real-GPU suite from this bundle (no cargo needed): the conformance suite, the three experiments,
-# and the all_reduce benchmark (raw NCCL loop, pg's process group, PyTorch) on the same libnccl.
+# and the benchmarks (raw NCCL loop, pg's process group, PyTorch) on the same libnccl.
 # Usage: run.sh [OUT_DIR]   (env: TASKS=conformance,experiments  BENCH=1  BENCH_MAX_BYTES=1073741824
 #                            BENCH_TRIALS=5  NPROC=N)
+# BENCH: 1 = every benchmark, 0 = none, or a list of all-reduce, all-to-all, p2p (BENCH=all-to-all,p2p).
 # The conformance results are OUT_DIR/conformance.{md,json}: {"backend", "world_size", "cases": [...]}.
+# The benchmarks' are OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${1:-$HERE/results}"
@@ -72,11 +77,22 @@ if [ "${XTASK_EXPERIMENTS:-1}" = "1" ]; then
     > "$OUT/experiments-nccl.txt" 2>&1 || rc=1
   cat "$OUT/experiments-nccl.txt"
 fi
-if [ "${BENCH:-1}" = "1" ]; then
+case "${BENCH:-1}" in
+  1) BENCHES=all-reduce,all-to-all,p2p ;;
+  0 | "") BENCHES= ;;
+  *) BENCHES="$BENCH" ;;
+esac
+for b in ${BENCHES//,/ }; do
+  case "$b" in all-reduce | all-to-all | p2p) ;; *) echo "BENCH: unknown benchmark '$b' (all-reduce, all-to-all, p2p)"; rc=1 ;; esac
+done
+wants() { case ",$BENCHES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+if [ -n "$BENCHES" ]; then
   # One libnccl for all three contestants: PyTorch's when torch is here.
   TORCH_NCCL="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
   if [ -n "$TORCH_NCCL" ] && [ -f "$TORCH_NCCL" ]; then export PG_NCCL_LIBRARY="$TORCH_NCCL"; fi
   echo "bench libnccl: ${PG_NCCL_LIBRARY:-default loader (libnccl.so.2, libnccl.so)}"
+fi
+if wants all-reduce; then
   "$HERE/pg-nccl-gpu" run --tasks bench --out "$OUT" --bench-max-bytes "${BENCH_MAX_BYTES:-1073741824}" \
     --bench-trials "${BENCH_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
   if python3 -c 'import torch' 2>/dev/null; then
@@ -88,6 +104,23 @@ if [ "${BENCH:-1}" = "1" ]; then
   PG_BENCH_LABEL="$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), libnccl ${PG_NCCL_LIBRARY:-default}" \
     "$HERE/pg-nccl-gpu" merge-bench --out "$OUT" || rc=1
 fi
+for op in all-to-all p2p; do
+  wants "$op" || continue
+  # Each into OUT_DIR/<op>.{md,json}; a world of 1 runs the all-to-all as a self-exchange, and the p2p ring
+  # (which needs two ranks) writes that it is not applicable.
+  "$HERE/pg-nccl-gpu" run --tasks "bench-$op" --out "$OUT" --bench-max-bytes "${BENCH_MAX_BYTES:-1073741824}" \
+    --bench-trials "${BENCH_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
+  rm -f "$OUT/torch-$op.json"
+  if python3 -c 'import torch' 2>/dev/null; then
+    NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
+    torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_exchange.py" --op "$op" --out "$OUT" \
+      --max-bytes "${BENCH_MAX_BYTES:-1073741824}" --trials "${BENCH_TRIALS:-5}" || rc=1
+  else
+    echo "no torch here: the PyTorch contestant of $op is skipped"
+  fi
+  PG_BENCH_LABEL="$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), libnccl ${PG_NCCL_LIBRARY:-default}, commit $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown), command: BENCH=${BENCH:-1} BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-1073741824} BENCH_TRIALS=${BENCH_TRIALS:-5} run.sh" \
+    "$HERE/pg-nccl-gpu" "merge-$op" --out "$OUT" || rc=1
+done
 exit $rc
 "#;
 
@@ -116,10 +149,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .map_err(|e| format!("copying the xtask binary: {e}"))?;
         std::fs::copy(root().join("bench/torch_allreduce.py"), dir.join("torch_allreduce.py"))
             .map_err(|e| format!("copying the torch script: {e}"))?;
+        std::fs::copy(root().join("bench/torch_exchange.py"), dir.join("torch_exchange.py"))
+            .map_err(|e| format!("copying the torch script: {e}"))?;
+        // The commit the bundle was built from, for the benchmarks' result files.
+        let commit = Command::new("git").args(["rev-parse", "--short", "HEAD"]).current_dir(root()).output();
+        let commit =
+            commit.ok().filter(|o| o.status.success()).map(|o| o.stdout).unwrap_or_else(|| b"unknown\n".to_vec());
+        std::fs::write(dir.join("COMMIT"), commit).map_err(|e| format!("writing COMMIT: {e}"))?;
         let run_sh = dir.join("run.sh");
         std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
         set_executable(&run_sh)?;
-        println!("bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, torch_allreduce.py", dir.display());
+        println!(
+            "bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, torch_allreduce.py, torch_exchange.py, COMMIT",
+            dir.display()
+        );
         return Ok(());
     }
     let gpus = find_gpus().map_err(|why| format!("no GPU found, nothing to test: {why}"))?;
@@ -150,4 +193,70 @@ fn set_executable(path: &Path) -> Result<(), String> {
 #[cfg(not(unix))]
 fn set_executable(_path: &Path) -> Result<(), String> {
     Ok(())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// Runs the bundle's run.sh with `bench` as BENCH, on stand-ins for the binaries, nvidia-smi and python3
+    /// (no torch) that log their arguments; returns the exit status and the log.
+    fn run_sh(bench: &str) -> (bool, String) {
+        let dir = std::env::temp_dir().join(format!("pg-run-sh-{}-{bench}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let log = dir.join("log");
+        let stub = |path: PathBuf, body: &str| {
+            std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}\n")).unwrap();
+            set_executable(&path).unwrap();
+        };
+        stub(dir.join("run.sh"), RUN_SH);
+        stub(dir.join("pg-nccl-gpu"), &format!("echo \"pg-nccl-gpu $*\" >> {}", log.display()));
+        stub(bin.join("nvidia-smi"), "[ \"$1\" = -L ] && echo 'GPU 0: stand-in'; exit 0");
+        stub(bin.join("python3"), "exit 1");
+        stub(bin.join("torchrun"), &format!("echo \"torchrun $*\" >> {}", log.display()));
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let status = Command::new("bash")
+            .arg(dir.join("run.sh"))
+            .arg(dir.join("out"))
+            .env("PATH", path)
+            .env("BENCH", bench)
+            .env("XTASK_EXPERIMENTS", "0")
+            .status()
+            .unwrap();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        (status.success(), text)
+    }
+
+    #[test]
+    fn run_sh_runs_the_benchmarks_bench_names() {
+        let (ok, log) = run_sh("all-to-all,p2p");
+        assert!(ok, "{log}");
+        assert!(log.contains("run --tasks bench-all-to-all"), "{log}");
+        assert!(log.contains("merge-all-to-all --out"), "{log}");
+        assert!(log.contains("run --tasks bench-p2p"), "{log}");
+        assert!(log.contains("merge-p2p --out"), "{log}");
+        assert!(!log.contains("merge-bench"), "all-reduce was not asked for: {log}");
+        assert!(!log.contains("torchrun"), "no torch here: {log}");
+
+        let (ok, log) = run_sh("1");
+        assert!(ok, "{log}");
+        for want in ["run --tasks bench ", "merge-bench --out", "merge-all-to-all", "merge-p2p"] {
+            assert!(log.contains(want), "BENCH=1 runs every benchmark; missing {want}: {log}");
+        }
+
+        let (ok, log) = run_sh("0");
+        assert!(ok, "{log}");
+        assert!(!log.contains("bench"), "BENCH=0 runs none: {log}");
+        assert!(log.contains("run --tasks conformance,experiments"), "{log}");
+    }
+
+    #[test]
+    fn run_sh_fails_on_an_unknown_benchmark() {
+        let (ok, log) = run_sh("all-to-all,broadcast");
+        assert!(!ok, "an unknown name fails the run");
+        assert!(log.contains("merge-all-to-all"), "the known one still runs: {log}");
+    }
 }

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 mod bench_allreduce;
+mod bench_exchange;
 mod bench_host;
 mod bench_store;
 mod conformance;
@@ -25,7 +26,7 @@ Tasks:
   conformance --backend mock|nccl [--world-size N] [--json PATH]
                          the conformance suite: every promised semantic and every op, pass/fail/not_applicable
   gpu-test [--bundle DIR] build and run the real-GPU suite, one process per GPU
-  bench [store|store-hostile|all-reduce|host] [options]
+  bench [store|store-hostile|all-reduce|all-to-all|p2p|host] [options]
                          benchmarks; results go to bench/results/
   interop                store interop tests against PyTorch (sets up a virtual environment)
   faults [--backend mock|nccl] [--json PATH]
@@ -56,6 +57,7 @@ fn main() -> ExitCode {
         bench_store::RUN_TASK => bench_store::run_main(rest),
         bench_store::HOSTILE_TASK => bench_store::hostile_run_main(rest),
         "bench" if rest.first().is_some_and(|sub| sub == "host") => bench_host::main(&rest[1..]),
+        "bench" if rest.first().is_some_and(|sub| sub == "all-to-all" || sub == "p2p") => bench_exchange::run(rest),
         "gpu-test" => gpu_test::run(rest),
         gpu::RANK_TASK => gpu::rank_main(rest),
         gpu_faults::RANK_TASK => gpu_faults::rank_main(rest),
