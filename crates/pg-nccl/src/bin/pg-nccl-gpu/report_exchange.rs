@@ -8,7 +8,6 @@ use pg_conformance::bench_exchange::{input_splits, Split, SKEWED_DEFINITION};
 use serde_json::{json, Value};
 
 use crate::bench_exchange::busbw;
-use crate::report::human;
 
 /// The two benchmarks: their task name, the op name in file names, and what one op is.
 pub const OPS: [(&str, &str, &str); 2] = [
@@ -28,6 +27,17 @@ fn describe(op: &str) -> &'static str {
 const BUSBW_ALL_TO_ALL: &str =
     "busbw = algbw * (n - 1) / n (nccl-tests' all-to-all); algbw = bytes each rank sends per op / time per op";
 const BUSBW_P2P: &str = "busbw = algbw (nccl-tests' send/recv); algbw = bytes each rank sends per op / time per op";
+
+/// A size in the tables' units (as the all_reduce report writes them; not imported, so that the two reports do
+/// not name each other).
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
 
 /// One contestant at one (split, size): over the ranks, the slowest rank's medians.
 #[derive(Debug, Clone, PartialEq)]
