@@ -7,6 +7,8 @@
 //! a GPU. Buffers hold f32; every element rank `a` sends rank `b` is [`chunk_value`]`(world, a, b)`, so a chunk
 //! that lands in the wrong place, or not at all, is seen.
 
+use std::time::Instant;
+
 use pg_core::{Backend, Buffer as _, DType, Device as _, Error, P2POp, ProcessGroup, Result, WorkHandle};
 
 /// What the point-to-point ring benchmark says at world size 1, in its results and in place of figures.
@@ -99,6 +101,48 @@ pub fn chunk_value(world: usize, from: usize, to: usize) -> f32 {
     (from * world + to + 1) as f32
 }
 
+/// One rank's side of an exchange the benchmarks time: what the process group contestant enqueues, and how
+/// what arrived is checked.
+pub trait Exchange<B: Backend> {
+    /// The bytes each rank sends per op (the size the bandwidths are computed from).
+    fn bytes(&self) -> usize;
+
+    /// The process group's call for one op.
+    fn enqueue(&self, pg: &ProcessGroup<B>) -> Result<WorkHandle<B>>;
+
+    /// Sets every element this rank receives into to -1 on the current stream, so that a check sees only what
+    /// the next exchange writes.
+    fn clear(&self, device: &B::Device) -> Result<()>;
+
+    /// Reads what this rank received on the current stream and checks that every element came from the right
+    /// rank.
+    fn check(&self, device: &B::Device) -> Result<()>;
+}
+
+/// Host times of one timed loop, per op, in microseconds.
+#[derive(Debug, Clone, Default)]
+pub struct HostTimes {
+    /// The enqueue call alone.
+    pub enqueue_us: Vec<f64>,
+    /// `wait()` on its Work.
+    pub wait_us: Vec<f64>,
+}
+
+/// The process group contestant's timed loop: `ops` times, the exchange's call (timed alone), then `wait()`
+/// on its Work (timed alone), as PyTorch code runs an op synchronously. The caller times the device around it.
+pub fn pg_loop<B: Backend>(pg: &ProcessGroup<B>, exchange: &dyn Exchange<B>, ops: usize) -> Result<HostTimes> {
+    let mut times = HostTimes { enqueue_us: Vec::with_capacity(ops), wait_us: Vec::with_capacity(ops) };
+    for _ in 0..ops {
+        let start = Instant::now();
+        let work = exchange.enqueue(pg)?;
+        times.enqueue_us.push(start.elapsed().as_secs_f64() * 1e6);
+        let start = Instant::now();
+        work.wait()?;
+        times.wait_us.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(times)
+}
+
 fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
     values.flat_map(f32::to_le_bytes).collect()
 }
@@ -168,15 +212,16 @@ impl<B: Backend> AllToAll<B> {
         case.clear(device)?;
         Ok(case)
     }
+}
 
-    /// The bytes each rank sends per op (the size the bandwidths are computed from).
-    pub fn bytes(&self) -> usize {
+impl<B: Backend> Exchange<B> for AllToAll<B> {
+    fn bytes(&self) -> usize {
         self.input.size_bytes()
     }
 
-    /// The process group's call: `all_to_all_single` with the split lists, or with none for equal splits (as
-    /// torch's `all_to_all_single` is called for equal chunks).
-    pub fn enqueue(&self, pg: &ProcessGroup<B>) -> Result<WorkHandle<B>> {
+    /// `all_to_all_single` with the split lists, or with none for equal splits (as torch's
+    /// `all_to_all_single` is called for equal chunks).
+    fn enqueue(&self, pg: &ProcessGroup<B>) -> Result<WorkHandle<B>> {
         match self.split {
             Split::Equal => pg.all_to_all_single(&self.output, &self.input, None, None),
             Split::Skewed => {
@@ -185,14 +230,12 @@ impl<B: Backend> AllToAll<B> {
         }
     }
 
-    /// Sets every output element to -1 on the current stream, so that a check sees only what the next
-    /// exchange writes.
-    pub fn clear(&self, device: &B::Device) -> Result<()> {
+    fn clear(&self, device: &B::Device) -> Result<()> {
         device.fill(&self.output, -1.0, &device.current_stream())
     }
 
-    /// Reads the output on the current stream and checks that the chunk from each rank holds that rank's value.
-    pub fn check(&self, device: &B::Device) -> Result<()> {
+    /// Checks that the chunk from each rank holds that rank's value.
+    fn check(&self, device: &B::Device) -> Result<()> {
         let bytes = device.copy_to_host(&self.output, &device.current_stream())?;
         let (rank, world) = (self.rank, self.world);
         let what = format!("all_to_all_single ({} splits) on rank {rank}", self.split.name());
@@ -241,28 +284,28 @@ impl<B: Backend> Ring<B> {
         Ok(ring)
     }
 
-    /// The bytes each rank sends per op.
-    pub fn bytes(&self) -> usize {
-        self.send.size_bytes()
-    }
-
     /// The batch: a send to [`Ring::next`] and a receive from [`Ring::prev`].
     pub fn ops(&self) -> Vec<P2POp<B>> {
         vec![P2POp::send(&self.send, self.next), P2POp::recv(&self.recv, self.prev)]
     }
+}
 
-    /// The process group's call: `batch_isend_irecv` of [`Ring::ops`].
-    pub fn enqueue(&self, pg: &ProcessGroup<B>) -> Result<WorkHandle<B>> {
+impl<B: Backend> Exchange<B> for Ring<B> {
+    fn bytes(&self) -> usize {
+        self.send.size_bytes()
+    }
+
+    /// `batch_isend_irecv` of [`Ring::ops`].
+    fn enqueue(&self, pg: &ProcessGroup<B>) -> Result<WorkHandle<B>> {
         pg.batch_isend_irecv(&self.ops())
     }
 
-    /// Sets every received element to -1 on the current stream.
-    pub fn clear(&self, device: &B::Device) -> Result<()> {
+    fn clear(&self, device: &B::Device) -> Result<()> {
         device.fill(&self.recv, -1.0, &device.current_stream())
     }
 
-    /// Reads the receive buffer on the current stream and checks that it holds rank - 1's message.
-    pub fn check(&self, device: &B::Device) -> Result<()> {
+    /// Checks that the receive buffer holds rank - 1's message.
+    fn check(&self, device: &B::Device) -> Result<()> {
         let bytes = device.copy_to_host(&self.recv, &device.current_stream())?;
         let what = format!("batch_isend_irecv ring on rank {}", self.rank);
         let want = chunk_value(self.world, self.prev, self.rank);
@@ -343,16 +386,15 @@ mod tests {
     }
 
     #[test]
-    fn the_all_to_all_contestant_exchanges_every_chunk_on_the_mock() {
+    fn the_pg_all_to_all_loop_exchanges_every_chunk_on_the_mock() {
         for world in [1, 2, 3] {
             for split in Split::ALL {
                 let results = on_mock(world, |pg| -> Result<usize> {
                     let device = pg.device();
                     let case = AllToAll::<Mock>::new(device, split, 4096, pg.rank(), world)?;
                     assert!(case.check(device).is_err(), "a cleared output fails the check");
-                    for _ in 0..3 {
-                        case.enqueue(pg)?.wait()?;
-                    }
+                    let times = pg_loop(pg, &case, 3)?;
+                    assert_eq!((times.enqueue_us.len(), times.wait_us.len()), (3, 3), "one time per op");
                     case.check(device)?;
                     Ok(case.bytes())
                 });
@@ -365,15 +407,14 @@ mod tests {
     }
 
     #[test]
-    fn the_ring_contestant_passes_each_message_to_the_next_rank_on_the_mock() {
+    fn the_pg_ring_loop_passes_each_message_to_the_next_rank_on_the_mock() {
         for world in [2, 3] {
             let results = on_mock(world, |pg| -> Result<(usize, usize)> {
                 let device = pg.device();
                 let ring = Ring::<Mock>::new(device, 4096, pg.rank(), world)?;
                 assert!(ring.check(device).is_err(), "a cleared receive buffer fails the check");
-                for _ in 0..3 {
-                    ring.enqueue(pg)?.wait()?;
-                }
+                let times = pg_loop(pg, &ring, 3)?;
+                assert_eq!((times.enqueue_us.len(), times.wait_us.len()), (3, 3), "one time per op");
                 ring.check(device)?;
                 Ok((ring.next, ring.prev))
             });

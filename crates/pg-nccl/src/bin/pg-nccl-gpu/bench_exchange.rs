@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use pg_conformance::bench_exchange::{AllToAll, Ring, Split, RING_NOT_APPLICABLE};
+use pg_conformance::bench_exchange::{pg_loop, AllToAll, Exchange as _, Ring, Split, RING_NOT_APPLICABLE};
 use pg_core::{DType, Device as _, Options, P2POp, ReduceOp};
 use pg_nccl::raw::RawComm;
 use pg_nccl::{Buffer, Nccl, Stream};
@@ -74,22 +74,20 @@ fn raw_op(comm: &RawComm, stream: &Stream, op: Exchange<'_>) -> Result<(), Strin
     .map_err(e)
 }
 
-fn pg_op(pg: &Group, op: Exchange<'_>) -> Result<pg_core::WorkHandle<Nccl>, String> {
-    match op {
-        Exchange::AllToAll(case) => case.enqueue(pg),
-        Exchange::Ring(ring) => ring.enqueue(pg),
+impl<'a> Exchange<'a> {
+    /// The exchange as the process group contestant's loop takes it.
+    fn generic(self) -> &'a dyn pg_conformance::bench_exchange::Exchange<Nccl> {
+        match self {
+            Exchange::AllToAll(case) => case,
+            Exchange::Ring(ring) => ring,
+        }
     }
-    .map_err(e)
 }
 
 /// Runs one op outside timing, waits for it, and checks what arrived.
 fn check(ctx: &Rank, who: Contestant<'_>, op: Exchange<'_>) -> Result<(), String> {
     let device = &ctx.device;
-    match op {
-        Exchange::AllToAll(case) => case.clear(device),
-        Exchange::Ring(ring) => ring.clear(device),
-    }
-    .map_err(e)?;
+    op.generic().clear(device).map_err(e)?;
     match who {
         Contestant::Raw { comm, stream } => {
             // The raw stream is ordered after the clear by a device synchronize, then the host after it.
@@ -97,13 +95,9 @@ fn check(ctx: &Rank, who: Contestant<'_>, op: Exchange<'_>) -> Result<(), String
             raw_op(comm, stream, op)?;
             stream.cuda().synchronize().map_err(e)?;
         }
-        Contestant::Pg { pg } => pg_op(pg, op)?.wait().map_err(e)?,
+        Contestant::Pg { pg } => op.generic().enqueue(pg).and_then(|work| work.wait()).map_err(e)?,
     }
-    match op {
-        Exchange::AllToAll(case) => case.check(device),
-        Exchange::Ring(ring) => ring.check(device),
-    }
-    .map_err(|err| format!("{}: {err}", who.name()))
+    op.generic().check(device).map_err(|err| format!("{}: {err}", who.name()))
 }
 
 struct Sample {
@@ -129,25 +123,22 @@ fn trial(ctx: &Rank, who: Contestant<'_>, op: Exchange<'_>, tiny: &Buffer, ops: 
     let end = cuda.timing_event().map_err(e)?;
     cuda.sleep_kernel(stream.cuda(), spin_for(ops)).map_err(e)?;
     start.record(stream.cuda()).map_err(e)?;
-    let mut enqueue_us = Vec::with_capacity(ops);
-    let mut wait_us = Vec::with_capacity(ops);
-    for _ in 0..ops {
-        match who {
-            Contestant::Raw { comm, stream } => {
+    let (enqueue_us, wait_us) = match who {
+        Contestant::Raw { comm, stream } => {
+            let mut enqueue_us = Vec::with_capacity(ops);
+            for _ in 0..ops {
                 let t = Instant::now();
                 raw_op(comm, stream, op)?;
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
             }
-            Contestant::Pg { pg } => {
-                let t = Instant::now();
-                let work = pg_op(pg, op)?;
-                enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
-                let t = Instant::now();
-                work.wait().map_err(e)?;
-                wait_us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
+            (enqueue_us, Vec::new())
         }
-    }
+        // The loop the simulated backend's tests run too.
+        Contestant::Pg { pg } => {
+            let times = pg_loop(pg, op.generic(), ops).map_err(e)?;
+            (times.enqueue_us, times.wait_us)
+        }
+    };
     end.record(stream.cuda()).map_err(e)?;
     let elapsed = end.elapsed_since(&start).map_err(e)?;
     Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us })
@@ -240,7 +231,8 @@ pub fn run_all_to_all(ctx: &Rank) -> Result<Value, String> {
         for split in Split::ALL {
             let case = AllToAll::<Nccl>::new(device, split, bytes, ctx.rank, ctx.world).map_err(e)?;
             let fields = json!({ "op": "all-to-all", "split": split.name(), "input_splits": case.input_splits });
-            rows.extend(measure(ctx, &contestants, Exchange::AllToAll(&case), &tiny, case.bytes(), &fields)?);
+            let bytes = case.bytes();
+            rows.extend(measure(ctx, &contestants, Exchange::AllToAll(&case), &tiny, bytes, &fields)?);
             device.synchronize().map_err(e)?;
         }
         println!("  rank {} all-to-all {bytes} B done", ctx.rank);
@@ -275,7 +267,8 @@ pub fn run_p2p(ctx: &Rank) -> Result<Value, String> {
     for bytes in sizes(ctx.settings.bench_max_bytes) {
         let ring = Ring::<Nccl>::new(device, bytes, ctx.rank, ctx.world).map_err(e)?;
         let fields = json!({ "op": "p2p" });
-        rows.extend(measure(ctx, &contestants, Exchange::Ring(&ring), &tiny, ring.bytes(), &fields)?);
+        let bytes = ring.bytes();
+        rows.extend(measure(ctx, &contestants, Exchange::Ring(&ring), &tiny, bytes, &fields)?);
         device.synchronize().map_err(e)?;
         println!("  rank {} p2p {bytes} B done", ctx.rank);
     }
