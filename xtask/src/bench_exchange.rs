@@ -13,33 +13,37 @@ const MIN_BYTES: u64 = 1 << 10;
 
 /// The `--help` text of `op`.
 pub fn help(op: Op) -> String {
-    let (what, torch, extra) = match op {
+    let (what, raw, pg, torch, busbw, extra) = match op {
         Op::AllToAll => (
             "all_to_all_single with equal and with skewed splits",
-            "dist.all_to_all_single (split lists for the skewed splits)",
-            format!(
-                "raw: ncclSend/ncclRecv per peer inside one ncclGroupStart/ncclGroupEnd (as NCCL's own all-to-all),\n\
-                 zero-length chunks skipped. busbw = algbw * (n - 1) / n.\n\n{SKEWED_DEFINITION}\n"
-            ),
+            "ncclSend/ncclRecv per peer inside one ncclGroupStart/ncclGroupEnd, as NCCL's own all-to-all\n\
+             \x20        (zero-length chunks skipped)",
+            "all_to_all_single (split lists for the skewed splits, none for the equal ones)",
+            "dist.all_to_all_single (likewise)",
+            "busbw = algbw * (n - 1) / n",
+            format!("\n{SKEWED_DEFINITION}\n"),
         ),
         Op::P2p => (
-            "a batched send/recv ring (each rank sends to rank + 1 and receives from rank - 1)",
+            "a batched send/recv ring: each rank sends to rank + 1 and receives from rank - 1",
+            "ncclSend + ncclRecv inside one ncclGroupStart/ncclGroupEnd",
+            "batch_isend_irecv",
             "dist.batch_isend_irecv",
-            format!(
-                "raw: ncclSend + ncclRecv inside one ncclGroupStart/ncclGroupEnd; pg: batch_isend_irecv. busbw = algbw.\n\
-                 With one GPU: {RING_NOT_APPLICABLE}; the results say so and the command succeeds.\n"
-            ),
+            "busbw = algbw",
+            format!("\nWith one GPU: {RING_NOT_APPLICABLE}; the results say so and the command succeeds.\n"),
         ),
     };
     format!(
         "\
 cargo xtask bench {name} [--max-bytes N] [--trials N] [--nproc N] [--out DIR]
 
-{what}, 1 KiB to 1 GiB sent by each rank per op (f32): a raw NCCL loop through nccl-sys, pg's process
-group, and PyTorch's {torch} (bench/torch_exchange.py, where python3 has torch), on the same GPUs and
-the same libnccl (PyTorch's when present, through PG_NCCL_LIBRARY). Time per op from CUDA events over K
-back-to-back ops (median of --trials, slowest rank), algbw and busbw, and the host time of the enqueue call
-alone (raw, pg, torch) and of wait() (pg, torch).
+{what}, 1 KiB to 1 GiB sent by each rank per op (f32).
+Contestants, on the same GPUs and the same libnccl (PyTorch's when present, through PG_NCCL_LIBRARY):
+  raw    {raw}
+  pg     {pg}
+  torch  PyTorch's {torch} (bench/torch_exchange.py, where python3 has torch)
+Time per op from CUDA events over K back-to-back ops (median of --trials, slowest rank), algbw and busbw
+({busbw}; algbw = bytes each rank sends per op / time per op), and the host time of the enqueue call alone
+(raw, pg, torch) and of wait() (pg, torch).
 {extra}
 Results: DIR/{name}.md and DIR/{name}.json (merged), DIR/bench-{name}.{{md,json}} (raw and pg, every rank),
 DIR/torch-{name}.json (PyTorch). Default DIR: bench/results/{name}.
