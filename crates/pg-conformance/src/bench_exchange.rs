@@ -147,7 +147,7 @@ fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
     values.flat_map(f32::to_le_bytes).collect()
 }
 
-/// Checks that `bytes` (f32, little-endian) hold `chunks` in order: `(count, value)` pairs.
+/// Checks that `bytes` (f32, little-endian) hold `chunks` in order, each a `(from rank, count, value)`.
 fn check_chunks(what: &str, bytes: &[u8], chunks: impl Iterator<Item = (usize, usize, f32)>) -> Result<()> {
     let mut at = 0usize;
     for (from, count, want) in chunks {
@@ -423,6 +423,30 @@ mod tests {
                 assert_eq!((next, prev), ((rank + 1) % world, (rank + world - 1) % world));
             }
         }
+    }
+
+    #[test]
+    fn bad_sizes_and_ranks_are_invalid_arguments() {
+        let results = on_mock(2, |pg| {
+            let device = pg.device();
+            let errors = [
+                AllToAll::<Mock>::new(device, Split::Skewed, 3, pg.rank(), 2).map(drop),
+                AllToAll::<Mock>::new(device, Split::Equal, 4, pg.rank(), 2).map(drop),
+                AllToAll::<Mock>::new(device, Split::Equal, 1024, 2, 2).map(drop),
+                Ring::<Mock>::new(device, 2, pg.rank(), 2).map(drop),
+                Ring::<Mock>::new(device, 1024, 5, 2).map(drop),
+            ];
+            errors.map(|result| match result {
+                Err(Error::InvalidArgument(message)) => message,
+                other => panic!("expected an InvalidArgument, got {other:?}"),
+            })
+        });
+        let messages = &results[0];
+        assert!(messages[0].contains("3 B holds no f32 element"), "{}", messages[0]);
+        assert!(messages[1].contains("4 B holds no f32 element per rank"), "one element cannot be split in two");
+        assert!(messages[2].contains("rank 2 of a world of 2"), "{}", messages[2]);
+        assert!(messages[3].contains("2 B holds no f32 element"), "{}", messages[3]);
+        assert!(messages[4].contains("rank 5 of a world of 2"), "{}", messages[4]);
     }
 
     #[test]
