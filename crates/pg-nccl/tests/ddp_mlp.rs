@@ -1,9 +1,13 @@
-//! The training example's step on the simulated backend: world 1, 2 and 4 (one thread per rank) follow the same
+//! The training example's CUDA half where a CPU can check it (its PTX, its cuBLAS arguments against a reference
+//! column-major GEMM), and its step on the simulated backend: world 1, 2 and 4 (one thread per rank) follow the same
 //! loss curve to float tolerance (which they would not if a bucket's all_reduce were missing or wrong: each
 //! rank would then train on its own share), the loss falls, and a batch that does not split evenly is refused.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+#[allow(unsafe_code, dead_code)] // A reason: the example's CUDA half, of which these tests use the pure parts.
+#[path = "../examples/ddp_mlp/cuda.rs"]
+mod cuda;
 #[path = "../examples/ddp_mlp/host.rs"]
 mod host;
 #[path = "../examples/ddp_mlp/train.rs"]
@@ -65,4 +69,75 @@ fn a_global_batch_that_does_not_split_evenly_is_refused() {
         assert_eq!(err.kind(), pg_core::ErrorKind::InvalidArgument);
         assert!(err.to_string().contains("does not split evenly between 4 ranks"), "{err}");
     }
+}
+
+#[test]
+fn the_kernels_ptx_declares_each_entry_once_with_its_own_labels_and_plain_register_names() {
+    for entry in ["mlp_bias_act(", "mlp_relu_backward(", "mlp_mse(", "mlp_sgd("] {
+        assert_eq!(cuda::PTX.matches(&format!(".visible .entry {entry}")).count(), 1, "{entry}");
+    }
+    for line in cuda::PTX.lines().filter(|l| l.trim_start().starts_with(".reg")) {
+        assert!(!line.contains('%'), "a declared register clashes with PTX's %-names: {line}");
+    }
+    let labels: Vec<&str> = cuda::PTX.lines().filter(|l| l.ends_with(':')).collect();
+    let unique: std::collections::BTreeSet<&str> = labels.iter().copied().collect();
+    assert_eq!((labels.len(), unique.len()), (4, 4), "{labels:?}");
+}
+
+/// A column-major `C = op(A) op(B)` as cuBLAS defines it (`op` by the flags, leading dimensions given).
+fn reference_sgemm(
+    transposed: (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    (a, b): (&[f32], &[f32]),
+    ld: (usize, usize, usize),
+) -> Vec<f32> {
+    let mut c = vec![0.0f32; ld.2 * n];
+    for j in 0..n {
+        for i in 0..m {
+            let mut sum = 0.0;
+            for p in 0..k {
+                let x = if transposed.0 { a[p + i * ld.0] } else { a[i + p * ld.0] };
+                let y = if transposed.1 { b[j + p * ld.1] } else { b[p + j * ld.1] };
+                sum += x * y;
+            }
+            c[i + j * ld.2] = sum;
+        }
+    }
+    c
+}
+
+#[test]
+fn the_cublas_arguments_compute_the_row_major_product_the_host_math_computes() {
+    use train::Math as _;
+    let (m, n, k) = (3, 5, 4);
+    let a: Vec<f32> = (0..m * k).map(|i| train::uniform(7, 1, i as u64)).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| train::uniform(7, 2, i as u64)).collect();
+    let world = pg_mock::World::new(pg_mock::WorldConfig { devices: 1, ..Default::default() });
+    let checked = world.run(1, |_, device| {
+        let math = host::HostMath::new(device);
+        let (ha, hb, hc) = (math.zeros(m * k).unwrap(), math.zeros(k * n).unwrap(), math.zeros(m * n).unwrap());
+        math.upload(&ha, &a).unwrap();
+        math.upload(&hb, &b).unwrap();
+        for transposed in [(false, false), (false, true), (true, false), (true, true)] {
+            math.gemm(
+                transposed,
+                (m, n, k),
+                1.0,
+                train::all(&ha, m * k),
+                train::all(&hb, k * n),
+                0.0,
+                train::all(&hc, m * n),
+            )
+            .unwrap();
+            let want = math.download(&hc).unwrap();
+            let call = cuda::column_major(transposed, (m, n, k));
+            // cuBLAS gets B first, then A, and writes C^T column-major: the row-major C.
+            let got = reference_sgemm(call.transposed, call.dims, (&b, &a), call.ld);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{transposed:?}: {got:?} against {want:?}");
+            }
+        }
+        true
+    });
+    assert_eq!(checked, vec![true]);
 }

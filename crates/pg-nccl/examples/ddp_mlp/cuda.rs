@@ -23,20 +23,20 @@ pub const PTX: &str = r#"
 .visible .entry mlp_bias_act(.param .u64 p_z, .param .u64 p_bias, .param .u32 p_n, .param .u32 p_cols, .param .u32 p_relu)
 {
     .reg .pred p, q;
-    .reg .b32 r_tid, r_ntid, r_ctaid, i, n, cols, col, relu;
+    .reg .b32 r_tid, r_ntid, r_ctaid, i, n, cols, col, use_relu;
     .reg .b64 z, bias, off;
     .reg .f32 v, b;
     ld.param.u64 z, [p_z];
     ld.param.u64 bias, [p_bias];
     ld.param.u32 n, [p_n];
     ld.param.u32 cols, [p_cols];
-    ld.param.u32 relu, [p_relu];
+    ld.param.u32 use_relu, [p_relu];
     mov.u32 r_tid, %tid.x;
     mov.u32 r_ntid, %ntid.x;
     mov.u32 r_ctaid, %ctaid.x;
     mad.lo.u32 i, r_ctaid, r_ntid, r_tid;
     setp.ge.u32 p, i, n;
-    @p bra DONE;
+    @p bra BIAS_ACT_DONE;
     cvta.to.global.u64 z, z;
     cvta.to.global.u64 bias, bias;
     rem.u32 col, i, cols;
@@ -47,10 +47,10 @@ pub const PTX: &str = r#"
     ld.global.f32 v, [z];
     ld.global.f32 b, [bias];
     add.f32 v, v, b;
-    setp.ne.u32 q, relu, 0;
+    setp.ne.u32 q, use_relu, 0;
     @q max.f32 v, v, 0f00000000;
     st.global.f32 [z], v;
-DONE:
+BIAS_ACT_DONE:
     ret;
 }
 
@@ -68,7 +68,7 @@ DONE:
     mov.u32 r_ctaid, %ctaid.x;
     mad.lo.u32 i, r_ctaid, r_ntid, r_tid;
     setp.ge.u32 p, i, n;
-    @p bra DONE;
+    @p bra RELU_BACKWARD_DONE;
     cvta.to.global.u64 grad, grad;
     cvta.to.global.u64 act, act;
     mul.wide.u32 off, i, 4;
@@ -79,7 +79,7 @@ DONE:
     setp.gt.f32 q, a, 0f00000000;
     selp.f32 g, g, 0f00000000, q;
     st.global.f32 [grad], g;
-DONE:
+RELU_BACKWARD_DONE:
     ret;
 }
 
@@ -100,7 +100,7 @@ DONE:
     mov.u32 r_ctaid, %ctaid.x;
     mad.lo.u32 i, r_ctaid, r_ntid, r_tid;
     setp.ge.u32 p, i, n;
-    @p bra DONE;
+    @p bra MSE_DONE;
     cvta.to.global.u64 y, y;
     cvta.to.global.u64 t, t;
     cvta.to.global.u64 grad, grad;
@@ -116,7 +116,7 @@ DONE:
     st.global.f32 [grad], g;
     mul.f32 sq, d, d;
     red.global.add.f32 [loss], sq;
-DONE:
+MSE_DONE:
     ret;
 }
 
@@ -124,9 +124,9 @@ DONE:
 {
     .reg .pred p;
     .reg .b32 r_tid, r_ntid, r_ctaid, i, n;
-    .reg .b64 param, grad, off;
+    .reg .b64 pw, grad, off;
     .reg .f32 w, g, lr;
-    ld.param.u64 param, [p_param];
+    ld.param.u64 pw, [p_param];
     ld.param.u64 grad, [p_grad];
     ld.param.u32 n, [p_n];
     ld.param.f32 lr, [p_lr];
@@ -135,21 +135,39 @@ DONE:
     mov.u32 r_ctaid, %ctaid.x;
     mad.lo.u32 i, r_ctaid, r_ntid, r_tid;
     setp.ge.u32 p, i, n;
-    @p bra DONE;
-    cvta.to.global.u64 param, param;
+    @p bra SGD_DONE;
+    cvta.to.global.u64 pw, pw;
     cvta.to.global.u64 grad, grad;
     mul.wide.u32 off, i, 4;
-    add.u64 param, param, off;
+    add.u64 pw, pw, off;
     add.u64 grad, grad, off;
-    ld.global.f32 w, [param];
+    ld.global.f32 w, [pw];
     ld.global.f32 g, [grad];
     neg.f32 lr, lr;
     fma.rn.f32 w, lr, g, w;
-    st.global.f32 [param], w;
-DONE:
+    st.global.f32 [pw], w;
+SGD_DONE:
     ret;
 }
 "#;
+
+/// The arguments of a column-major GEMM (cuBLAS's) that computes the row-major `C = op(A) op(B)` (`m x n`,
+/// inner size `k`): a row-major matrix read column-major is its transpose, so it computes
+/// `C^T = op(B)^T op(A)^T` with `B` as the first operand, `A` as the second and the sides swapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColumnMajor {
+    /// Whether the first (`B`) and second (`A`) operands are transposed.
+    pub transposed: (bool, bool),
+    /// `(m, n, k)` of the column-major call.
+    pub dims: (usize, usize, usize),
+    /// The leading dimensions of `B`, `A` and `C`.
+    pub ld: (usize, usize, usize),
+}
+
+/// [`ColumnMajor`] for the row-major product with `ta`/`tb` (stored transposed) and sides `(m, n, k)`.
+pub fn column_major((ta, tb): (bool, bool), (m, n, k): (usize, usize, usize)) -> ColumnMajor {
+    ColumnMajor { transposed: (tb, ta), dims: (n, m, k), ld: (if tb { k } else { n }, if ta { m } else { k }, n) }
+}
 
 fn backend(what: &str) -> impl Fn(&dyn std::fmt::Display) -> Error + '_ {
     move |e| Error::Backend(format!("{what}: {e}"))
@@ -270,26 +288,25 @@ impl Math for CudaMath {
                 blas_sys::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first, sides swapped.
-        let (lda, ldb) = (int(if ta { m } else { k })?, int(if tb { k } else { n })?);
+        let call = column_major((ta, tb), (m, n, k));
         // SAFETY: the three views hold at least the elements the product reads and writes (checked above), in
         // arrays of this context that outlive the call; cuBLAS enqueues on the handle's stream.
         unsafe {
             blas::sgemm(
                 *self.blas.handle(),
-                op(tb),
-                op(ta),
-                int(n)?,
-                int(m)?,
-                int(k)?,
+                op(call.transposed.0),
+                op(call.transposed.1),
+                int(call.dims.0)?,
+                int(call.dims.1)?,
+                int(call.dims.2)?,
                 &alpha,
                 Self::at(&b) as *const f32,
-                ldb,
+                int(call.ld.0)?,
                 Self::at(&a) as *const f32,
-                lda,
+                int(call.ld.1)?,
                 &beta,
                 Self::at(&c) as *mut f32,
-                int(n)?,
+                int(call.ld.2)?,
             )
         }
         .map_err(|e| backend("cublasSgemm")(&e))

@@ -111,8 +111,8 @@ pub struct StepRecord {
     pub step: usize,
     /// The mean squared error over the global batch, before the step's update.
     pub loss: f64,
-    /// The step's time on the device's clock (virtual on the simulated backend), from before its upload to
-    /// after its loss reached the host.
+    /// The step's time on the device's clock (virtual on the simulated backend), from before its batch's upload
+    /// to after its loss reached the host (the synthetic data are made before the first step).
     pub ms: f64,
 }
 
@@ -255,14 +255,15 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
         math.collect(params)?;
     }
 
+    // The data of every step, made before the loop so that a step's time is the device's work and its upload.
     let teacher = Teacher::new(config);
+    let batches: Vec<_> = (0..config.steps).map(|step| teacher.batch(config, step, rank * b..(rank + 1) * b)).collect();
     let device = math.device();
     let mut records = Vec::with_capacity(config.steps);
-    for step in 0..config.steps {
+    for (step, (x, t)) in batches.iter().enumerate() {
         let start = device.now();
-        let (x, t) = teacher.batch(config, step, rank * b..(rank + 1) * b);
-        math.upload(&model.x, &x)?;
-        math.upload(&model.t, &t)?;
+        math.upload(&model.x, x)?;
+        math.upload(&model.t, t)?;
         math.upload(&model.loss, &[0.0])?;
         let works = step_on_device(math, pg, config, &model, b)?;
         for (l, work) in works.iter().enumerate() {

@@ -1,6 +1,6 @@
 //! `pg-nccl-gpu`: the real-GPU suite of pg, one process per GPU.
 //!
-//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--out DIR] [bench options]` finds the GPUs,
+//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,interop] [--out DIR] [bench options]` finds the GPUs,
 //! starts one rank process per GPU for each task (environment as torchrun sets it: `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges
 //! their results into `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank
@@ -9,11 +9,13 @@
 //! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`).
 //!
 //! The ranks rendezvous over env:// (pg-store's TCP store, hosted by rank 0) on 127.0.0.1 and a free port.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod bench;
 mod conformance;
 mod experiments;
+#[allow(unsafe_code)] // A reason: raw device pointers from elsewhere are an unsafe constructor by design.
+mod interop;
 mod report;
 mod util;
 
@@ -26,7 +28,7 @@ use pg_core::store::Store;
 use serde_json::{json, Value};
 
 const USAGE: &str = "\
-usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--out DIR]
+usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,interop] [--out DIR]
                        [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
@@ -258,6 +260,7 @@ fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, Stri
         "conformance" => conformance::run(&ctx),
         "experiments" => experiments::run(&ctx),
         "bench" => bench::run(&ctx),
+        "interop" => interop::run(&ctx),
         other => return Err(format!("unknown task {other}")),
     }?;
     value["rank"] = json!(rank);

@@ -14,6 +14,13 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
         print!("{markdown}");
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
+    if task == "interop" {
+        let (ok, markdown, checks) = crate::interop::merge(ranks);
+        print!("{markdown}");
+        let merged = json!({ "task": task, "passed": ok, "backend": "nccl", "world_size": ranks.len(),
+                             "versions": ranks[0]["versions"], "checks": checks });
+        return write(settings, task, &merged, &markdown).map(|()| ok);
+    }
     let (ok, markdown) = match task {
         "experiments" => experiments(ranks),
         "bench" => bench(ranks),
