@@ -141,3 +141,12 @@ fn the_cublas_arguments_compute_the_row_major_product_the_host_math_computes() {
     });
     assert_eq!(checked, vec![true]);
 }
+
+#[test]
+fn the_generator_gives_the_numbers_the_pytorch_script_computes() {
+    // Computed by bench/torch_ddp_mlp.py's `uniform` in Python integers: the two sides train on the same data.
+    let first: Vec<f32> = (0..4).map(|i| train::uniform(0, 1, i)).collect();
+    assert_eq!(first, [-0.13694406, 0.82519436, 0.49829936, 0.49156344]);
+    let inputs: Vec<f32> = (100..102).map(|i| train::uniform(5, (1 << 32) + 3, i)).collect();
+    assert_eq!(inputs, [-0.47416627, -0.16909039]);
+}

@@ -128,7 +128,7 @@ pub fn splitmix64(x: u64) -> u64 {
 /// A uniform number in `[-1, 1)`, element `index` of stream `key` (24 bits, exact in f32).
 pub fn uniform(seed: u64, key: u64, index: u64) -> f32 {
     let z =
-        splitmix64(seed.wrapping_mul(0x1000_0000_01B3).wrapping_add(key).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index);
+        splitmix64(seed.wrapping_mul(0x100_0000_01B3).wrapping_add(key).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index);
     (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
 }
 

@@ -32,6 +32,7 @@ usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,intero
                        [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
+       pg-nccl-gpu merge-train --out DIR   (joins DIR/train-pg.json and DIR/train-torch.json into DIR/train-mlp.{md,json})
 ";
 
 /// Settings shared by the launcher and the ranks.
@@ -97,6 +98,13 @@ fn main() -> ExitCode {
         "merge-bench" => {
             let label = std::env::var("PG_BENCH_LABEL").unwrap_or_default();
             report::merge_bench(&settings.out, &label).map(drop)
+        }
+        "merge-train" => {
+            let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
+            report::merge_train(&settings.out, &label).and_then(|passed| match passed {
+                true => Ok(()),
+                false => Err("the training runs did not pass (see train-mlp.md)".into()),
+            })
         }
         other => Err(format!("unknown command {other}\n{USAGE}")),
     };
