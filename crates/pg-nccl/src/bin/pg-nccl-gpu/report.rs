@@ -395,59 +395,6 @@ fn row_json(row: &BenchRow) -> Value {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rank(rows: Value) -> Value {
-        json!({ "rows": rows, "versions": { "nccl": "2.28.9" } })
-    }
-
-    #[test]
-    fn same_rank_differences_pair_each_rank_with_itself_and_keep_the_worst() {
-        let enqueue = |c: &str, us: f64| json!({ "contestant": c, "bytes": 8, "host_enqueue_us": us });
-        // Slowest-rank medians would give 13.0 - 12.0 = 1.0; rank by rank the differences are 3.0 and 1.0.
-        let bench = json!({ "ranks": [
-            rank(json!([enqueue("raw", 9.0), enqueue("pg", 12.0)])),
-            rank(json!([enqueue("raw", 12.0), enqueue("pg", 13.0)])),
-        ] });
-        assert_eq!(same_rank_difference(&bench, "pg", "raw", 8), Some(3.0));
-        assert_eq!(same_rank_difference(&bench, "pg", "raw", 64), None, "no such size");
-        assert_eq!(same_rank_difference(&bench, "pg", "raw-with-events", 8), None, "a contestant missing");
-    }
-
-    #[test]
-    fn merge_joins_contestants_and_checks_the_targets() {
-        let dir = std::env::temp_dir().join(format!("pg-merge-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let row = |c: &str, bytes: u64, time: f64, enqueue: f64| {
-            json!({ "contestant": c, "bytes": bytes, "time_us": time, "host_enqueue_us": enqueue,
-                    "wait_us": if c == "raw" { Value::Null } else { json!(0.8) } })
-        };
-        let rows = json!([
-            row("raw", 8, 6.5, 9.5),
-            row("pg", 8, 7.7, 11.0),
-            row("raw", 64 << 20, 250.0, 11.0),
-            row("pg", 64 << 20, 251.0, 12.5),
-        ]);
-        let bench = json!({ "world_size": 2, "versions": {}, "ranks": [rank(rows.clone()), rank(rows)] });
-        std::fs::write(dir.join("bench.json"), bench.to_string()).unwrap();
-        assert!(merge_bench(&dir, "test").unwrap(), "busbw within 2% and overhead 1.5 us meet the targets");
-        let merged: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("allreduce.json")).unwrap()).unwrap();
-        assert_eq!(merged["sizes"].as_array().unwrap().len(), 2);
-        assert_eq!(merged["pg_minus_raw_enqueue_us_median"], json!(1.5));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn sizes_read_well() {
-        assert_eq!(human(8), "8 B");
-        assert_eq!(human(64 << 10), "64 KiB");
-        assert_eq!(human(1 << 30), "1 GiB");
-    }
-}
-
 /// The median of `values` (NaN when empty).
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -549,4 +496,57 @@ pub fn merge_train(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     std::fs::write(dir.join("train-mlp.md"), &md).map_err(|e| format!("train-mlp.md: {e}"))?;
     print!("{md}");
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rows: Value) -> Value {
+        json!({ "rows": rows, "versions": { "nccl": "2.28.9" } })
+    }
+
+    #[test]
+    fn same_rank_differences_pair_each_rank_with_itself_and_keep_the_worst() {
+        let enqueue = |c: &str, us: f64| json!({ "contestant": c, "bytes": 8, "host_enqueue_us": us });
+        // Slowest-rank medians would give 13.0 - 12.0 = 1.0; rank by rank the differences are 3.0 and 1.0.
+        let bench = json!({ "ranks": [
+            rank(json!([enqueue("raw", 9.0), enqueue("pg", 12.0)])),
+            rank(json!([enqueue("raw", 12.0), enqueue("pg", 13.0)])),
+        ] });
+        assert_eq!(same_rank_difference(&bench, "pg", "raw", 8), Some(3.0));
+        assert_eq!(same_rank_difference(&bench, "pg", "raw", 64), None, "no such size");
+        assert_eq!(same_rank_difference(&bench, "pg", "raw-with-events", 8), None, "a contestant missing");
+    }
+
+    #[test]
+    fn merge_joins_contestants_and_checks_the_targets() {
+        let dir = std::env::temp_dir().join(format!("pg-merge-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |c: &str, bytes: u64, time: f64, enqueue: f64| {
+            json!({ "contestant": c, "bytes": bytes, "time_us": time, "host_enqueue_us": enqueue,
+                    "wait_us": if c == "raw" { Value::Null } else { json!(0.8) } })
+        };
+        let rows = json!([
+            row("raw", 8, 6.5, 9.5),
+            row("pg", 8, 7.7, 11.0),
+            row("raw", 64 << 20, 250.0, 11.0),
+            row("pg", 64 << 20, 251.0, 12.5),
+        ]);
+        let bench = json!({ "world_size": 2, "versions": {}, "ranks": [rank(rows.clone()), rank(rows)] });
+        std::fs::write(dir.join("bench.json"), bench.to_string()).unwrap();
+        assert!(merge_bench(&dir, "test").unwrap(), "busbw within 2% and overhead 1.5 us meet the targets");
+        let merged: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("allreduce.json")).unwrap()).unwrap();
+        assert_eq!(merged["sizes"].as_array().unwrap().len(), 2);
+        assert_eq!(merged["pg_minus_raw_enqueue_us_median"], json!(1.5));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human(8), "8 B");
+        assert_eq!(human(64 << 10), "64 KiB");
+        assert_eq!(human(1 << 30), "1 GiB");
+    }
 }
