@@ -8,8 +8,8 @@ use std::process::Command;
 pub const HELP: &str = "\
 cargo xtask gpu-test [--bundle DIR] [--nproc N] [--out DIR]
 
-Without --bundle: finds the GPUs (nvidia-smi), builds pg-nccl-gpu (release) and runs the conformance suite
-and the three experiments, one process per GPU over loopback; results in --out (default
+Without --bundle: finds the GPUs (nvidia-smi), builds pg-nccl-gpu (release) and runs the conformance suite,
+the three experiments and the interop task, one process per GPU over loopback; results in --out (default
 bench/results/gpu-test). Without GPUs it says so and fails.
 With --bundle DIR: builds everything (release, stripped) into DIR with run.sh, to run where cargo is not: the
 suite, the interop task, the benchmark and the training example (ddp_mlp) with the PyTorch scripts.
@@ -181,7 +181,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let binary = build_suite()?;
     let mut command = Command::new(binary);
-    command.args(["run", "--tasks", "conformance,experiments", "--out"]).arg(&out).env("NCCL_NVLS_ENABLE", "0");
+    command.args(["run", "--tasks", "conformance,experiments,interop", "--out"]).arg(&out).env("NCCL_NVLS_ENABLE", "0");
     if let Some(n) = nproc {
         command.args(["--nproc", &n]);
     }

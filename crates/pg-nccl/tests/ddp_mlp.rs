@@ -62,6 +62,36 @@ fn world_n_follows_world_1s_loss_curve_and_the_loss_falls() {
 }
 
 #[test]
+fn the_buckets_are_enqueued_in_backward_order_after_the_initial_broadcasts() {
+    let config = Config { steps: 2, ..config() };
+    let sim = pg_mock::World::new(pg_mock::WorldConfig { devices: 2, ..Default::default() });
+    let store = sim.store();
+    let recorded = sim.run(2, |rank, device| {
+        let pg =
+            ProcessGroup::<pg_mock::Mock>::new(Arc::clone(&store), rank, 2, device.clone(), Options::builder().build())
+                .unwrap();
+        train::train(&host::HostMath::new(device), &pg, &config).unwrap();
+        let dump: serde_json::Value = serde_json::from_str(&pg.flight_recorder_json()).unwrap();
+        pg.shutdown().unwrap();
+        dump["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["profiling_name"].as_str().unwrap().to_owned(), e["input_sizes"][0][0].as_u64().unwrap()))
+            .collect::<Vec<_>>()
+    });
+    let (layer1, layer2) = ((64 * 256 + 256) as u64, (256 * 16 + 16) as u64);
+    let mut want = vec![("nccl:broadcast".to_owned(), layer1), ("nccl:broadcast".to_owned(), layer2)];
+    for _ in 0..config.steps {
+        // Layer 2's bucket first (backward produces it first), then layer 1's, then the one-element loss.
+        want.extend([layer2, layer1, 1].map(|n| ("nccl:all_reduce".to_owned(), n)));
+    }
+    for ops in recorded {
+        assert_eq!(ops, want);
+    }
+}
+
+#[test]
 fn a_global_batch_that_does_not_split_evenly_is_refused() {
     let config = Config { batch: 30, steps: 1, ..config() };
     for result in curves(4, &config) {
