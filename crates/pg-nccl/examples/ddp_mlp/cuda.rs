@@ -198,6 +198,13 @@ impl CudaMath {
         let ordinal = device.index();
         let ctx = CudaContext::new(ordinal).map_err(|e| backend("CudaContext::new")(&e))?;
         let stream = ctx.new_stream().map_err(|e| backend("new_stream")(&e))?;
+        // SAFETY: only tries to open the library (cudarc's loader would panic where it is missing).
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(Error::Backend(
+                "libcublas (libcublas.so.13 or .12) is not on the library path: add its directory to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
         let blas = CudaBlas::new(Arc::clone(&stream))
             .map_err(|e| backend("cublasCreate (is libcublas on the library path?)")(&e))?;
         let module = ctx.load_module(Ptx::from_src(PTX)).map_err(|e| backend("loading the MLP kernels")(&e))?;
