@@ -8,13 +8,15 @@ use std::process::Command;
 pub const HELP: &str = "\
 cargo xtask gpu-test [--bundle DIR] [--nproc N] [--out DIR]
 
-Without --bundle: finds the GPUs (nvidia-smi), builds pg-nccl-gpu (release) and runs the conformance suite
-and the three experiments, one process per GPU over loopback; results in --out (default
+Without --bundle: finds the GPUs (nvidia-smi), builds pg-nccl-gpu (release) and runs the conformance suite,
+the three experiments and the interop task, one process per GPU over loopback; results in --out (default
 bench/results/gpu-test). Without GPUs it says so and fails.
-With --bundle DIR: builds everything (release, stripped) into DIR with run.sh, to run where cargo is not.
-run.sh [OUT_DIR] reads TASKS (default conformance,experiments), BENCH (1 = every benchmark, the default;
-0 = none; or a list of all-reduce, all-to-all, p2p), BENCH_MAX_BYTES, BENCH_TRIALS and NPROC; the
-benchmarks write OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
+With --bundle DIR: builds everything (release, stripped) into DIR with run.sh, to run where cargo is not: the
+suite, the interop task, the benchmarks and the training example (ddp_mlp) with the PyTorch scripts.
+run.sh [OUT_DIR] reads TASKS (default conformance,experiments,interop), BENCH (1 = every benchmark, the default;
+0 = none; or a list of all-reduce, all-to-all, p2p), BENCH_MAX_BYTES, BENCH_TRIALS, NPROC, TRAIN (1 = run the
+training example, the default), TRAIN_NPROC, TRAIN_STEPS and CUBLAS_DIR; the benchmarks write
+OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
 ";
 
 /// The workspace root (xtask's parent).
@@ -28,6 +30,7 @@ pub fn build_suite() -> Result<PathBuf, String> {
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
         .args(["build", "--release", "-p", "pg-nccl", "-p", "xtask", "--bin", "pg-nccl-gpu", "--bin", "xtask"])
+        .args(["--example", "ddp_mlp"])
         // The suite and the benchmark read pg-nccl's test and benchmark hooks (raw baseline, launch log, timer).
         .args(["--features", "pg-nccl/testing,xtask/testing"])
         .status()
@@ -54,12 +57,15 @@ pub fn find_gpus() -> Result<Vec<String>, String> {
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs pg's real-GPU suite from this bundle (no cargo needed): the conformance suite, the three experiments,
-# and the benchmarks (raw NCCL loop, pg's process group, PyTorch) on the same libnccl.
-# Usage: run.sh [OUT_DIR]   (env: TASKS=conformance,experiments  BENCH=1  BENCH_MAX_BYTES=1073741824
-#                            BENCH_TRIALS=5  NPROC=N)
+# the interop task, the benchmarks (raw NCCL loop, pg's process group, PyTorch) on the same libnccl, and the
+# training example beside PyTorch DDP.
+# Usage: run.sh [OUT_DIR]   (env: TASKS=conformance,experiments,interop  BENCH=1  BENCH_MAX_BYTES=1073741824
+#                            BENCH_TRIALS=5  NPROC=N  TRAIN=1  TRAIN_NPROC=1  TRAIN_STEPS=100
+#                            CUBLAS_DIR=directory of libcublas.so.13 or .12 (else looked for under PyTorch and CUDA))
 # BENCH: 1 = every benchmark, 0 = none, or a list of all-reduce, all-to-all, p2p (BENCH=all-to-all,p2p).
-# The conformance results are OUT_DIR/conformance.{md,json}: {"backend", "world_size", "cases": [...]}.
-# The benchmarks' are OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
+# The conformance results are OUT_DIR/conformance.{md,json}: {"backend", "world_size", "cases": [...]};
+# the interop task's OUT_DIR/interop-nccl-N.{md,json}; the training runs' OUT_DIR/train-mlp-GPUxN.{md,json};
+# the benchmarks' OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${1:-$HERE/results}"
@@ -68,11 +74,17 @@ mkdir -p "$OUT"
 NPROC_ARGS=()
 if [ -n "${NPROC:-}" ]; then NPROC_ARGS=(--nproc "$NPROC"); fi
 { date -u; nvidia-smi; nvidia-smi topo -m; } > "$OUT/machine.txt" 2>&1
+NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
+GPU_TAG="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')"
+export PG_RUN_LABEL="$(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown), libnccl ${PG_NCCL_LIBRARY:-default}"
 rc=0
-"$HERE/pg-nccl-gpu" run --tasks "${TASKS:-conformance,experiments}" --out "$OUT" "${NPROC_ARGS[@]}" || rc=1
+TASK_LIST="${TASKS:-conformance,experiments,interop}"
+"$HERE/pg-nccl-gpu" run --tasks "$TASK_LIST" --out "$OUT" "${NPROC_ARGS[@]}" || rc=1
+if [ -f "$OUT/interop.json" ]; then
+  cp "$OUT/interop.json" "$OUT/interop-nccl-$NP.json"; cp "$OUT/interop.md" "$OUT/interop-nccl-$NP.md"
+fi
 if [ "${XTASK_EXPERIMENTS:-1}" = "1" ]; then
   # The same generic experiment code as `cargo xtask experiments` on the mock, with the same JSON schema.
-  NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
   "$HERE/pg-xtask" experiments --backend nccl --world-size "$NP" --json "$OUT/experiments-nccl.json" \
     > "$OUT/experiments-nccl.txt" 2>&1 || rc=1
   cat "$OUT/experiments-nccl.txt"
@@ -96,7 +108,6 @@ if wants all-reduce; then
   "$HERE/pg-nccl-gpu" run --tasks bench --out "$OUT" --bench-max-bytes "${BENCH_MAX_BYTES:-1073741824}" \
     --bench-trials "${BENCH_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
   if python3 -c 'import torch' 2>/dev/null; then
-    NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
     torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_allreduce.py" --out "$OUT" --max-bytes "${BENCH_MAX_BYTES:-1073741824}" || rc=1
   else
     echo "no torch here: the PyTorch contestant is skipped"
@@ -121,6 +132,40 @@ for op in all-to-all p2p; do
   PG_BENCH_LABEL="$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), libnccl ${PG_NCCL_LIBRARY:-default}, commit $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown), command: BENCH=${BENCH:-1} BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-1073741824} BENCH_TRIALS=${BENCH_TRIALS:-5} run.sh" \
     "$HERE/pg-nccl-gpu" "merge-$op" --out "$OUT" || rc=1
 done
+if [ "${TRAIN:-1}" = "1" ]; then
+  # The training example (cuBLAS loaded at run time) and PyTorch DDP on the same model, data and steps.
+  CUBLAS_DIR="${CUBLAS_DIR:-$(dirname "$( { python3 -c 'import nvidia, os; print(*nvidia.__path__)' 2>/dev/null | xargs -r -I{} find {} -name 'libcublas.so.1[23]'; find /usr/local/cuda*/ -name 'libcublas.so.1[23]'; } 2>/dev/null | head -1)")}"
+  if [ -n "$CUBLAS_DIR" ] && [ "$CUBLAS_DIR" != "." ]; then export LD_LIBRARY_PATH="$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+  echo "training example: libcublas from ${CUBLAS_DIR:-the default loader path}"
+  TN="${TRAIN_NPROC:-1}"
+  TRAIN_ARGS=(--backend nccl --world-size "$TN" --steps "${TRAIN_STEPS:-100}" --json "$OUT/train-pg.json")
+  rm -f "$OUT/train-pg.json" "$OUT/train-torch.json"
+  if [ "$TN" = "1" ]; then
+    "$HERE/ddp_mlp" "${TRAIN_ARGS[@]}" > "$OUT/train-pg.txt" 2>&1 || rc=1
+  else
+    # One process per GPU, with torchrun's variables.
+    PIDS=()
+    for r in $(seq 0 $((TN - 1))); do
+      RANK=$r LOCAL_RANK=$r WORLD_SIZE=$TN MASTER_ADDR=127.0.0.1 MASTER_PORT="${TRAIN_PORT:-29531}" \
+        "$HERE/ddp_mlp" "${TRAIN_ARGS[@]}" > "$OUT/train-pg-rank$r.txt" 2>&1 & PIDS+=($!)
+    done
+    for p in "${PIDS[@]}"; do wait "$p" || rc=1; done
+    cp "$OUT/train-pg-rank0.txt" "$OUT/train-pg.txt"
+  fi
+  tail -3 "$OUT/train-pg.txt"
+  if python3 -c 'import torch' 2>/dev/null; then
+    torchrun --standalone --nproc-per-node "$TN" "$HERE/torch_ddp_mlp.py" --steps "${TRAIN_STEPS:-100}" \
+      --json "$OUT/train-torch.json" > "$OUT/train-torch.txt" 2>&1 || rc=1
+    tail -3 "$OUT/train-torch.txt"
+  else
+    echo "no torch here: the PyTorch DDP run is skipped"
+  fi
+  if [ -f "$OUT/train-pg.json" ]; then
+    PG_RUN_LABEL="$PG_RUN_LABEL; command: ddp_mlp ${TRAIN_ARGS[*]}; torchrun --nproc-per-node $TN torch_ddp_mlp.py --steps ${TRAIN_STEPS:-100}" \
+      "$HERE/pg-nccl-gpu" merge-train --out "$OUT" || rc=1
+    cp "$OUT/train-mlp.json" "$OUT/train-mlp-${GPU_TAG}x$TN.json"; cp "$OUT/train-mlp.md" "$OUT/train-mlp-${GPU_TAG}x$TN.md"
+  fi
+fi
 exit $rc
 "#;
 
@@ -147,20 +192,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
         std::fs::copy(&binary, dir.join("pg-nccl-gpu")).map_err(|e| format!("copying the binary: {e}"))?;
         std::fs::copy(root().join("target/release/xtask"), dir.join("pg-xtask"))
             .map_err(|e| format!("copying the xtask binary: {e}"))?;
-        std::fs::copy(root().join("bench/torch_allreduce.py"), dir.join("torch_allreduce.py"))
-            .map_err(|e| format!("copying the torch script: {e}"))?;
-        std::fs::copy(root().join("bench/torch_exchange.py"), dir.join("torch_exchange.py"))
-            .map_err(|e| format!("copying the torch script: {e}"))?;
-        // The commit the bundle was built from, for the benchmarks' result files.
-        let commit = Command::new("git").args(["rev-parse", "--short", "HEAD"]).current_dir(root()).output();
-        let commit =
-            commit.ok().filter(|o| o.status.success()).map(|o| o.stdout).unwrap_or_else(|| b"unknown\n".to_vec());
-        std::fs::write(dir.join("COMMIT"), commit).map_err(|e| format!("writing COMMIT: {e}"))?;
+        std::fs::copy(root().join("target/release/examples/ddp_mlp"), dir.join("ddp_mlp"))
+            .map_err(|e| format!("copying the training example: {e}"))?;
+        for script in ["torch_allreduce.py", "torch_exchange.py", "torch_ddp_mlp.py"] {
+            std::fs::copy(root().join("bench").join(script), dir.join(script))
+                .map_err(|e| format!("copying {script}: {e}"))?;
+        }
+        std::fs::write(dir.join("COMMIT"), commit() + "\n").map_err(|e| format!("writing COMMIT: {e}"))?;
         let run_sh = dir.join("run.sh");
         std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
         set_executable(&run_sh)?;
         println!(
-            "bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, torch_allreduce.py, torch_exchange.py, COMMIT",
+            "bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, ddp_mlp, torch_allreduce.py, torch_exchange.py, \
+             torch_ddp_mlp.py, COMMIT",
             dir.display()
         );
         return Ok(());
@@ -172,7 +216,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let binary = build_suite()?;
     let mut command = Command::new(binary);
-    command.args(["run", "--tasks", "conformance,experiments", "--out"]).arg(&out).env("NCCL_NVLS_ENABLE", "0");
+    command.args(["run", "--tasks", "conformance,experiments,interop", "--out"]).arg(&out).env("NCCL_NVLS_ENABLE", "0");
     if let Some(n) = nproc {
         command.args(["--nproc", &n]);
     }
@@ -181,6 +225,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("the GPU suite failed ({status}); results in {}", out.display()))
+    }
+}
+
+/// The commit the bundle is built from (`-dirty` with uncommitted changes; `unknown` without git).
+fn commit() -> String {
+    let git =
+        |args: &[&str]| Command::new("git").current_dir(root()).args(args).output().ok().filter(|o| o.status.success());
+    let Some(head) = git(&["rev-parse", "HEAD"]) else { return "unknown".into() };
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    let dirty = git(&["status", "--porcelain"]).is_some_and(|o| !o.stdout.is_empty());
+    if dirty {
+        head + "-dirty"
+    } else {
+        head
     }
 }
 
@@ -223,6 +281,7 @@ mod tests {
             .env("PATH", path)
             .env("BENCH", bench)
             .env("XTASK_EXPERIMENTS", "0")
+            .env("TRAIN", "0")
             .status()
             .unwrap();
         let text = std::fs::read_to_string(&log).unwrap_or_default();

@@ -1,7 +1,7 @@
 //! `pg-nccl-gpu`: the real-GPU suite of pg, one process per GPU.
 //!
-//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,bench-all-to-all,bench-p2p] [--out DIR]
-//! [bench options]` finds the GPUs,
+//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,bench-all-to-all,bench-p2p,interop]
+//! [--out DIR] [bench options]` finds the GPUs,
 //! starts one rank process per GPU for each task (environment as torchrun sets it: `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges
 //! their results into `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank
@@ -10,12 +10,14 @@
 //! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`).
 //!
 //! The ranks rendezvous over env:// (pg-store's TCP store, hosted by rank 0) on 127.0.0.1 and a free port.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod bench;
 mod bench_exchange;
 mod conformance;
 mod experiments;
+#[allow(unsafe_code)] // A reason: raw device pointers from elsewhere are an unsafe constructor by design.
+mod interop;
 mod report;
 mod report_exchange;
 mod util;
@@ -29,14 +31,15 @@ use pg_core::store::Store;
 use serde_json::{json, Value};
 
 const USAGE: &str = "\
-usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--out DIR]
+usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,bench,...] [--out DIR]
                        [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
        pg-nccl-gpu merge-all-to-all --out DIR   (DIR/bench-all-to-all.json and DIR/torch-all-to-all.json
                                                  into DIR/all-to-all.{md,json})
        pg-nccl-gpu merge-p2p --out DIR   (DIR/bench-p2p.json and DIR/torch-p2p.json into DIR/p2p.{md,json})
-tasks: conformance, experiments, bench (all_reduce), bench-all-to-all (all_to_all_single, equal and skewed
+       pg-nccl-gpu merge-train --out DIR   (joins DIR/train-pg.json and DIR/train-torch.json into DIR/train-mlp.{md,json})
+tasks: conformance, experiments, interop, bench (all_reduce), bench-all-to-all (all_to_all_single, equal and skewed
 splits), bench-p2p (batch_isend_irecv ring: send to rank + 1, receive from rank - 1; needs 2 ranks)
 ";
 
@@ -112,6 +115,13 @@ fn main() -> ExitCode {
                 Ok(false) => Err(format!("the {op} results miss a contestant at some size")),
                 Err(message) => Err(message),
             }
+        }
+        "merge-train" => {
+            let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
+            report::merge_train(&settings.out, &label).and_then(|passed| match passed {
+                true => Ok(()),
+                false => Err("the training runs did not pass (see train-mlp.md)".into()),
+            })
         }
         other => Err(format!("unknown command {other}\n{USAGE}")),
     };
@@ -277,6 +287,7 @@ fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, Stri
         "bench" => bench::run(&ctx),
         "bench-all-to-all" => bench_exchange::run_all_to_all(&ctx),
         "bench-p2p" => bench_exchange::run_p2p(&ctx),
+        "interop" => interop::run(&ctx),
         other => return Err(format!("unknown task {other}")),
     }?;
     value["rank"] = json!(rank);

@@ -14,6 +14,20 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
         print!("{markdown}");
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
+    if task == "interop" {
+        let (ok, markdown, checks) = crate::interop::merge(ranks);
+        print!("{markdown}");
+        let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
+        let command = format!("pg-nccl-gpu run --tasks interop --nproc {}", ranks.len());
+        let markdown = format!(
+            "# Interop on NCCL, {} rank(s)\n\n{label}\n\n`{command}`; {}\n{markdown}",
+            ranks.len(),
+            ranks[0]["versions"]
+        );
+        let merged = json!({ "task": task, "passed": ok, "backend": "nccl", "world_size": ranks.len(), "label": label,
+                             "command": command, "versions": ranks[0]["versions"], "checks": checks });
+        return write(settings, task, &merged, &markdown).map(|()| ok);
+    }
     let (ok, markdown) = match task {
         "experiments" => experiments(ranks),
         "bench" => bench(ranks),
@@ -380,6 +394,109 @@ fn row_json(row: &BenchRow) -> Value {
         "time_us": row.time_us, "busbw_gbps": row.busbw_gbps,
         "host_enqueue_us": row.enqueue_us, "wait_us": row.wait_us,
     })
+}
+
+/// The median of `values` (NaN when empty).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Joins the training example's curve (`train-pg.json`, from `ddp_mlp --json`) and PyTorch DDP's
+/// (`train-torch.json`, from `torch_ddp_mlp.py --json`) into `train-mlp.{md,json}`: step times (median after
+/// the first `WARMUP` steps), losses, and the largest relative gap between the two loss curves (both start from
+/// the same weights and data; their float sums run in other orders). Passes when each run's loss fell.
+pub fn merge_train(dir: &std::path::Path, label: &str) -> Result<bool, String> {
+    const WARMUP: usize = 5;
+    let load = |name: &str| -> Result<Option<Value>, String> {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
+            Err(_) => Ok(None),
+        }
+    };
+    let pg = load("train-pg.json")?.ok_or("no train-pg.json: run the training example first")?;
+    let torch = load("train-torch.json")?;
+    let steps = |run: &Value| -> Vec<(f64, f64)> {
+        run["steps"]
+            .as_array()
+            .map(|s| {
+                s.iter()
+                    .map(|r| (r["loss"].as_f64().unwrap_or(f64::NAN), r["ms"].as_f64().unwrap_or(f64::NAN)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let summary = |run: &Value| {
+        let s = steps(run);
+        let ms = median(s.iter().skip(WARMUP).map(|(_, ms)| *ms).collect());
+        let (first, last) = (s.first().map_or(f64::NAN, |r| r.0), s.last().map_or(f64::NAN, |r| r.0));
+        json!({ "backend": run["backend"], "world_size": run["world_size"], "steps": s.len(), "median_step_ms": ms,
+                "first_loss": first, "last_loss": last })
+    };
+    let ours = steps(&pg);
+    let mut ok = ours.len() > 1 && ours[ours.len() - 1].0 < ours[0].0;
+    let mut rows = vec![summary(&pg)];
+    let mut gap = None;
+    if let Some(torch) = &torch {
+        rows.push(summary(torch));
+        let theirs = steps(torch);
+        let worst = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a.0 - b.0).abs() / b.0.abs().max(f64::MIN_POSITIVE))
+            .fold(0.0, f64::max);
+        ok &= theirs.len() > 1 && theirs[theirs.len() - 1].0 < theirs[0].0;
+        gap = Some(worst);
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Training example: a 2-layer MLP, data-parallel, pg (cuBLAS + PTX on cudarc memory) vs PyTorch DDP\n"
+    );
+    let _ = writeln!(md, "{label}\n");
+    let _ = writeln!(md, "Model and data: {}, global batch {}.\n", pg["model"], pg["global_batch"]);
+    let _ = writeln!(md, "| run | ranks | steps | median step ms (after {WARMUP}) | first loss | last loss |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for row in &rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.3} | {:.6} | {:.6} |",
+            row["backend"].as_str().unwrap_or("?"),
+            row["world_size"],
+            row["steps"],
+            row["median_step_ms"].as_f64().unwrap_or(f64::NAN),
+            row["first_loss"].as_f64().unwrap_or(f64::NAN),
+            row["last_loss"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    match gap {
+        Some(gap) => {
+            let _ = writeln!(md, "\nLargest relative gap between the two loss curves (same weights and data, sums in other orders): {gap:.2e}.");
+        }
+        None => {
+            let _ = writeln!(md, "\nNo PyTorch curve (train-torch.json) to compare with.");
+        }
+    }
+    let _ = writeln!(md, "\n| step | pg loss | pg ms | torch loss | torch ms |\n|---|---|---|---|---|");
+    let theirs = torch.as_ref().map(steps).unwrap_or_default();
+    for (step, (loss, ms)) in ours.iter().enumerate().filter(|(i, _)| i % 10 == 0 || *i + 1 == ours.len()) {
+        let (tl, tm) =
+            theirs.get(step).map_or(("-".into(), "-".into()), |(l, m)| (format!("{l:.6}"), format!("{m:.3}")));
+        let _ = writeln!(md, "| {step} | {loss:.6} | {ms:.3} | {tl} | {tm} |");
+    }
+    let merged = json!({ "passed": ok, "label": label, "summary": rows, "max_relative_loss_gap": gap, "pg": pg, "torch": torch });
+    std::fs::write(
+        dir.join("train-mlp.json"),
+        serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n",
+    )
+    .map_err(|e| format!("train-mlp.json: {e}"))?;
+    std::fs::write(dir.join("train-mlp.md"), &md).map_err(|e| format!("train-mlp.md: {e}"))?;
+    print!("{md}");
+    Ok(ok)
 }
 
 #[cfg(test)]

@@ -1,0 +1,165 @@
+//! `ddp_mlp`: a data-parallel training loop written as a downstream crate would, with only pg's public API and
+//! cudarc. A 2-layer MLP learns a teacher network on synthetic data; its gradients are all-reduced in two
+//! DDP-style buckets while backward goes on (see `train.rs`).
+//!
+//! ```text
+//! ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--json PATH]
+//! ```
+//!
+//! `mock` runs N simulated ranks as threads of this process (host arithmetic on the mock's buffers). `nccl` is
+//! one process per GPU: at world size 1 it runs alone; otherwise start it as torchrun would (`RANK`,
+//! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`; env:// rendezvous), on GPU `LOCAL_RANK`. cuBLAS
+//! is loaded at run time (`libcublas.so.13`, or `.12`, on the library path).
+//! Prints each step's loss and time; `--json` writes
+//! `{"backend", "world_size", "global_batch", "model", "steps": [{"step", "loss", "ms"}]}` (rank 0 only).
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)] // A reason: cuBLAS calls and kernel launches through cudarc are unsafe by signature.
+mod cuda;
+mod host;
+mod train;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pg_core::{Options, ProcessGroup, StreamGuard};
+use serde_json::json;
+use train::{Config, StepRecord};
+
+const USAGE: &str =
+    "usage: ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--seed N] [--json PATH]";
+
+#[derive(Debug)]
+struct Args {
+    backend: String,
+    world_size: usize,
+    config: Config,
+    json: Option<String>,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut parsed = Args { backend: "mock".into(), world_size: 1, config: Config::default(), json: None };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let number = |v: &str| v.parse::<usize>().map_err(|e| format!("{flag} {v}: {e}"));
+        match flag.as_str() {
+            "--backend" => parsed.backend = value.clone(),
+            "--world-size" => parsed.world_size = number(value)?,
+            "--steps" => parsed.config.steps = number(value)?,
+            "--batch" => parsed.config.batch = number(value)?,
+            "--seed" => parsed.config.seed = number(value)? as u64,
+            "--lr" => parsed.config.lr = value.parse().map_err(|e| format!("--lr {value}: {e}"))?,
+            "--json" => parsed.json = Some(value.clone()),
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+    }
+    if parsed.world_size == 0 {
+        return Err("--world-size must be at least 1".into());
+    }
+    if !matches!(parsed.backend.as_str(), "mock" | "nccl") {
+        return Err(format!("--backend {}: expected mock or nccl", parsed.backend));
+    }
+    Ok(parsed)
+}
+
+/// Every simulated rank's curve (they must agree), rank 0's first.
+fn run_mock(world_size: usize, config: &Config) -> pg_core::Result<Vec<Vec<StepRecord>>> {
+    let world = pg_mock::World::new(pg_mock::WorldConfig { devices: world_size, ..Default::default() });
+    let store = world.store();
+    world
+        .run(world_size, |rank, device| {
+            let pg = ProcessGroup::<pg_mock::Mock>::new(
+                Arc::clone(&store),
+                rank,
+                world_size,
+                device.clone(),
+                Options::builder().build(),
+            )?;
+            let math = host::HostMath::new(device);
+            let records = train::train(&math, &pg, config);
+            pg.shutdown()?;
+            records
+        })
+        .into_iter()
+        .collect()
+}
+
+/// This process's rank of an NCCL job: its curve, and its rank.
+fn run_nccl(world_size: usize, config: &Config) -> pg_core::Result<(Vec<StepRecord>, usize)> {
+    let (store, rank, size, ordinal) = if std::env::var_os("RANK").is_some() {
+        let rendezvous = pg_core::store::rendezvous::env_rendezvous(Duration::from_secs(300))
+            .map_err(|e| pg_core::Error::invalid(format!("env:// rendezvous: {e}")))?;
+        let ordinal = rendezvous.local_rank.unwrap_or(rendezvous.rank);
+        (rendezvous.store, rendezvous.rank, rendezvous.world_size, ordinal)
+    } else if world_size == 1 {
+        let store: Arc<dyn pg_core::store::Store> = Arc::new(pg_core::store::HashStore::new());
+        (store, 0, 1, 0)
+    } else {
+        return Err(pg_core::Error::invalid(format!(
+            "--world-size {world_size} on nccl is one process per GPU: start it with torchrun's variables (RANK, ...)"
+        )));
+    };
+    if size != world_size {
+        return Err(pg_core::Error::invalid(format!("--world-size {world_size} but WORLD_SIZE={size}")));
+    }
+    let device = pg_nccl::Device::new(ordinal)?;
+    let (math, stream) = cuda::CudaMath::new(&device)?;
+    // The caller's stream is the current one: collectives order after its kernels, `wait()` orders it after them.
+    let _guard = StreamGuard::<pg_nccl::Nccl>::new(&device, &stream);
+    let pg = ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), Options::builder().build())?;
+    let records = train::train(&math, &pg, config)?;
+    pg.shutdown()?;
+    Ok((records, rank))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = match parse(&args) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match args.backend.as_str() {
+        "mock" => run_mock(args.world_size, &args.config).and_then(|curves| {
+            let first = curves[0].clone();
+            match curves.iter().all(|c| c.iter().map(|r| r.loss).eq(first.iter().map(|r| r.loss))) {
+                true => Ok((first, 0)),
+                false => Err(pg_core::Error::Backend("the simulated ranks' loss curves differ".into())),
+            }
+        }),
+        _ => run_nccl(args.world_size, &args.config),
+    };
+    let (records, rank) = match result {
+        Ok(done) => done,
+        Err(err) => {
+            eprintln!("ddp_mlp: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if rank != 0 {
+        return ExitCode::SUCCESS;
+    }
+    for record in &records {
+        println!("step {:4}  loss {:.6}  {:.3} ms", record.step, record.loss, record.ms);
+    }
+    if let Some(path) = &args.json {
+        let c = &args.config;
+        let report = json!({
+            "backend": args.backend,
+            "world_size": args.world_size,
+            "global_batch": c.batch,
+            "model": {"input": c.input, "hidden": c.hidden, "output": c.output, "teacher_hidden": c.teacher_hidden,
+                      "lr": c.lr, "seed": c.seed, "buckets": 2},
+            "steps": records.iter().map(|r| json!({"step": r.step, "loss": r.loss, "ms": r.ms})).collect::<Vec<_>>(),
+        });
+        if let Err(err) = std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default() + "\n") {
+            eprintln!("ddp_mlp: {path}: {err}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}

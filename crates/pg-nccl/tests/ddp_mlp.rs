@@ -1,0 +1,182 @@
+//! The training example's CUDA half where a CPU can check it (its PTX, its cuBLAS arguments against a reference
+//! column-major GEMM), and its step on the simulated backend: world 1, 2 and 4 (one thread per rank) follow the same
+//! loss curve to float tolerance (which they would not if a bucket's all_reduce were missing or wrong: each
+//! rank would then train on its own share), the loss falls, and a batch that does not split evenly is refused.
+
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code, dead_code)] // A reason: the example's CUDA half, of which these tests use the pure parts.
+#[path = "../examples/ddp_mlp/cuda.rs"]
+mod cuda;
+#[path = "../examples/ddp_mlp/host.rs"]
+mod host;
+#[path = "../examples/ddp_mlp/train.rs"]
+mod train;
+
+use std::sync::Arc;
+
+use pg_core::{Options, ProcessGroup};
+use train::{Config, StepRecord};
+
+fn config() -> Config {
+    Config { batch: 64, steps: 25, ..Config::default() }
+}
+
+/// Every rank's curve of a simulated world of `world` ranks.
+fn curves(world: usize, config: &Config) -> Vec<pg_core::Result<Vec<StepRecord>>> {
+    let sim = pg_mock::World::new(pg_mock::WorldConfig { devices: world, ..Default::default() });
+    let store = sim.store();
+    sim.run(world, |rank, device| {
+        let pg = ProcessGroup::<pg_mock::Mock>::new(
+            Arc::clone(&store),
+            rank,
+            world,
+            device.clone(),
+            Options::builder().build(),
+        )?;
+        let math = host::HostMath::new(device);
+        let records = train::train(&math, &pg, config);
+        pg.shutdown()?;
+        records
+    })
+}
+
+#[test]
+fn world_n_follows_world_1s_loss_curve_and_the_loss_falls() {
+    let config = config();
+    let one: Vec<f64> = curves(1, &config).remove(0).unwrap().iter().map(|r| r.loss).collect();
+    assert_eq!(one.len(), config.steps);
+    let (first, last) = (one[0], one[one.len() - 1]);
+    assert!(last < 0.8 * first, "the loss did not fall: {first} -> {last}");
+    for world in [2, 4] {
+        for (rank, curve) in curves(world, &config).into_iter().enumerate() {
+            let curve: Vec<f64> = curve.unwrap().iter().map(|r| r.loss).collect();
+            for (step, (a, b)) in one.iter().zip(&curve).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * a.abs(),
+                    "world {world} rank {rank} step {step}: {b} against world 1's {a}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_buckets_are_enqueued_in_backward_order_after_the_initial_broadcasts() {
+    let config = Config { steps: 2, ..config() };
+    let sim = pg_mock::World::new(pg_mock::WorldConfig { devices: 2, ..Default::default() });
+    let store = sim.store();
+    let recorded = sim.run(2, |rank, device| {
+        let pg =
+            ProcessGroup::<pg_mock::Mock>::new(Arc::clone(&store), rank, 2, device.clone(), Options::builder().build())
+                .unwrap();
+        train::train(&host::HostMath::new(device), &pg, &config).unwrap();
+        let dump: serde_json::Value = serde_json::from_str(&pg.flight_recorder_json()).unwrap();
+        pg.shutdown().unwrap();
+        dump["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["profiling_name"].as_str().unwrap().to_owned(), e["input_sizes"][0][0].as_u64().unwrap()))
+            .collect::<Vec<_>>()
+    });
+    let (layer1, layer2) = ((64 * 256 + 256) as u64, (256 * 16 + 16) as u64);
+    let mut want = vec![("nccl:broadcast".to_owned(), layer1), ("nccl:broadcast".to_owned(), layer2)];
+    for _ in 0..config.steps {
+        // Layer 2's bucket first (backward produces it first), then layer 1's, then the one-element loss.
+        want.extend([layer2, layer1, 1].map(|n| ("nccl:all_reduce".to_owned(), n)));
+    }
+    for ops in recorded {
+        assert_eq!(ops, want);
+    }
+}
+
+#[test]
+fn a_global_batch_that_does_not_split_evenly_is_refused() {
+    let config = Config { batch: 30, steps: 1, ..config() };
+    for result in curves(4, &config) {
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), pg_core::ErrorKind::InvalidArgument);
+        assert!(err.to_string().contains("does not split evenly between 4 ranks"), "{err}");
+    }
+}
+
+#[test]
+fn the_kernels_ptx_declares_each_entry_once_with_its_own_labels_and_plain_register_names() {
+    for entry in ["mlp_bias_act(", "mlp_relu_backward(", "mlp_mse(", "mlp_sgd("] {
+        assert_eq!(cuda::PTX.matches(&format!(".visible .entry {entry}")).count(), 1, "{entry}");
+    }
+    for line in cuda::PTX.lines().filter(|l| l.trim_start().starts_with(".reg")) {
+        assert!(!line.contains('%'), "a declared register clashes with PTX's %-names: {line}");
+    }
+    let labels: Vec<&str> = cuda::PTX.lines().filter(|l| l.ends_with(':')).collect();
+    let unique: std::collections::BTreeSet<&str> = labels.iter().copied().collect();
+    assert_eq!((labels.len(), unique.len()), (4, 4), "{labels:?}");
+}
+
+/// A column-major `C = op(A) op(B)` as cuBLAS defines it (`op` by the flags, leading dimensions given).
+fn reference_sgemm(
+    transposed: (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    (a, b): (&[f32], &[f32]),
+    ld: (usize, usize, usize),
+) -> Vec<f32> {
+    let mut c = vec![0.0f32; ld.2 * n];
+    for j in 0..n {
+        for i in 0..m {
+            let mut sum = 0.0;
+            for p in 0..k {
+                let x = if transposed.0 { a[p + i * ld.0] } else { a[i + p * ld.0] };
+                let y = if transposed.1 { b[j + p * ld.1] } else { b[p + j * ld.1] };
+                sum += x * y;
+            }
+            c[i + j * ld.2] = sum;
+        }
+    }
+    c
+}
+
+#[test]
+fn the_cublas_arguments_compute_the_row_major_product_the_host_math_computes() {
+    use train::Math as _;
+    let (m, n, k) = (3, 5, 4);
+    let a: Vec<f32> = (0..m * k).map(|i| train::uniform(7, 1, i as u64)).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| train::uniform(7, 2, i as u64)).collect();
+    let world = pg_mock::World::new(pg_mock::WorldConfig { devices: 1, ..Default::default() });
+    let checked = world.run(1, |_, device| {
+        let math = host::HostMath::new(device);
+        let (ha, hb, hc) = (math.zeros(m * k).unwrap(), math.zeros(k * n).unwrap(), math.zeros(m * n).unwrap());
+        math.upload(&ha, &a).unwrap();
+        math.upload(&hb, &b).unwrap();
+        for transposed in [(false, false), (false, true), (true, false), (true, true)] {
+            math.gemm(
+                transposed,
+                (m, n, k),
+                1.0,
+                train::all(&ha, m * k),
+                train::all(&hb, k * n),
+                0.0,
+                train::all(&hc, m * n),
+            )
+            .unwrap();
+            let want = math.download(&hc).unwrap();
+            let call = cuda::column_major(transposed, (m, n, k));
+            // cuBLAS gets B first, then A, and writes C^T column-major: the row-major C.
+            let got = reference_sgemm(call.transposed, call.dims, (&b, &a), call.ld);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{transposed:?}: {got:?} against {want:?}");
+            }
+        }
+        true
+    });
+    assert_eq!(checked, vec![true]);
+}
+
+#[test]
+fn the_generator_gives_the_numbers_the_pytorch_script_computes() {
+    // Computed by bench/torch_ddp_mlp.py's `uniform` in Python integers: the two sides train on the same data.
+    let first: Vec<f32> = (0..4).map(|i| train::uniform(0, 1, i)).collect();
+    assert_eq!(first, [-0.13694406, 0.82519436, 0.49829936, 0.49156344]);
+    let inputs: Vec<f32> = (100..102).map(|i| train::uniform(5, (1 << 32) + 3, i)).collect();
+    assert_eq!(inputs, [-0.47416627, -0.16909039]);
+}
