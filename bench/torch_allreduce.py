@@ -4,7 +4,10 @@ Run with torchrun, one process per GPU, e.g.
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 bench/torch_allreduce.py --out DIR
 Same procedure as the Rust contestants (crates/pg-nccl/src/bin/pg-nccl-gpu/bench.rs): per size, per trial,
 align the ranks, queue a spin so the host runs ahead, K in-place all_reduces (async_op=True, then wait()),
-timing events around them on the current stream; host clocks around the call and the wait. Medians.
+timing events around them on the current stream; host clocks around the call and the wait. Device time counts
+only the trials in which the GPU was still spinning when the host had enqueued every op (else the events timed the
+host: gpu_ahead false, time_us null when no trial was ahead). Host throughput: K ops back to back with no spin.
+Medians.
 Writes DIR/torch.json (rank 0, with every rank's numbers gathered).
 """
 
@@ -51,9 +54,29 @@ def trial(t, tiny, ops, cycles_per_ms):
         t2 = time.perf_counter_ns()
         enqueue.append((t1 - t0) / 1e3)
         wait.append((t2 - t1) / 1e3)
+    # The event after the spin not yet passed: the GPU was still spinning when the host was done enqueuing.
+    gpu_ahead = not start.query()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / ops, enqueue, wait
+    return start.elapsed_time(end) * 1e3 / ops, gpu_ahead, enqueue, wait
+
+
+def throughput(t, tiny, ops):
+    """ops back-to-back all_reduces (then wait()) with no spin ahead: ops per second of host time."""
+    dist.all_reduce(tiny)
+    torch.cuda.current_stream().synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(ops):
+        dist.all_reduce(t, async_op=True).wait()
+    elapsed = (time.perf_counter_ns() - t0) / 1e9
+    torch.cuda.synchronize()
+    return ops / elapsed
+
+
+def device_time(trials):
+    """The median device time over the trials in which the GPU was ahead of the host; None if it never was."""
+    ahead = [us for us, gpu_ahead in trials if gpu_ahead]
+    return statistics.median(ahead) if ahead else None
 
 
 def main():
@@ -80,37 +103,44 @@ def main():
         want = world * (world + 1) / 2
         assert torch.all(t == want).item(), f"wrong sum at {size} B"
         trial(t, tiny, min(ops, 20), args.cycles_per_ms)  # warm-up
-        times, enq, wt = [], [], []
+        times, ahead, enq, wt = [], [], [], []
         for _ in range(args.trials):
             t = torch.ones(numel, device=device)
-            d, e, w = trial(t, tiny, ops, args.cycles_per_ms)
+            d, a, e, w = trial(t, tiny, ops, args.cycles_per_ms)
             times.append(d)
+            ahead.append(a)
             enq += e
             wt += w
-        time_us = statistics.median(times)
         rows.append({
             "contestant": "torch",
             "bytes": size,
             "ops_per_trial": ops,
             "trials": args.trials,
-            "time_us": time_us,
+            "time_us": device_time(list(zip(times, ahead))),
             "host_enqueue_us": statistics.median(enq),
             "wait_us": statistics.median(wt),
             "device_us_trials": times,
+            "gpu_ahead_trials": ahead,
+            "gpu_ahead": all(ahead),
+            "host_ops_per_s": throughput(t, tiny, ops),
         })
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     if rank == 0:
         merged = []
         for index, row in enumerate(rows):
-            slowest = max(r[index]["time_us"] for r in gathered)
-            algbw = row["bytes"] / (slowest * 1e-6) / 1e9
+            # A rank with no device time (it never had the GPU ahead) makes the row host-bound.
+            times = [r[index]["time_us"] for r in gathered]
+            slowest = None if None in times else max(times)
+            algbw = row["bytes"] / (slowest * 1e-6) / 1e9 if slowest else None
             merged.append(dict(row,
                                time_us=slowest,
                                algbw_gbps=algbw,
-                               busbw_gbps=algbw * 2 * (world - 1) / world,
+                               busbw_gbps=algbw * 2 * (world - 1) / world if algbw else None,
                                host_enqueue_us=max(r[index]["host_enqueue_us"] for r in gathered),
-                               wait_us=max(r[index]["wait_us"] for r in gathered)))
+                               wait_us=max(r[index]["wait_us"] for r in gathered),
+                               gpu_ahead=all(r[index]["gpu_ahead"] for r in gathered),
+                               host_ops_per_s=min(r[index]["host_ops_per_s"] for r in gathered)))
         versions = {
             "torch": torch.__version__,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())),
