@@ -9,6 +9,8 @@ only the trials in which the GPU was still spinning when the host had enqueued e
 host: gpu_ahead false, time_us null when no trial was ahead). Host throughput: K ops back to back with no spin.
 Medians.
 Writes DIR/torch.json (rank 0, with every rank's numbers gathered).
+With --first lazy|eager: one trial of the time to the first all_reduce instead (init_process_group without or
+with device_id, then one all_reduce), appended to DIR/torch-first.jsonl; run it in fresh processes, once a trial.
 """
 
 import argparse
@@ -79,14 +81,56 @@ def device_time(trials):
     return statistics.median(ahead) if ahead else None
 
 
+def first_collective(args):
+    """One trial of the time to the first all_reduce in this fresh process: from before init_process_group (the
+    TCPStore and the CUDA context made first, as the Rust side has them) to the op's completion on the device.
+    Rank 0 appends the slowest rank's time to DIR/torch-first.jsonl."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    tiny = torch.ones(1, device=device)
+    torch.cuda.synchronize()
+    # Under torchrun the agent may already host the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE).
+    host_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, host_store)
+    store = dist.PrefixStore("bench-first", store)
+    # A store barrier: every rank's clock starts when the last one is ready.
+    if store.add("first/arrived", 1) == world:
+        store.set("first/go", "1")
+    store.wait(["first/go"])
+    t0 = time.perf_counter()
+    if args.first == "eager":
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
+    else:
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world)
+    dist.all_reduce(tiny)
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) * 1e3
+    assert tiny.item() == world, f"first all_reduce gave {tiny.item()}"
+    gathered = [None] * world
+    dist.all_gather_object(gathered, ms)
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "torch-first.jsonl"), "a") as f:
+            f.write(json.dumps({"mode": args.first, "first_collective_ms": max(gathered), "ranks_ms": gathered}) + "\n")
+        print(f"torch first all_reduce ({args.first}): {max(gathered):.1f} ms")
+    dist.destroy_process_group()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--max-bytes", type=int, default=1 << 30)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--cycles-per-ms", type=int, default=1_980_000, help="SM clock (H200: 1.98 GHz)")
+    parser.add_argument("--first", choices=["lazy", "eager"],
+                        help="instead of the bench: one trial of the time to the first all_reduce")
     args = parser.parse_args()
     assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "NCCL_NVLS_ENABLE=0 must be set"
+    if args.first:
+        first_collective(args)
+        return
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)

@@ -53,7 +53,9 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs pg's real-GPU suite from this bundle (no cargo needed): the conformance suite, the three experiments,
 # and the all_reduce benchmark (raw NCCL loop, pg's process group, PyTorch) on the same libnccl.
 # Usage: run.sh [OUT_DIR]   (env: TASKS=conformance,experiments  BENCH=1  BENCH_MAX_BYTES=1073741824
-#                            BENCH_TRIALS=5  NPROC=N)
+#                            BENCH_TRIALS=5  FIRST_TRIALS=5  NPROC=N)
+# With BENCH=1 the bench also times the first all_reduce of a fresh group (pg lazy and eager, PyTorch without
+# and with device_id, FIRST_TRIALS fresh launches each) and merges everything into OUT_DIR/allreduce.{md,json}.
 # The conformance results are OUT_DIR/conformance.{md,json}: {"backend", "world_size", "cases": [...]}.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -79,9 +81,17 @@ if [ "${BENCH:-1}" = "1" ]; then
   echo "bench libnccl: ${PG_NCCL_LIBRARY:-default loader (libnccl.so.2, libnccl.so)}"
   "$HERE/pg-nccl-gpu" run --tasks bench --out "$OUT" --bench-max-bytes "${BENCH_MAX_BYTES:-1073741824}" \
     --bench-trials "${BENCH_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
+  "$HERE/pg-nccl-gpu" run --tasks first --out "$OUT" --bench-trials "${FIRST_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
   if python3 -c 'import torch' 2>/dev/null; then
     NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
-    torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_allreduce.py" --out "$OUT" --max-bytes "${BENCH_MAX_BYTES:-1073741824}" || rc=1
+    torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_allreduce.py" --out "$OUT" --max-bytes "${BENCH_MAX_BYTES:-1073741824}" \
+      --trials "${BENCH_TRIALS:-5}" || rc=1
+    rm -f "$OUT/torch-first.jsonl"
+    for _ in $(seq "${FIRST_TRIALS:-5}"); do
+      for MODE in lazy eager; do
+        torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_allreduce.py" --out "$OUT" --first "$MODE" || rc=1
+      done
+    done
   else
     echo "no torch here: the PyTorch contestant is skipped"
   fi

@@ -1,6 +1,6 @@
 //! `pg-nccl-gpu`: the real-GPU suite of pg, one process per GPU.
 //!
-//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--out DIR] [bench options]` finds the GPUs,
+//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,first] [--out DIR] [bench options]` finds the GPUs,
 //! starts one rank process per GPU for each task (environment as torchrun sets it: `RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges
 //! their results into `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank
@@ -14,6 +14,7 @@
 mod bench;
 mod conformance;
 mod experiments;
+mod first;
 mod report;
 mod util;
 
@@ -26,7 +27,7 @@ use pg_core::store::Store;
 use serde_json::{json, Value};
 
 const USAGE: &str = "\
-usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench] [--out DIR]
+usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,first] [--out DIR]
                        [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
@@ -120,7 +121,12 @@ fn launch(settings: &Settings) -> Result<(), String> {
     let mut failed = Vec::new();
     for task in &settings.tasks {
         let started = Instant::now();
-        match launch_task(settings, task, nproc) {
+        let launched = match task.as_str() {
+            // Each trial of the first collective is a fresh set of processes.
+            "first" => first::launch(settings, nproc, launch_task),
+            _ => launch_task(settings, task, nproc),
+        };
+        match launched {
             Ok(ranks) => {
                 let ok = report::task(settings, task, &ranks)?;
                 println!(
@@ -258,6 +264,7 @@ fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, Stri
         "conformance" => conformance::run(&ctx),
         "experiments" => experiments::run(&ctx),
         "bench" => bench::run(&ctx),
+        "first-lazy" | "first-eager" => first::run(&ctx, task == "first-eager"),
         other => return Err(format!("unknown task {other}")),
     }?;
     value["rank"] = json!(rank);

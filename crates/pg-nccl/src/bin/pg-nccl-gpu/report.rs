@@ -14,6 +14,15 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
         print!("{markdown}");
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
+    if task == "first" {
+        // One value per launch (a fresh set of rank processes), each with its ranks' results.
+        let (ok, markdown) = crate::first::report(ranks);
+        print!("{markdown}");
+        let first_rank = &ranks[0]["ranks"][0];
+        let merged = json!({ "task": task, "passed": ok, "world_size": ranks[0]["ranks"].as_array().map_or(0, Vec::len),
+                             "versions": first_rank["versions"], "launches": ranks });
+        return write(settings, task, &merged, &markdown).map(|()| ok);
+    }
     let (ok, markdown) = match task {
         "experiments" => experiments(ranks),
         "bench" => bench(ranks),
@@ -453,8 +462,45 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             median_of("raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank"),
         );
     }
+    // Time to the first collective (`first.json` from the `first` task, `torch-first.jsonl` from the PyTorch
+    // script's `--first` runs), when measured.
+    let first_collective = load("first.json")?.map(|first| {
+        let launches = first["launches"].as_array().cloned().unwrap_or_default();
+        let torch: Vec<Value> = std::fs::read_to_string(dir.join("torch-first.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect();
+        crate::first::compare(&launches, &torch)
+    });
+    if let Some(first) = &first_collective {
+        let ms = |v: &Value| v.as_f64().map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            md,
+            "\nTime to the first all_reduce, from before the group's creation to the op's completion on the device \
+             (fresh processes, slowest rank, median of the trials; target pg <= 0.8x PyTorch):\n"
+        );
+        let _ = writeln!(md, "| init | pg ms | PyTorch ms | pg / PyTorch | within 0.8x |");
+        let _ = writeln!(md, "|---|---|---|---|---|");
+        for (mode, name) in [("lazy", "lazy (no device_id)"), ("eager", "eager (pg eager_init; PyTorch device_id=)")] {
+            let side = &first[mode];
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {} |",
+                ms(&side["pg_ms"]),
+                ms(&side["torch_ms"]),
+                side["pg_over_torch"].as_f64().map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into()),
+                match side["within_0_8"].as_bool() {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "-",
+                }
+            );
+        }
+    }
     std::fs::write(dir.join("allreduce.md"), &md).map_err(|e| e.to_string())?;
     let merged = json!({
+        "first_collective": first_collective,
         "label": label,
         "rust_versions": bench["versions"],
         "torch_versions": torch.as_ref().map(|t| t["versions"].clone()),
