@@ -89,6 +89,7 @@ mod config;
 mod conv;
 mod device;
 mod fault;
+mod graph;
 mod hazard;
 mod sched;
 mod state;
@@ -102,6 +103,7 @@ pub use config::{HostCosts, WorldConfig};
 pub use conv::{decode, encode};
 pub use device::MockDevice;
 pub use fault::Fault;
+pub use graph::MockGraph;
 pub use hazard::{Hazard, HazardKind, HazardMode};
 pub use state::{KernelKind, KernelRecord};
 pub use store::SimStore;
@@ -122,6 +124,7 @@ impl pg_core::Backend for Mock {
     type Event = MockEvent;
     type Buffer = MockBuffer;
     type Communicator = MockCommunicator;
+    type Graph = MockGraph;
 }
 
 /// The README's example, compiled and run as a doctest against this backend.

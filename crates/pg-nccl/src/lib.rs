@@ -21,6 +21,7 @@ mod conv;
 mod device;
 mod exchange;
 mod foreign;
+mod graph;
 #[cfg(feature = "testing")]
 pub mod launches;
 mod premul;
@@ -34,6 +35,7 @@ pub use communicator::call_timing;
 pub use communicator::Communicator;
 pub use device::Device;
 pub use foreign::Element;
+pub use graph::Graph;
 pub use stream::{Event, Stream};
 
 pub use nccl_sys;
@@ -50,6 +52,7 @@ impl pg_core::Backend for Nccl {
     type Event = Event;
     type Buffer = Buffer;
     type Communicator = Communicator;
+    type Graph = Graph;
 }
 
 /// Whether this machine can run the backend: a CUDA driver with at least one device, and a loadable NCCL.
