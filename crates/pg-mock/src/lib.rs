@@ -83,13 +83,13 @@
 
 mod allocator;
 mod buffer;
+mod capture;
 mod clock;
 mod communicator;
 mod config;
 mod conv;
 mod device;
 mod fault;
-mod graph;
 mod hazard;
 mod sched;
 mod state;
@@ -103,11 +103,10 @@ pub use config::{HostCosts, WorldConfig};
 pub use conv::{decode, encode};
 pub use device::MockDevice;
 pub use fault::Fault;
-pub use graph::MockGraph;
 pub use hazard::{Hazard, HazardKind, HazardMode};
 pub use state::{KernelKind, KernelRecord};
 pub use store::SimStore;
-pub use stream::{MockEvent, MockStream};
+pub use stream::{MockEvent, MockGraph, MockStream};
 pub use world::World;
 
 /// The simulated backend: devices, streams, events, buffers and communicators of a [`World`].
