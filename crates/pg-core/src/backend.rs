@@ -36,10 +36,11 @@ pub trait Backend: Sized + Send + Sync + Debug + 'static {
 /// calls that would need the device to make progress meanwhile (synchronising, querying) are errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum CaptureMode {
-    /// Unsafe calls fail on every thread while any global-mode capture runs in the process.
-    Global,
-    /// Unsafe calls fail on the thread that began the capture (PyTorch's default for `torch.cuda.graph`).
+    /// Unsafe calls fail on every thread while any global-mode capture runs in the process (PyTorch's default
+    /// for `torch.cuda.graph`).
     #[default]
+    Global,
+    /// Unsafe calls fail on the thread that began the capture only.
     ThreadLocal,
     /// No call of another thread is refused; only the capturing streams themselves are.
     Relaxed,
@@ -237,7 +238,7 @@ pub trait Graph: Send + Sync + Debug + 'static {
     /// Enqueues one run of the recorded work on `stream` (CUDA's `cuGraphLaunch`); the host does not wait.
     fn launch(&self, stream: &<Self::B as Backend>::Stream) -> Result<()>;
 
-    /// How many operations (graph nodes: kernels, collectives, copies, event records and waits) it holds.
+    /// How many operations (graph nodes: kernels, collectives, copies) it holds.
     fn node_count(&self) -> usize;
 }
 

@@ -21,7 +21,6 @@ mod conv;
 mod device;
 mod exchange;
 mod foreign;
-mod graph;
 #[cfg(feature = "testing")]
 pub mod launches;
 mod premul;
@@ -35,8 +34,7 @@ pub use communicator::call_timing;
 pub use communicator::Communicator;
 pub use device::Device;
 pub use foreign::Element;
-pub use graph::Graph;
-pub use stream::{Event, Stream};
+pub use stream::{Event, Graph, Stream};
 
 pub use nccl_sys;
 pub use pg_cuda;
