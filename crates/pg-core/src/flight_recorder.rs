@@ -54,6 +54,8 @@ pub(crate) struct NewEntry {
     pub(crate) started: Option<EventProbe>,
     /// Whether the end event was done, queried at dump time until the watchdog retired the entry.
     pub(crate) completed: Option<EventProbe>,
+    /// Enqueued under stream capture: the op is nodes of a graph and never runs by itself (`captured` in the dump).
+    pub(crate) captured: bool,
 }
 
 /// The element count and dtype of every input and every output buffer of a list op, in order.
@@ -115,6 +117,7 @@ impl Entry {
             "retired": self.retired,
             "timeout_ms": new.timeout_ms,
             "is_p2p": new.op.is_p2p(),
+            "captured": new.captured,
             "frames": [],
             "thread_id": self.thread_id,
             "thread_name": &*self.thread_name,
@@ -312,6 +315,7 @@ mod tests {
             timeout_ms: 600_000,
             started: None,
             completed: None,
+            captured: false,
         }
     }
 
