@@ -88,10 +88,10 @@ impl Stream {
     /// Ends the capture this stream began (`cuStreamEndCapture`) and instantiates the graph. The handles kept
     /// for the capture move into the graph; on failure they are dropped (the capture has ended either way).
     pub fn end_capture(&self) -> Result<Graph> {
-        let id = match self.capture_status()? {
-            CaptureStatus::Active(id) => Some(id),
-            _ => None,
-        };
+        self.cuda().context().bind_to_thread().during("cuCtxSetCurrent")?;
+        // The id is valid for an active and for an invalidated capture: both may have kept handles.
+        let (status, id) = crate::ffi::capture_info(self.cuda())?;
+        let id = (status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id);
         let ended = crate::ffi::end_capture(self.cuda());
         let kept = id.and_then(|id| kept().lock().unwrap_or_else(PoisonError::into_inner).remove(&id));
         let (exec, nodes) = ended?;

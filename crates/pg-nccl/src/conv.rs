@@ -160,6 +160,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_stream_capture_results_are_capture_errors() {
+        use pg_cuda::cudarc::driver::sys::CUresult;
+        assert!(is_capture_error(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+        assert!(is_capture_error(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+        assert!(is_capture_error(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED));
+        assert!(is_capture_error(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD));
+        assert!(!is_capture_error(CUresult::CUDA_ERROR_NOT_READY));
+        assert!(!is_capture_error(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+    }
+
+    #[test]
     fn reductions() {
         assert_eq!(red_op(ReduceOp::Sum, DType::F32).unwrap(), sys::ncclSum);
         assert_eq!(red_op(ReduceOp::Sum, DType::Bool).unwrap(), sys::ncclMax);
