@@ -413,6 +413,7 @@ mod tests {
             "retired",
             "timeout_ms",
             "is_p2p",
+            "captured",
             "frames",
             "thread_id",
             "thread_name",
@@ -420,6 +421,7 @@ mod tests {
             assert!(first.get(field).is_some(), "missing field {field}");
         }
         assert_eq!(first["profiling_name"], "nccl:all_reduce");
+        assert_eq!(first["captured"], false);
         assert_eq!(first["input_sizes"], json!([[16]]));
         assert_eq!(first["input_dtypes"], json!(["Float"]));
         assert_eq!(first["time_discovered_completed_ns"], 5_000);
