@@ -54,6 +54,8 @@ pub(crate) struct NewEntry {
     pub(crate) started: Option<EventProbe>,
     /// Whether the end event was done, queried at dump time until the watchdog retired the entry.
     pub(crate) completed: Option<EventProbe>,
+    /// Enqueued under stream capture: the op is nodes of a graph and never runs by itself (`captured` in the dump).
+    pub(crate) captured: bool,
 }
 
 /// The element count and dtype of every input and every output buffer of a list op, in order.
@@ -115,6 +117,7 @@ impl Entry {
             "retired": self.retired,
             "timeout_ms": new.timeout_ms,
             "is_p2p": new.op.is_p2p(),
+            "captured": new.captured,
             "frames": [],
             "thread_id": self.thread_id,
             "thread_name": &*self.thread_name,
@@ -312,6 +315,7 @@ mod tests {
             timeout_ms: 600_000,
             started: None,
             completed: None,
+            captured: false,
         }
     }
 
@@ -409,6 +413,7 @@ mod tests {
             "retired",
             "timeout_ms",
             "is_p2p",
+            "captured",
             "frames",
             "thread_id",
             "thread_name",
@@ -416,6 +421,7 @@ mod tests {
             assert!(first.get(field).is_some(), "missing field {field}");
         }
         assert_eq!(first["profiling_name"], "nccl:all_reduce");
+        assert_eq!(first["captured"], false);
         assert_eq!(first["input_sizes"], json!([[16]]));
         assert_eq!(first["input_dtypes"], json!(["Float"]));
         assert_eq!(first["time_discovered_completed_ns"], 5_000);
