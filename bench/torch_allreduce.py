@@ -81,6 +81,81 @@ def device_time(trials):
     return statistics.median(ahead) if ahead else None
 
 
+GRAPH_MAX_BYTES = 1 << 20
+
+
+def graph_rows(sizes, args, device, rank, world, tiny):
+    """torch.cuda.graph around K dist.all_reduce calls (NCCL's graph support), replayed: per size a check (a graph
+    of two all_reduces replayed twice gives world x the rank sum each time), then per trial a spin and one replay
+    between timing events on the current stream (device time per op = elapsed / K, same GPU-ahead rule) and the
+    host time of g.replay() (host cost per replayed op = replay / K). Warm-up on a side stream, as torch's docs
+    say for capture."""
+    rows = []
+    side = torch.cuda.Stream()
+    for size in [s for s in sizes if s <= GRAPH_MAX_BYTES]:
+        numel = max(size // 4, 1)
+        ops = ops_per_trial(size)
+
+        def captured(t, count):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    dist.all_reduce(t)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
+                for _ in range(count):
+                    dist.all_reduce(t)
+            return g
+
+        check = torch.empty(numel, device=device)
+        g = captured(check, 2)
+        for replay in range(2):
+            check.fill_(float(rank + 1))
+            g.replay()
+            torch.cuda.synchronize()
+            want = world * (world + 1) / 2 * world
+            assert torch.all(check == want).item(), f"graph replay {replay} wrong at {size} B"
+        del g
+        t = torch.zeros(numel, device=device)  # replaying sums of zeros stays finite
+        g = captured(t, ops)
+        t.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        times, ahead, launch = [], [], []
+        for _ in range(args.trials):
+            dist.all_reduce(tiny)
+            torch.cuda.current_stream().synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(spin_cycles(ops, args.cycles_per_ms))
+            start.record()
+            t0 = time.perf_counter_ns()
+            g.replay()
+            launch.append((time.perf_counter_ns() - t0) / 1e3)
+            ahead.append(not start.query())
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / ops)
+        replay_us = statistics.median(launch)
+        rows.append({
+            "contestant": "torch-graph",
+            "bytes": size,
+            "ops_per_trial": ops,
+            "trials": args.trials,
+            "time_us": device_time(list(zip(times, ahead))),
+            "host_enqueue_us": replay_us / ops,
+            "graph_launch_us": replay_us,
+            "wait_us": None,
+            "device_us_trials": times,
+            "gpu_ahead_trials": ahead,
+            "gpu_ahead": all(ahead),
+            "host_ops_per_s": ops / (replay_us * 1e-6),
+        })
+        del g
+    return rows
+
+
 def first_collective(args):
     """One trial of the time to the first all_reduce in this fresh process: from before init_process_group (the
     TCPStore and the CUDA context made first, as the Rust side has them) to the op's completion on the device.
@@ -168,8 +243,16 @@ def main():
             "gpu_ahead": all(ahead),
             "host_ops_per_s": throughput(t, tiny, ops),
         })
+    sizes = [s for s in SIZES if s <= args.max_bytes]
+    try:
+        graphs, graph_error = graph_rows(sizes, args, device, rank, world, tiny), None
+    except Exception as error:  # keep the eager rows when capture fails; say why
+        graphs, graph_error = [], f"{type(error).__name__}: {error}"
+        print(f"torch graph contestant failed: {graph_error}")
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
+    gathered_graphs = [None] * world
+    dist.all_gather_object(gathered_graphs, graphs)
     if rank == 0:
         merged = []
         for index, row in enumerate(rows):
@@ -185,6 +268,15 @@ def main():
                                wait_us=max(r[index]["wait_us"] for r in gathered),
                                gpu_ahead=all(r[index]["gpu_ahead"] for r in gathered),
                                host_ops_per_s=min(r[index]["host_ops_per_s"] for r in gathered)))
+        merged_graphs = []
+        for index, row in enumerate(graphs if all(len(g) == len(graphs) for g in gathered_graphs) else []):
+            times = [g[index]["time_us"] for g in gathered_graphs]
+            merged_graphs.append(dict(row,
+                                      time_us=None if None in times else max(times),
+                                      host_enqueue_us=max(g[index]["host_enqueue_us"] for g in gathered_graphs),
+                                      graph_launch_us=max(g[index]["graph_launch_us"] for g in gathered_graphs),
+                                      gpu_ahead=all(g[index]["gpu_ahead"] for g in gathered_graphs),
+                                      host_ops_per_s=min(g[index]["host_ops_per_s"] for g in gathered_graphs)))
         versions = {
             "torch": torch.__version__,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())),
@@ -194,7 +286,8 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "torch.json"), "w") as f:
             json.dump({"task": "bench-torch", "world_size": world, "versions": versions, "rows": merged,
-                       "ranks": gathered}, f, indent=2)
+                       "ranks": gathered, "graph_rows": merged_graphs, "graph_ranks": gathered_graphs,
+                       "graph_error": graph_error}, f, indent=2)
         print(f"torch all_reduce: {len(merged)} sizes written to {args.out}/torch.json")
     dist.barrier()
     dist.destroy_process_group()

@@ -381,6 +381,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         }
         println!("  rank {} {bytes} B done", ctx.rank);
     }
+    rows.extend(graph_rows(ctx, &raw, &raw_stream, &pg, &user_stream, &tiny)?);
     let host_costs = host_costs(ctx, &pg)?;
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
@@ -392,6 +393,141 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     }
     drop(raw);
     Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs }))
+}
+
+/// The largest size the graph contestants run: capture pays off where the host's per-op cost matters.
+const GRAPH_MAX_BYTES: usize = 1 << 20;
+
+/// A graph contestant: K all_reduces captured once on `stream`, the graph then replayed there.
+struct GraphContestant<'a> {
+    name: &'static str,
+    stream: &'a Stream,
+    /// Enqueues one all_reduce of the buffer (while `stream` captures).
+    enqueue: Box<dyn Fn(&Buffer) -> Result<(), String> + 'a>,
+    align: Box<dyn Fn() -> Result<(), String> + 'a>,
+}
+
+/// Captures `ops` all_reduces of `buffer` by `who` on its stream (thread-local mode: the process group's
+/// watchdog thread may query events meanwhile).
+fn capture(who: &GraphContestant<'_>, buffer: &Buffer, ops: usize) -> Result<pg_nccl::Graph, String> {
+    who.stream.begin_capture(pg_core::CaptureMode::ThreadLocal).map_err(e)?;
+    let captured = (0..ops).try_for_each(|_| (who.enqueue)(buffer));
+    // End the capture whatever happened, so that the stream is usable again.
+    let graph = who.stream.end_capture().map_err(e);
+    captured?;
+    graph
+}
+
+/// The graph contestants, 8 B to [`GRAPH_MAX_BYTES`]: raw NCCL captured on its pool stream (`raw-graph`) and the
+/// default process group captured with a pool stream current (`pg-graph`; the legacy default stream cannot be
+/// captured). Per size: a check (a graph of two all_reduces replayed twice gives world x the rank sum each time),
+/// then per trial a spin, one replay of K ops between timing events (device time per op = elapsed / K, under the
+/// same GPU-ahead rule as the eager trials), and the host time of the launch (host cost per replayed op =
+/// launch / K).
+fn graph_rows(
+    ctx: &Rank,
+    raw: &RawComm,
+    raw_stream: &Stream,
+    pg: &Group,
+    user_stream: &Stream,
+    tiny: &Buffer,
+) -> Result<Vec<Value>, String> {
+    let device = &ctx.device;
+    let world = ctx.world;
+    let _guard = StreamGuard::<Nccl>::new(device, user_stream);
+    let contestants = [
+        GraphContestant {
+            name: "raw-graph",
+            stream: raw_stream,
+            enqueue: Box::new(|buffer| raw.all_reduce_in_place(buffer, ReduceOp::Sum, raw_stream).map_err(e)),
+            align: Box::new(|| {
+                raw.all_reduce_in_place(tiny, ReduceOp::Sum, raw_stream).map_err(e)?;
+                raw_stream.cuda().synchronize().map_err(e)
+            }),
+        },
+        GraphContestant {
+            name: "pg-graph",
+            stream: user_stream,
+            enqueue: Box::new(|buffer| pg.all_reduce(buffer, ReduceOp::Sum).and_then(|work| work.wait()).map_err(e)),
+            align: Box::new(|| {
+                pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?;
+                user_stream.cuda().synchronize().map_err(e)
+            }),
+        },
+    ];
+    let mut rows = Vec::new();
+    for bytes in sizes(ctx.settings.bench_max_bytes.min(GRAPH_MAX_BYTES)) {
+        let numel = (bytes / 4).max(1);
+        let ops = ops_per_trial(bytes);
+        for who in &contestants {
+            // Replays give the right sums, every time.
+            let check = device.alloc(DType::F32, numel).map_err(e)?;
+            let graph = capture(who, &check, 2)?;
+            for replay in 0..2 {
+                pg_core::Device::fill(device, &check, (ctx.rank + 1) as f64, who.stream).map_err(e)?;
+                graph.cuda().launch(who.stream.cuda()).map_err(e)?;
+                who.stream.cuda().synchronize().map_err(e)?;
+                let values = pg_core::Device::copy_to_host(device, &check, who.stream).map_err(e)?;
+                let values: Vec<f64> =
+                    values.chunks(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap()))).collect();
+                all_equal(&values, rank_sum(world) * world as f64)
+                    .map_err(|m| format!("{} {bytes} B, replay {replay}: {m}", who.name))?;
+            }
+            drop(graph);
+            // Zeros: replaying the sums keeps them finite.
+            let buffer = device.alloc(DType::F32, numel).map_err(e)?;
+            pg_core::Device::fill(device, &buffer, 0.0, who.stream).map_err(e)?;
+            let graph = capture(who, &buffer, ops)?;
+            // Warm-up replay (the first launch uploads the graph).
+            graph.cuda().launch(who.stream.cuda()).map_err(e)?;
+            who.stream.cuda().synchronize().map_err(e)?;
+            let mut trials = Vec::new();
+            let mut launch_us = Vec::new();
+            for _ in 0..ctx.settings.bench_trials {
+                (who.align)()?;
+                let cuda = device.cuda();
+                let start = cuda.timing_event().map_err(e)?;
+                let end = cuda.timing_event().map_err(e)?;
+                cuda.sleep_kernel(who.stream.cuda(), spin_for(ops)).map_err(e)?;
+                start.record(who.stream.cuda()).map_err(e)?;
+                let t = Instant::now();
+                graph.cuda().launch(who.stream.cuda()).map_err(e)?;
+                launch_us.push(t.elapsed().as_secs_f64() * 1e6);
+                let gpu_ahead = !start.query().map_err(e)?;
+                end.record(who.stream.cuda()).map_err(e)?;
+                let elapsed = end.elapsed_since(&start).map_err(e)?;
+                trials.push((elapsed.as_secs_f64() * 1e6 / ops as f64, gpu_ahead));
+            }
+            let launch = median(&mut launch_us);
+            let time_us = device_time_us(&trials).unwrap_or(f64::NAN);
+            let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
+            let gpu_ahead: Vec<bool> = trials.iter().map(|(_, ahead)| *ahead).collect();
+            rows.push(json!({
+                "contestant": who.name,
+                "bytes": bytes,
+                "ops_per_trial": ops,
+                "trials": ctx.settings.bench_trials,
+                "time_us": time_us,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * 2.0 * (world as f64 - 1.0) / world as f64,
+                // The host cost of one replayed op: the graph's launch over its ops.
+                "host_enqueue_us": launch / ops as f64,
+                "graph_launch_us": launch,
+                "graph_nodes": pg_core::Graph::node_count(&graph),
+                "wait_us": Value::Null,
+                "nccl_call_us": Value::Null,
+                "own_host_us": Value::Null,
+                "steps_us": Value::Null,
+                "device_us_trials": trials.iter().map(|(us, _)| *us).collect::<Vec<f64>>(),
+                "gpu_ahead_trials": gpu_ahead,
+                "gpu_ahead": gpu_ahead.iter().all(|ahead| *ahead),
+                "host_ops_per_s": ops as f64 / (launch * 1e-6),
+            }));
+        }
+        println!("  rank {} {bytes} B graphs done", ctx.rank);
+    }
+    device.synchronize().map_err(e)?;
+    Ok(rows)
 }
 
 /// Medians of the host cost of the primitives the process group calls per op (20,000 calls each).

@@ -258,10 +258,13 @@ fn same_rank_difference(bench: &Value, contestant: &str, baseline: &str, bytes: 
 }
 
 fn torch_rows(torch: &Value) -> Vec<BenchRow> {
-    let rows = torch["rows"].as_array().cloned().unwrap_or_default();
-    rows.iter()
-        .map(|row| BenchRow {
-            contestant: "torch".into(),
+    let eager = torch["rows"].as_array().cloned().unwrap_or_default().into_iter().map(|row| ("torch", row));
+    // `torch.cuda.graph` around K all_reduces, replayed (`graph_rows`, when the script ran them).
+    let graph = torch["graph_rows"].as_array().cloned().unwrap_or_default().into_iter().map(|row| ("torch-graph", row));
+    eager
+        .chain(graph)
+        .map(|(contestant, row)| BenchRow {
+            contestant: contestant.into(),
             bytes: row["bytes"].as_u64().unwrap_or(0),
             time_us: row["time_us"].as_f64().unwrap_or(f64::NAN),
             busbw_gbps: row["busbw_gbps"].as_f64().unwrap_or(f64::NAN),
@@ -312,7 +315,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     let device = |row: Option<&BenchRow>| row.map(|r| device_cell(r.time_us)).unwrap_or_else(|| "-".into());
     let rust_names: Vec<String> = {
         let mut names: Vec<String> = Vec::new();
-        for row in rows.iter().filter(|r| r.contestant != "torch") {
+        for row in rows.iter().filter(|r| !r.contestant.starts_with("torch")) {
             if !names.contains(&row.contestant) {
                 names.push(row.contestant.clone());
             }
@@ -360,6 +363,9 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             "pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank": same_rank_difference(&bench, "pg", "pg-no-watchdog-no-fr", bytes),
             "pg_one_input_event_minus_pg_enqueue_us_same_rank": same_rank_difference(&bench, "pg-one-input-event", "pg", bytes),
             "raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank": same_rank_difference(&bench, "raw-with-events", "raw-with-event-ring", bytes),
+            "raw_graph": find("raw-graph", bytes).map(row_json),
+            "pg_graph": find("pg-graph", bytes).map(row_json),
+            "torch_graph": find("torch-graph", bytes).map(row_json),
             "device_time_us": by_contestant(&|r| if r.time_us.is_finite() { json!(r.time_us) } else { Value::Null }),
             "gpu_ahead": by_contestant(&|r| json!(r.gpu_ahead)),
             "host_ops_per_s": by_contestant(&|r| json!(r.host_ops_per_s)),
@@ -442,6 +448,41 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             median_of("pg_minus_raw_with_events_enqueue_us_same_rank"),
             median_of("pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank"),
         );
+    }
+    // CUDA graphs: K all_reduces captured once, replayed.
+    let graph_sizes: Vec<u64> = sizes
+        .iter()
+        .copied()
+        .filter(|&b| ["raw-graph", "pg-graph", "torch-graph"].iter().any(|c| find(c, b).is_some()))
+        .collect();
+    if !graph_sizes.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nUnder CUDA graph replay (K all_reduces captured once, the graph launched after a spin): device time per \
+             op (same GPU-ahead rule), and host cost per replayed op (the graph's launch / K); eager raw and pg beside \
+             them.\n"
+        );
+        let _ = writeln!(md, "| size | raw graph us | pg graph us | torch graph us | raw us | pg us | raw graph host us | pg graph host us | torch graph host us | pg enqueue us |");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+        for &bytes in &graph_sizes {
+            let (rg, pgg, tg) = (find("raw-graph", bytes), find("pg-graph", bytes), find("torch-graph", bytes));
+            let host =
+                |row: Option<&BenchRow>| row.map(|r| format!("{:.3}", r.enqueue_us)).unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                human(bytes),
+                device(rg),
+                device(pgg),
+                device(tg),
+                device(find("raw", bytes)),
+                device(find("pg", bytes)),
+                host(rg),
+                host(pgg),
+                host(tg),
+                f(find("pg", bytes), &|r| Some(r.enqueue_us)),
+            );
+        }
     }
     let bookkeeping = median_of("pg_minus_raw_with_events_enqueue_us_same_rank");
     if bookkeeping.is_finite() {
@@ -613,6 +654,32 @@ mod tests {
         assert_eq!(size["pg_minus_raw_with_events_enqueue_us_same_rank"], json!(0.5));
         assert_eq!(merged["pg_bookkeeping_within_0_3_us"], json!(false));
         assert!(md.contains("| 1 KiB | 6.50 | host-bound | - | yes, NO, - |"), "{md}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn merge_puts_the_graph_contestants_beside_eager_ones() {
+        let dir = std::env::temp_dir().join(format!("pg-merge-graph-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |c: &str, time: f64, enqueue: f64| {
+            json!({ "contestant": c, "bytes": 8, "time_us": time, "host_enqueue_us": enqueue, "wait_us": null,
+                    "gpu_ahead": true, "host_ops_per_s": 1e5 })
+        };
+        let rows =
+            json!([row("raw", 6.4, 6.0), row("pg", 7.0, 8.0), row("raw-graph", 5.1, 0.05), row("pg-graph", 5.2, 0.06)]);
+        let bench = json!({ "world_size": 2, "versions": {}, "ranks": [rank(rows.clone()), rank(rows)] });
+        std::fs::write(dir.join("bench.json"), bench.to_string()).unwrap();
+        let torch =
+            json!({ "versions": {}, "rows": [row("torch", 6.5, 25.0)], "graph_rows": [row("torch-graph", 5.3, 0.07)] });
+        std::fs::write(dir.join("torch.json"), torch.to_string()).unwrap();
+        merge_bench(&dir, "test").unwrap();
+        let md = std::fs::read_to_string(dir.join("allreduce.md")).unwrap();
+        assert!(md.contains("| 8 B | 5.10 | 5.20 | 5.30 | 6.40 | 7.00 | 0.050 | 0.060 | 0.070 | 8.00 |"), "{md}");
+        let merged: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("allreduce.json")).unwrap()).unwrap();
+        assert_eq!(merged["sizes"][0]["pg_graph"]["time_us"], json!(5.2));
+        assert_eq!(merged["sizes"][0]["torch_graph"]["host_enqueue_us"], json!(0.07));
+        assert_eq!(merged["sizes"][0]["torch"]["host_enqueue_us"], json!(25.0), "the eager torch row stays torch's");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
