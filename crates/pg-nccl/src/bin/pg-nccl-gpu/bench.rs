@@ -398,12 +398,15 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
 /// The largest size the graph contestants run: capture pays off where the host's per-op cost matters.
 const GRAPH_MAX_BYTES: usize = 1 << 20;
 
+/// Enqueues one all_reduce of a buffer (while the contestant's stream captures).
+type Enqueue<'a> = Box<dyn Fn(&Buffer) -> Result<(), String> + 'a>;
+
 /// A graph contestant: K all_reduces captured once on `stream`, the graph then replayed there.
 struct GraphContestant<'a> {
     name: &'static str,
     stream: &'a Stream,
-    /// Enqueues one all_reduce of the buffer (while `stream` captures).
-    enqueue: Box<dyn Fn(&Buffer) -> Result<(), String> + 'a>,
+    enqueue: Enqueue<'a>,
+    /// Aligns the ranks and drains `stream`.
     align: Box<dyn Fn() -> Result<(), String> + 'a>,
 }
 
