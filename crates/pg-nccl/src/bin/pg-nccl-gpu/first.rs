@@ -30,10 +30,10 @@ pub fn run(ctx: &Rank, eager: bool) -> Result<Value, String> {
     pg_core::Device::synchronize(&ctx.device).map_err(e)?;
     // A store barrier: every rank's clock starts when the last one is ready, so that no rank times the others'
     // process start.
-    if ctx.store.add("first/arrived", 1).map_err(e)? == ctx.world as i64 {
-        ctx.store.set("first/go", b"1").map_err(e)?;
+    if ctx.store.add("first-barrier/arrived", 1).map_err(e)? == ctx.world as i64 {
+        ctx.store.set("first-barrier/go", b"1").map_err(e)?;
     }
-    ctx.store.wait(&["first/go"], Some(Duration::from_secs(120))).map_err(e)?;
+    ctx.store.wait(&["first-barrier/go"], Some(Duration::from_secs(120))).map_err(e)?;
     let started = Instant::now();
     let pg = group(ctx, "first", Options::builder().eager_init(eager))?;
     let created = started.elapsed();
