@@ -381,7 +381,18 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         }
         println!("  rank {} {bytes} B done", ctx.rank);
     }
-    rows.extend(graph_rows(ctx, &raw, &raw_stream, &pg, &user_stream, &tiny)?);
+    // A capture the driver or NCCL refuses leaves the eager rows standing; the error says why.
+    let graph_error = match graph_rows(ctx, &raw, &raw_stream, &pg, &user_stream, &tiny) {
+        Ok(graph) => {
+            rows.extend(graph);
+            None
+        }
+        Err(error) => {
+            println!("  rank {}: the graph contestants failed: {error}", ctx.rank);
+            device.synchronize().map_err(e)?;
+            Some(error)
+        }
+    };
     let host_costs = host_costs(ctx, &pg)?;
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
@@ -392,7 +403,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         one_event.shutdown().map_err(e)?;
     }
     drop(raw);
-    Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs }))
+    Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs, "graph_error": graph_error }))
 }
 
 /// The largest size the graph contestants run: capture pays off where the host's per-op cost matters.

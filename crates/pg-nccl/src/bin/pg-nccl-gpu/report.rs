@@ -449,6 +449,14 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             median_of("pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank"),
         );
     }
+    for (rank, value) in bench["ranks"].as_array().into_iter().flatten().enumerate() {
+        if let Some(error) = value["graph_error"].as_str() {
+            let _ = writeln!(md, "\nRank {rank}: the Rust graph contestants failed: {error}");
+        }
+    }
+    if let Some(error) = torch.as_ref().and_then(|t| t["graph_error"].as_str()) {
+        let _ = writeln!(md, "\nThe PyTorch graph contestant failed: {error}");
+    }
     // CUDA graphs: K all_reduces captured once, replayed.
     let graph_sizes: Vec<u64> = sizes
         .iter()
