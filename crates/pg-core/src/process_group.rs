@@ -802,6 +802,13 @@ impl<B: Backend> ProcessGroup<B> {
             inner.device.sleep(inner.options.blocking_wait_poll, &never);
         }
         // S8: a dedicated stream from the pool; high priority only changes scheduling priority.
+        // Each op makes this stream wait for the current stream (input-ready) and the current stream wait for it
+        // (`wait()`). What those two waits cost the device depends on the hardware queues the driver gave the two
+        // streams (in creation order), not on this library: nothing when they share a queue, under a microsecond
+        // for most pairs, and over a microsecond more than that for some pairs on an H200. So a group's device time
+        // per op beside the raw loop can differ from another group's with the same options only by which stream it
+        // got (`bench/results/stream-pairs-h200x1.md`; the all_reduce bench's `pg-twin`, a second group of the same
+        // options, tells it apart on NCCL).
         let stream = inner.device.stream_from_pool(inner.options.high_priority_stream)?;
         inner.comms_created.fetch_add(1, Ordering::Relaxed);
         tracing::info!(

@@ -92,10 +92,13 @@ enum Contestant<'a> {
 type Variant = fn(OptionsBuilder) -> OptionsBuilder;
 
 /// The process-group contestants besides `pg` itself, in creation order after it: each differs from the
-/// default options in one setting, except `pg-twin`, which is the default options again. `pg-twin` has its own
-/// communicator and communication stream, made last: if it runs as fast as the raw loop while `pg` does not, a
-/// device-time difference between `pg` and a variant comes from which stream and communicator a group got, not
-/// from the setting the variant changes.
+/// default options in one setting, except `pg-twin`, which is the default options again. Every group has its own
+/// communicator and communication stream, and the device time of the two waits per op between the current
+/// stream and the communication stream depends on the hardware queues the driver gave that pair of streams
+/// (nothing for a shared queue, over a microsecond per op more for some pairs than for others on an H200;
+/// `bench/results/stream-pairs-h200x1.md`). `pg-twin` differs from `pg`
+/// in nothing but its stream: when the two differ in device time, so may a variant and `pg` without the
+/// variant's setting costing anything.
 const GROUPS: [(&str, Variant); 4] = [
     ("pg-no-watchdog-no-fr", |o| o.enable_watchdog(false).trace_buffer_size(0)),
     ("pg-no-watchdog", |o| o.enable_watchdog(false)),
