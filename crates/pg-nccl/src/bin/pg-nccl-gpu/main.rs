@@ -3,8 +3,8 @@
 //! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,first] [--out DIR] [bench options]` finds
 //! the GPUs, starts one rank process per GPU for each task (the `first` task: a fresh set per trial; environment
 //! as torchrun sets it: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and
-//! `NCCL_NVLS_ENABLE=0`), waits for them, then merges their results into `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank
-//! failed, or there is no GPU.
+//! `NCCL_NVLS_ENABLE=0`), waits for them, then merges their results into `DIR/<task>.json` and prints the tables.
+//! It exits non-zero if a check failed, a rank failed, or there is no GPU.
 //!
 //! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`).
 //!
