@@ -57,6 +57,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # With BENCH=1 the bench also times the first all_reduce of a fresh group (pg lazy and eager, PyTorch without
 # and with device_id, FIRST_TRIALS fresh launches each) and merges everything into OUT_DIR/allreduce.{md,json}.
 # The conformance results are OUT_DIR/conformance.{md,json}: {"backend", "world_size", "cases": [...]}.
+# stream_pairs.py (one GPU, PyTorch) measures the device cost of pg's two waits per op for each pair of streams.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${1:-$HERE/results}"
@@ -126,10 +127,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .map_err(|e| format!("copying the xtask binary: {e}"))?;
         std::fs::copy(root().join("bench/torch_allreduce.py"), dir.join("torch_allreduce.py"))
             .map_err(|e| format!("copying the torch script: {e}"))?;
+        std::fs::copy(root().join("bench/stream_pairs.py"), dir.join("stream_pairs.py"))
+            .map_err(|e| format!("copying the stream-pair script: {e}"))?;
         let run_sh = dir.join("run.sh");
         std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
         set_executable(&run_sh)?;
-        println!("bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, torch_allreduce.py", dir.display());
+        println!(
+            "bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, torch_allreduce.py, stream_pairs.py",
+            dir.display()
+        );
         return Ok(());
     }
     let gpus = find_gpus().map_err(|why| format!("no GPU found, nothing to test: {why}"))?;
