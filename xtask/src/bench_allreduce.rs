@@ -10,7 +10,9 @@ cargo xtask bench all-reduce [--max-bytes N] [--trials N] [--out DIR]
 
 all_reduce from 8 B to 1 GiB: a raw NCCL loop through nccl-sys, pg's process group, and PyTorch's
 dist.all_reduce (bench/torch_allreduce.py, where python3 has torch), on the same GPUs and the same libnccl
-(PyTorch's when present, through PG_NCCL_LIBRARY). Markdown and JSON into --out (default bench/results/allreduce).
+(PyTorch's when present, through PG_NCCL_LIBRARY); then the time to the first all_reduce of a fresh group (pg
+lazy and eager, PyTorch without and with device_id), --trials fresh launches each. Markdown and JSON into --out
+(default bench/results/allreduce).
 ";
 
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -59,24 +61,44 @@ pub fn run(args: &[String]) -> Result<(), String> {
         rust.env("PG_NCCL_LIBRARY", path);
     }
     let rust_ok = rust.status().map_err(|e| e.to_string())?.success();
-    let torch_ok = match torch_nccl {
-        Some(_) => Command::new("torchrun")
+    // Time to the first all_reduce: fresh processes per trial, lazy and eager.
+    let mut first = Command::new(&binary);
+    first.args(["run", "--tasks", "first", "--out"]).arg(&out).args(["--bench-trials", &trials]);
+    first.env("NCCL_NVLS_ENABLE", "0");
+    if let Some(path) = &torch_nccl {
+        first.env("PG_NCCL_LIBRARY", path);
+    }
+    let first_ok = first.status().map_err(|e| e.to_string())?.success();
+    let torchrun = |extra: &[&str]| -> Result<bool, String> {
+        Command::new("torchrun")
             .args(["--standalone", "--nproc-per-node", &gpus.len().to_string()])
             .arg(root().join("bench/torch_allreduce.py"))
             .arg("--out")
             .arg(&out)
-            .args(["--max-bytes", &max_bytes, "--trials", &trials])
+            .args(extra)
             .env("NCCL_NVLS_ENABLE", "0")
             .status()
-            .map_err(|e| e.to_string())?
-            .success(),
+            .map(|status| status.success())
+            .map_err(|e| e.to_string())
+    };
+    let torch_ok = match torch_nccl {
+        Some(_) => {
+            let mut ok = torchrun(&["--max-bytes", &max_bytes, "--trials", &trials])?;
+            let _ = std::fs::remove_file(out.join("torch-first.jsonl"));
+            for _ in 0..trials.parse::<usize>().unwrap_or(5) {
+                for mode in ["lazy", "eager"] {
+                    ok &= torchrun(&["--first", mode])?;
+                }
+            }
+            ok
+        }
         None => {
             println!("no PyTorch here: the torch contestant is skipped");
             true
         }
     };
     let merged = Command::new(&binary).args(["merge-bench", "--out"]).arg(&out).status().map_err(|e| e.to_string())?;
-    if rust_ok && torch_ok && merged.success() {
+    if rust_ok && first_ok && torch_ok && merged.success() {
         Ok(())
     } else {
         Err("the benchmark failed; see the output above".into())

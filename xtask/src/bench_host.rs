@@ -30,6 +30,23 @@ impl pg_core::Backend for Noop {
     type Event = NoopEvent;
     type Buffer = NoopBuffer;
     type Communicator = NoopComm;
+    type Graph = NoopGraph;
+}
+
+/// A graph of the no-op backend (it never captures, so none exists).
+#[derive(Debug)]
+pub struct NoopGraph(std::convert::Infallible);
+
+impl pg_core::Graph for NoopGraph {
+    type B = Noop;
+
+    fn launch(&self, _stream: &NoopStream) -> Result<()> {
+        match self.0 {}
+    }
+
+    fn node_count(&self) -> usize {
+        match self.0 {}
+    }
 }
 
 /// A device of the no-op backend.

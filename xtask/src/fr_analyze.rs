@@ -6,6 +6,8 @@
 //! Collectives are lined up by their `collective_seq_id`; the first sequence number that not every rank of the
 //! group recorded, or that the ranks recorded as different ops (name, sizes, dtypes), is the divergence.
 //! When every rank agrees, the report names the first collective that did not complete everywhere.
+//! Entries marked `captured: true` (ops enqueued under stream capture, which run only inside graph launches the
+//! recorder does not see) are left out; dumps without the field read as before.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
@@ -170,7 +172,8 @@ fn groups_of(dump: &Value) -> BTreeMap<String, RankGroup> {
         }
     }
     for entry in dump.get("entries").and_then(Value::as_array).into_iter().flatten() {
-        if entry.get("is_p2p").and_then(Value::as_bool).unwrap_or(false) {
+        let flag = |field: &str| entry.get(field).and_then(Value::as_bool).unwrap_or(false);
+        if flag("is_p2p") || flag("captured") {
             continue;
         }
         let name = entry.pointer("/process_group/0").and_then(Value::as_str).unwrap_or("?").to_owned();
@@ -394,6 +397,23 @@ mod tests {
         for (dumps, expected, text) in &cases {
             check(dumps, expected, text);
         }
+    }
+
+    /// Captured ops stay "scheduled" for ever (they run only in graph launches): they are no hang.
+    #[test]
+    fn captured_entries_are_left_out() {
+        let mut ranks = vec![dump(0, 2, &[(1, AR, "completed"), (2, AR, "completed")]), dump(1, 2, &[])];
+        ranks[1] = dump(1, 2, &[(1, AR, "scheduled"), (2, AR, "completed")]);
+        for (_, dump) in &mut ranks {
+            dump["entries"][0]["captured"] = json!(true);
+        }
+        check(&ranks, &Finding::Consistent { last_seq: Some(2) }, "completed every recorded collective");
+        // The same dumps without the mark: rank 1's seq 1 is not completed.
+        for (_, dump) in &mut ranks {
+            dump["entries"][0].as_object_mut().map(|e| e.remove("captured"));
+        }
+        let states = vec![(0, "completed".into()), (1, "scheduled".into())];
+        check(&ranks, &Finding::NotCompleted { seq: 1, op: AR.into(), states }, "first collective not completed");
     }
 
     #[test]

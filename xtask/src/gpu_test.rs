@@ -60,12 +60,15 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # the interop task, the benchmarks (raw NCCL loop, pg's process group, PyTorch) on the same libnccl, and the
 # training example beside PyTorch DDP.
 # Usage: run.sh [OUT_DIR]   (env: TASKS=conformance,experiments,interop  BENCH=1  BENCH_MAX_BYTES=1073741824
-#                            BENCH_TRIALS=5  NPROC=N  TRAIN=1  TRAIN_NPROC=1  TRAIN_STEPS=100
+#                            BENCH_TRIALS=5  FIRST_TRIALS=5  NPROC=N  TRAIN=1  TRAIN_NPROC=1  TRAIN_STEPS=100
 #                            CUBLAS_DIR=directory of libcublas.so.13 or .12 (else looked for under PyTorch and CUDA))
 # BENCH: 1 = every benchmark, 0 = none, or a list of all-reduce, all-to-all, p2p (BENCH=all-to-all,p2p).
 # The conformance results are OUT_DIR/conformance.{md,json}: {"backend", "world_size", "cases": [...]};
 # the interop task's OUT_DIR/interop-nccl-N.{md,json}; the training runs' OUT_DIR/train-mlp-GPUxN.{md,json};
 # the benchmarks' OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
+# With all-reduce among BENCH the bench also times the first all_reduce of a fresh group (pg lazy and eager,
+# PyTorch without and with device_id, FIRST_TRIALS fresh launches each) and merges it into OUT_DIR/allreduce.{md,json}.
+# stream_pairs.py (one GPU, PyTorch) measures the device cost of pg's two waits per op for each pair of streams.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${1:-$HERE/results}"
@@ -107,8 +110,16 @@ fi
 if wants all-reduce; then
   "$HERE/pg-nccl-gpu" run --tasks bench --out "$OUT" --bench-max-bytes "${BENCH_MAX_BYTES:-1073741824}" \
     --bench-trials "${BENCH_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
+  "$HERE/pg-nccl-gpu" run --tasks first --out "$OUT" --bench-trials "${FIRST_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
   if python3 -c 'import torch' 2>/dev/null; then
-    torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_allreduce.py" --out "$OUT" --max-bytes "${BENCH_MAX_BYTES:-1073741824}" || rc=1
+    torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_allreduce.py" --out "$OUT" --max-bytes "${BENCH_MAX_BYTES:-1073741824}" \
+      --trials "${BENCH_TRIALS:-5}" || rc=1
+    rm -f "$OUT/torch-first.jsonl"
+    for _ in $(seq "${FIRST_TRIALS:-5}"); do
+      for MODE in lazy eager; do
+        torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_allreduce.py" --out "$OUT" --first "$MODE" || rc=1
+      done
+    done
   else
     echo "no torch here: the PyTorch contestant is skipped"
   fi
@@ -194,7 +205,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .map_err(|e| format!("copying the xtask binary: {e}"))?;
         std::fs::copy(root().join("target/release/examples/ddp_mlp"), dir.join("ddp_mlp"))
             .map_err(|e| format!("copying the training example: {e}"))?;
-        for script in ["torch_allreduce.py", "torch_exchange.py", "torch_ddp_mlp.py"] {
+        for script in ["torch_allreduce.py", "torch_exchange.py", "torch_ddp_mlp.py", "stream_pairs.py"] {
             std::fs::copy(root().join("bench").join(script), dir.join(script))
                 .map_err(|e| format!("copying {script}: {e}"))?;
         }
@@ -204,7 +215,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         set_executable(&run_sh)?;
         println!(
             "bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, ddp_mlp, torch_allreduce.py, torch_exchange.py, \
-             torch_ddp_mlp.py, COMMIT",
+             torch_ddp_mlp.py, stream_pairs.py, COMMIT",
             dir.display()
         );
         return Ok(());

@@ -83,6 +83,7 @@ pub fn cases<H: Harness>() -> Vec<Case<H>> {
     all.extend(crate::cases::dtypes::cases::<H>());
     all.extend(crate::cases::subgroups::cases::<H>());
     all.extend(crate::cases::interop::cases::<H>());
+    all.extend(crate::cases::capture::cases::<H>());
     all
 }
 

@@ -26,6 +26,24 @@ pub trait Backend: Sized + Send + Sync + Debug + 'static {
     type Buffer: Buffer<B = Self>;
     /// A communicator: the set of ranks that run collectives together.
     type Communicator: Communicator<B = Self>;
+    /// The work a stream capture recorded, ready to launch again and again (an instantiated CUDA graph).
+    type Graph: Graph<B = Self>;
+}
+
+/// Which calls of other host threads a stream capture forbids (CUDA's `cudaStreamCaptureMode`).
+///
+/// A capture records the work enqueued on the capturing stream (and on streams it joins) instead of running it;
+/// calls that would need the device to make progress meanwhile (synchronising, querying) are errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CaptureMode {
+    /// Unsafe calls fail on every thread while any global-mode capture runs in the process (PyTorch's default
+    /// for `torch.cuda.graph`).
+    #[default]
+    Global,
+    /// Unsafe calls fail on the thread that began the capture only.
+    ThreadLocal,
+    /// No call of another thread is refused; only the capturing streams themselves are.
+    Relaxed,
 }
 
 /// One device, with its streams, memory, kernels and the host clock its callers live by.
@@ -169,6 +187,59 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
         drop(callback);
         Err(crate::Error::unsupported(format!("launch_host_fn on the {} backend", <Self::B as Backend>::NAME)))
     }
+
+    /// Whether this stream is capturing: its work (and the work of every stream joined into the same capture)
+    /// is being recorded into a graph instead of run. A stream joins a capture when it waits on an event
+    /// recorded on a capturing stream. While it captures, querying or synchronising it, or an event recorded
+    /// on it, is an [`crate::Error::CaptureUnsupported`] error.
+    ///
+    /// The default (a backend without capture) is `false`.
+    fn is_capturing(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Starts capturing this stream in `mode` (CUDA's `cuStreamBeginCapture`): later work enqueued on it is
+    /// recorded, not run, until [`Stream::end_capture`].
+    ///
+    /// The default refuses with [`crate::Error::Unsupported`].
+    fn begin_capture(&self, _mode: CaptureMode) -> Result<()> {
+        Err(crate::Error::unsupported(format!("stream capture on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Ends the capture this stream began and returns the recorded work as a graph ready to launch. Fails with
+    /// [`crate::Error::CaptureUnsupported`] when a stream joined into the capture has not joined back (the
+    /// origin stream must wait on an event recorded on it after its last captured work: "unjoined"), when the
+    /// capture was invalidated by a forbidden call, or when this stream is not the capture's origin.
+    ///
+    /// The default refuses with [`crate::Error::Unsupported`].
+    fn end_capture(&self) -> Result<<Self::B as Backend>::Graph> {
+        Err(crate::Error::unsupported(format!("stream capture on the {} backend", <Self::B as Backend>::NAME)))
+    }
+
+    /// Keeps `buffer` alive for as long as the graph of the capture this stream takes part in exists: the
+    /// graph holds a handle, so the memory a captured op uses is not reused while the graph can replay it,
+    /// whatever the caller drops. Fails with [`crate::Error::InvalidArgument`] when the stream is not capturing.
+    ///
+    /// The default refuses with [`crate::Error::Unsupported`].
+    fn capture_keep_alive(&self, buffer: &<Self::B as Backend>::Buffer) -> Result<()> {
+        let _ = buffer;
+        Err(crate::Error::unsupported(format!("stream capture on the {} backend", <Self::B as Backend>::NAME)))
+    }
+}
+
+/// The work one stream capture recorded (an instantiated CUDA graph): launching it on a stream runs the
+/// recorded work again, on the memory it was captured with, ordered after the work enqueued on that stream
+/// before, and later work on that stream waits for all of it. Dropping it releases the buffers the capture
+/// kept alive ([`Stream::capture_keep_alive`]).
+pub trait Graph: Send + Sync + Debug + 'static {
+    /// The backend this graph belongs to.
+    type B: Backend<Graph = Self>;
+
+    /// Enqueues one run of the recorded work on `stream` (CUDA's `cuGraphLaunch`); the host does not wait.
+    fn launch(&self, stream: &<Self::B as Backend>::Stream) -> Result<()>;
+
+    /// How many operations (graph nodes: kernels, collectives, copies) it holds.
+    fn node_count(&self) -> usize;
 }
 
 /// A marker in a stream. An event never recorded counts as completed, as in CUDA.

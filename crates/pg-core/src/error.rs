@@ -120,6 +120,12 @@ pub enum Error {
     /// The device runtime failed (a CUDA driver error, a missing library).
     #[error("backend error: {0}")]
     Backend(String),
+    /// A call that stream capture forbids (CUDA's `cudaErrorStreamCaptureUnsupported`): synchronising or
+    /// querying a capturing stream or an event recorded in a capture, a blocking wait, barrier or communicator
+    /// creation under capture, or a capture that cannot end (a joined stream not joined back, an invalidated
+    /// capture). The message names the call.
+    #[error("not permitted while a stream is capturing: {0}")]
+    CaptureUnsupported(String),
 }
 
 /// The kind of an [`Error`], for matching without the payload.
@@ -150,6 +156,8 @@ pub enum ErrorKind {
     Unsupported,
     /// [`Error::Backend`].
     Backend,
+    /// [`Error::CaptureUnsupported`].
+    CaptureUnsupported,
 }
 
 impl Error {
@@ -169,6 +177,7 @@ impl Error {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Backend(_) => ErrorKind::Backend,
+            Error::CaptureUnsupported(_) => ErrorKind::CaptureUnsupported,
         }
     }
 
@@ -206,5 +215,10 @@ impl Error {
     /// An unsupported-operation error with this message.
     pub fn unsupported(message: impl Into<String>) -> Self {
         Error::Unsupported(message.into())
+    }
+
+    /// A stream-capture error naming the call that capture forbids.
+    pub fn capture(message: impl Into<String>) -> Self {
+        Error::CaptureUnsupported(message.into())
     }
 }

@@ -54,6 +54,8 @@ pub(crate) struct NewEntry {
     pub(crate) started: Option<EventProbe>,
     /// Whether the end event was done, queried at dump time until the watchdog retired the entry.
     pub(crate) completed: Option<EventProbe>,
+    /// Enqueued under stream capture: the op is nodes of a graph and never runs by itself (`captured` in the dump).
+    pub(crate) captured: bool,
 }
 
 /// The element count and dtype of every input and every output buffer of a list op, in order.
@@ -76,6 +78,18 @@ struct Entry {
 }
 
 impl Entry {
+    /// Retires the entry: completed at `completed_ns` when given (a failed op keeps its last state); its event
+    /// queries are dropped, so that the ring no longer keeps the op's events alive.
+    fn retire(&mut self, completed_ns: Option<u64>) {
+        if let Some(now) = completed_ns {
+            self.time_discovered_started_ns.get_or_insert(now);
+            self.time_discovered_completed_ns = Some(now);
+        }
+        self.retired = true;
+        self.new.started = None;
+        self.new.completed = None;
+    }
+
     fn state(&self) -> &'static str {
         let probe = |p: &Option<EventProbe>| p.as_ref().is_some_and(|probe| probe.passed());
         if self.time_discovered_completed_ns.is_some() || probe(&self.new.completed) {
@@ -115,6 +129,7 @@ impl Entry {
             "retired": self.retired,
             "timeout_ms": new.timeout_ms,
             "is_p2p": new.op.is_p2p(),
+            "captured": new.captured,
             "frames": [],
             "thread_id": self.thread_id,
             "thread_name": &*self.thread_name,
@@ -211,13 +226,21 @@ impl FlightRecorder {
     /// entry's event queries are dropped, so that the ring no longer keeps the op's events alive.
     pub(crate) fn retire(&self, id: u64, completed_ns: Option<u64>) {
         if let Some(entry) = self.lock().get_mut(id) {
-            if let Some(now) = completed_ns {
-                entry.time_discovered_started_ns.get_or_insert(now);
-                entry.time_discovered_completed_ns = Some(now);
+            entry.retire(completed_ns);
+        }
+    }
+
+    /// Retires the entries of ops seen completed at `completed_ns`, under one lock: a watchdog pass retires
+    /// all it found at once instead of taking the lock the enqueue path records under once per op.
+    pub(crate) fn retire_completed(&self, ids: &[u64], completed_ns: u64) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut ring = self.lock();
+        for &id in ids {
+            if let Some(entry) = ring.get_mut(id) {
+                entry.retire(Some(completed_ns));
             }
-            entry.retired = true;
-            entry.new.started = None;
-            entry.new.completed = None;
         }
     }
 
@@ -312,6 +335,7 @@ mod tests {
             timeout_ms: 600_000,
             started: None,
             completed: None,
+            captured: false,
         }
     }
 
@@ -378,6 +402,39 @@ mod tests {
     }
 
     #[test]
+    fn completed_entries_retire_together_and_let_go_of_their_events() {
+        let fr = FlightRecorder::new(2);
+        let end = Arc::new(AtomicBool::new(false));
+        struct Shared(Arc<AtomicBool>);
+        impl Probe for Shared {
+            fn passed(&self) -> bool {
+                self.0.load(Ordering::SeqCst)
+            }
+        }
+        let probe = Arc::new(Shared(Arc::clone(&end)));
+        let mut first = entry(1, OpType::AllReduce);
+        first.completed = Some(Arc::clone(&probe) as EventProbe);
+        let a = fr.record(first).unwrap();
+        let b = fr.record(entry(2, OpType::AllReduce)).unwrap();
+        fr.record(entry(3, OpType::AllReduce)).unwrap();
+        assert_eq!(Arc::strong_count(&probe), 1, "record {a} left the ring of 2 with its probe");
+        let mut second = entry(4, OpType::AllReduce);
+        second.completed = Some(Arc::clone(&probe) as EventProbe);
+        let d = fr.record(second).unwrap();
+        assert_eq!(Arc::strong_count(&probe), 2);
+        fr.retire_completed(&[b, d, 999], 7_000);
+        assert_eq!(Arc::strong_count(&probe), 1, "the retired entry no longer holds the event");
+        let dump = fr.dump(&header());
+        let entries = dump["entries"].as_array().unwrap();
+        let last = entries.last().unwrap();
+        assert_eq!(last["retired"], true);
+        assert_eq!(last["state"], "completed");
+        assert_eq!(last["time_discovered_completed_ns"], 7_000);
+        assert_eq!(last["time_discovered_started_ns"], 7_000);
+        assert_eq!(entries[0]["retired"], false, "record 2 was not in the list; record {b} had left the ring");
+    }
+
+    #[test]
     fn the_dump_has_pytorch_field_names() {
         let fr = FlightRecorder::new(8);
         let id = fr.record(entry(1, OpType::AllReduce)).unwrap();
@@ -409,6 +466,7 @@ mod tests {
             "retired",
             "timeout_ms",
             "is_p2p",
+            "captured",
             "frames",
             "thread_id",
             "thread_name",
@@ -416,6 +474,7 @@ mod tests {
             assert!(first.get(field).is_some(), "missing field {field}");
         }
         assert_eq!(first["profiling_name"], "nccl:all_reduce");
+        assert_eq!(first["captured"], false);
         assert_eq!(first["input_sizes"], json!([[16]]));
         assert_eq!(first["input_dtypes"], json!(["Float"]));
         assert_eq!(first["time_discovered_completed_ns"], 5_000);

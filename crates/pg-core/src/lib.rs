@@ -35,7 +35,7 @@ mod types;
 mod watchdog;
 mod work;
 
-pub use backend::{Backend, Buffer, Communicator, Device, Event, Stream};
+pub use backend::{Backend, Buffer, CaptureMode, Communicator, Device, Event, Graph, Stream};
 pub use cache::CommKey;
 pub use desync::{DesyncReport, RankPosition, RankTrace};
 #[cfg(feature = "testing")]

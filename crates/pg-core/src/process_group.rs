@@ -363,7 +363,7 @@ impl<B: Backend> ProcessGroup<B> {
         let spec = self.in_place_spec(OpType::AllReduce, buffer);
         self.run(spec, |comm, stream| {
             // The factor is read on the communication stream: keep its memory until that stream passes the op.
-            device.record_stream(scalar, stream)?;
+            guard_factor::<B>(&device, scalar, stream)?;
             comm.all_reduce_pre_mul_sum(buffer, buffer, scalar, stream)
         })
     }
@@ -382,7 +382,7 @@ impl<B: Backend> ProcessGroup<B> {
         let device = self.inner.device.clone();
         let spec = self.spec(OpType::ReduceScatterBase, input, output);
         self.run(spec, |comm, stream| {
-            device.record_stream(scalar, stream)?;
+            guard_factor::<B>(&device, scalar, stream)?;
             comm.reduce_scatter_pre_mul_sum(input, output, scalar, stream)
         })
     }
@@ -450,6 +450,9 @@ impl<B: Backend> ProcessGroup<B> {
     /// (not the device), even without blocking wait (S16).
     pub fn barrier(&self) -> Result<WorkHandle<B>> {
         let device = &self.inner.device;
+        if device.current_stream().is_capturing()? {
+            return Err(Error::capture("barrier: a barrier synchronises the host, which a capture forbids"));
+        }
         let zeros = device.alloc(DType::F32, 1)?;
         device.fill(&zeros, 0.0, &device.current_stream())?;
         let mut spec = self.in_place_spec(OpType::Barrier, &zeros);
@@ -562,25 +565,31 @@ impl<B: Backend> ProcessGroup<B> {
         let held = spec.output.as_slice().first().or(spec.input.as_slice().first());
         let held = held.ok_or_else(|| Error::invalid(format!("{}: the op has no buffers", spec.op)))?;
         // The hot path borrows the group's collective entry; only the Work's own handles are cloned from it.
+        let device = &self.inner.device;
+        let current = device.current_stream();
+        // The op's one capture check: under capture every step below is recorded into the capture's graph.
+        let captured = current.is_capturing()?;
         let looked_up;
         let entry = match (spec.peer, self.inner.collective.get()) {
             (None, Some(entry)) => entry,
             (None, None) => {
-                looked_up = self.get_comm(&self.collective_key())?;
+                let key = self.collective_key();
+                self.refuse_creation_under_capture(captured, spec.op, &key)?;
+                looked_up = self.get_comm(&key)?;
                 &looked_up
             }
             (Some(peer), _) => {
-                looked_up = self.get_comm(&CommKey::SingleP2p { rank: self.inner.rank, peer })?;
+                let key = CommKey::SingleP2p { rank: self.inner.rank, peer };
+                self.refuse_creation_under_capture(captured, spec.op, &key)?;
+                looked_up = self.get_comm(&key)?;
                 &looked_up
             }
         };
-        let device = &self.inner.device;
         let seq = match spec.op.is_p2p() {
             true => self.inner.seq_p2p.fetch_add(1, Ordering::Relaxed) + 1,
             false => self.inner.seq_collective.fetch_add(1, Ordering::Relaxed) + 1,
         };
         let start_time = device.now();
-        let current = device.current_stream();
         timer.lap(EnqueueStep::Lookup);
 
         // S9: the communication stream waits until the inputs are ready on the caller's current stream.
@@ -597,6 +606,12 @@ impl<B: Backend> ProcessGroup<B> {
         // An in-place op passes one buffer as input and output: guard it once.
         let inputs = if spec.in_place { &[][..] } else { spec.input.as_slice() };
         for buffer in inputs.iter().chain(spec.output.as_slice()) {
+            if captured {
+                // The graph replays the op on these buffers for as long as it exists: it holds them, whatever
+                // the caller drops (no record_stream: its event would be recorded into the capture).
+                current.capture_keep_alive(buffer)?;
+                continue;
+            }
             // Foreign memory is not the allocator's: only the stash keeps it until the end event has passed.
             match buffer.is_foreign() || (self.inner.options.avoid_record_streams && !spec.op.is_p2p()) {
                 true => stash.push(buffer.clone()),
@@ -606,7 +621,7 @@ impl<B: Backend> ProcessGroup<B> {
         timer.lap(EnqueueStep::RecordStream);
 
         // Desync debugging needs to tell a started op from a scheduled one, as PyTorch's timing events do.
-        let start_event = match self.inner.options.desync_debug {
+        let start_event = match self.inner.options.desync_debug && !captured {
             true => {
                 let event = Arc::new(device.create_event());
                 event.record(&entry.stream)?;
@@ -629,6 +644,11 @@ impl<B: Backend> ProcessGroup<B> {
             WorkSource::Fresh(event) => event,
         };
         end_event.record(&entry.stream)?;
+        if captured {
+            // The communication stream joined the capture through the input-ready wait: the current stream
+            // waits on the end event so that the capture joins back and can end (PyTorch's behaviour).
+            current.wait_event(end_event)?;
+        }
         timer.lap(EnqueueStep::EndEvent);
 
         self.inner.ops_issued.fetch_add(1, Ordering::Relaxed);
@@ -651,6 +671,7 @@ impl<B: Backend> ProcessGroup<B> {
             blocking_wait: options.blocking_wait,
             blocking_wait_poll: options.blocking_wait_poll,
             is_barrier: spec.is_barrier,
+            captured,
             exception: Mutex::new(None),
             stash: Mutex::new(stash),
             waiters: std::sync::OnceLock::new(),
@@ -666,13 +687,31 @@ impl<B: Backend> ProcessGroup<B> {
         };
         let work = WorkHandle { state, output: held.clone() };
         timer.lap(EnqueueStep::Work);
-        self.inner.track(&work.state, options.enable_watchdog);
+        match captured {
+            // Nothing to watch: the op runs only inside the graph's launches (PyTorch does not time captured Works).
+            true => self.inner.record_captured(&work.state),
+            false => self.inner.track(&work.state, options.enable_watchdog),
+        }
         // An abort that ran while this op was being enqueued did not see it on the in-flight list.
         if let Some(error) = self.error() {
             work.state.set_exception(error);
         }
         timer.lap(EnqueueStep::Track);
         Ok(work)
+    }
+
+    /// Refuses to create a communicator while the current stream captures (creation is collective and blocks on
+    /// the store and the device, which a capture forbids; PyTorch refuses too): an error naming the op, unless
+    /// the communicator already exists.
+    fn refuse_creation_under_capture(&self, captured: bool, op: OpType, key: &CommKey) -> Result<()> {
+        if !captured || self.lock_cache().ready.contains_key(&key.cache_key()) {
+            return Ok(());
+        }
+        Err(Error::capture(format!(
+            "{op}: communicator '{}' does not exist yet and cannot be created while the current stream is \
+             capturing; create it before the capture (Options::eager_init, or one op of the same kind before it)",
+            key.cache_key()
+        )))
     }
 
     /// Looks the key up in this group's cache; on a miss, creates the communicator (S3-S8). The enqueue path
@@ -763,6 +802,13 @@ impl<B: Backend> ProcessGroup<B> {
             inner.device.sleep(inner.options.blocking_wait_poll, &never);
         }
         // S8: a dedicated stream from the pool; high priority only changes scheduling priority.
+        // Each op makes this stream wait for the current stream (input-ready) and the current stream wait for it
+        // (`wait()`). What those two waits cost the device depends on the hardware queues the driver gave the two
+        // streams (in creation order), not on this library: nothing when they share a queue, under a microsecond
+        // for most pairs, and over a microsecond more than that for some pairs on an H200. So a group's device time
+        // per op beside the raw loop can differ from another group's with the same options only by which stream it
+        // got (`bench/results/stream-pairs-h200x1.md`; the all_reduce bench's `pg-twin`, a second group of the same
+        // options, tells it apart on NCCL).
         let stream = inner.device.stream_from_pool(inner.options.high_priority_stream)?;
         inner.comms_created.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
@@ -941,6 +987,15 @@ impl<B: Backend> ProcessGroup<B> {
 
 /// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`; each holds the group
 /// weakly, with its own handles of the device and the signals.
+/// Keeps a device `PREMUL_SUM` factor's memory until `stream` has read it: `record_stream`, or under capture a
+/// handle the graph holds.
+fn guard_factor<B: Backend>(device: &B::Device, scalar: &B::Buffer, stream: &B::Stream) -> Result<()> {
+    match stream.is_capturing()? {
+        true => stream.capture_keep_alive(scalar),
+        false => device.record_stream(scalar, stream),
+    }
+}
+
 fn start_threads<B: Backend>(group: &Arc<Shared<B>>) -> Result<()> {
     let options = &group.options;
     if !options.enable_watchdog {

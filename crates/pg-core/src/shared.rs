@@ -189,6 +189,7 @@ impl<B: Backend> Shared<B> {
             timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
             started: work.start_event.as_ref().map(probe),
             completed: Some(probe(&work.end_event)),
+            captured: false,
         });
         if let Some(id) = id {
             work.fr_id.store(id, Ordering::Relaxed);
@@ -196,6 +197,28 @@ impl<B: Backend> Shared<B> {
         self.in_flight.push(work, watched);
         if watched {
             self.signals.wake_if_idle(&self.device);
+        }
+    }
+
+    /// Records a captured Work in the flight recorder, marked captured and with no event to query (its events
+    /// belong to the capture); it joins no in-flight list, so the watchdog neither times nor queries it.
+    pub(crate) fn record_captured(&self, work: &Arc<WorkState<B>>) {
+        let is_p2p = work.op.is_p2p();
+        let id = self.recorder.record(NewEntry {
+            collective_seq_id: if is_p2p { 0 } else { work.seq },
+            p2p_seq_id: if is_p2p { work.seq } else { 0 },
+            op: work.op,
+            time_created_ns: nanos(work.start_time),
+            input: work.input,
+            output: work.output,
+            lists: work.lists.clone(),
+            timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
+            started: None,
+            completed: None,
+            captured: true,
+        });
+        if let Some(id) = id {
+            work.fr_id.store(id, Ordering::Relaxed);
         }
     }
 

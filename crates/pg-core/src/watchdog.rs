@@ -94,6 +94,12 @@ fn pass<B: Backend>(group: &Shared<B>) {
     let works = group.in_flight.snapshot();
     // Whether any Work is to leave the list (each is marked `retired`; the list may have grown meanwhile).
     let mut any_done = false;
+    // The flight-recorder entries of the Works seen completed, retired together (one lock for the pass).
+    let mut completed = Vec::new();
+    let retire_completed = |ids: &mut Vec<u64>| {
+        group.recorder.retire_completed(ids, nanos(group.device.now()));
+        ids.clear();
+    };
     for work in &works {
         if !group.signals.terminate.load(Ordering::SeqCst) {
             work.check_and_set_exception();
@@ -115,6 +121,8 @@ fn pass<B: Backend>(group: &Shared<B>) {
                 "failure detected by watchdog at work sequence id: {}",
                 work.seq
             );
+            // A dump on the error shows the completions seen so far.
+            retire_completed(&mut completed);
             on_error(group, error, timed_out.then_some(work.as_ref()), Some(&work.entry.comm));
             continue;
         }
@@ -122,9 +130,11 @@ fn pass<B: Backend>(group: &Shared<B>) {
         if work.is_completed() {
             work.retired.store(true, Ordering::Relaxed);
             any_done = true;
-            note_completed(group, work);
+            note_completed(group, work, &mut completed);
         }
     }
+    // Before the pool looks at the retired Works: the entries let go of their end events here.
+    retire_completed(&mut completed);
     let removed = match any_done {
         true => group.in_flight.take_retired(),
         false => Vec::new(),
@@ -160,11 +170,12 @@ fn note_started<B: Backend>(group: &Shared<B>, work: &WorkState<B>) {
     }
 }
 
-/// The bookkeeping of a completed Work: stash released, flight recorder retired, status and trace keys.
-fn note_completed<B: Backend>(group: &Shared<B>, work: &WorkState<B>) {
+/// The bookkeeping of a completed Work: stash released, its flight-recorder entry queued in `completed` for
+/// retirement, status and trace keys.
+fn note_completed<B: Backend>(group: &Shared<B>, work: &WorkState<B>, completed: &mut Vec<u64>) {
     work.stash.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
     if let Some(id) = work.fr_id() {
-        group.recorder.retire(id, Some(nanos(group.device.now())));
+        completed.push(id);
     }
     if work.op.is_p2p() {
         return;

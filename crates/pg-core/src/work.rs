@@ -50,6 +50,8 @@ pub(crate) struct WorkState<B: Backend> {
     pub(crate) blocking_wait: bool,
     pub(crate) blocking_wait_poll: Duration,
     pub(crate) is_barrier: bool,
+    /// Enqueued while the current stream was capturing: the op is a graph's nodes, run by the graph's launches.
+    pub(crate) captured: bool,
     pub(crate) exception: Mutex<Option<Error>>,
     /// Buffers kept alive until the Work is waited on (avoid-record-streams mode, S12).
     pub(crate) stash: Mutex<Vec<B::Buffer>>,
@@ -96,6 +98,10 @@ impl<B: Backend> WorkState<B> {
     /// An op still pending on an aborted communicator will never finish: it completes with
     /// [`Error::Aborted`], so that a wait blocked on it returns (abort from another thread, S26).
     pub(crate) fn is_completed(&self) -> bool {
+        if self.captured {
+            // Its end event belongs to the capture and cannot be queried; the Work itself ran nothing.
+            return true;
+        }
         let aborted = self.entry.comm.is_aborted();
         if !aborted {
             self.check_and_set_exception();
@@ -141,12 +147,26 @@ impl<B: Backend> WorkState<B> {
     /// any stream, or at once).
     fn synchronize_stream(&self) -> Result<()> {
         let current = self.entry.device.current_stream();
+        if self.captured && !current.is_capturing()? {
+            // Outside the capture there is nothing to order after: the op runs in the graph's launches, and work
+            // after a launch on its stream is ordered after the whole graph.
+            return Ok(());
+        }
         current.wait_event(&self.end_event)?;
         self.stash.lock().unwrap_or_else(PoisonError::into_inner).retain(Buffer::is_foreign);
         Ok(())
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        let blocks = self.blocking_wait || timeout.is_some() || self.is_barrier;
+        if blocks && (self.captured || self.entry.device.current_stream().is_capturing()?) {
+            return Err(Error::capture(format!(
+                "a blocking wait of {} (seq {}) while the current stream is capturing, or of an op that was \
+                 captured: the host cannot wait for work a graph runs; use wait() without blocking wait under \
+                 capture, and synchronize the stream a graph was launched on",
+                self.op, self.seq
+            )));
+        }
         self.synchronize_stream()?;
         if self.blocking_wait || timeout.is_some() {
             let timeout = timeout.unwrap_or(self.timeout);
@@ -359,7 +379,20 @@ impl<B: Backend> WorkHandle<B> {
     /// Blocks the host until the op has finished on the device (the end event's synchronize), whatever the
     /// blocking-wait setting; does not order any stream.
     pub fn synchronize(&self) -> Result<()> {
+        if self.state.captured {
+            return Err(Error::capture(format!(
+                "synchronize of {} (seq {}), which was captured: it runs in the graph's launches; synchronize the \
+                 stream a graph was launched on",
+                self.state.op, self.state.seq
+            )));
+        }
         self.state.end_event.synchronize()
+    }
+
+    /// Whether the op was enqueued while the current stream was capturing: it is then nodes of the capture's
+    /// graph, run by each launch of the graph; the Work itself completes at once and is not watched.
+    pub fn is_captured(&self) -> bool {
+        self.state.captured
     }
 }
 

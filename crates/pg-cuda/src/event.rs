@@ -149,6 +149,13 @@ impl TimingEvent {
     pub fn synchronize(&self) -> Result<()> {
         self.cuda.synchronize().during("cuEventSynchronize")
     }
+
+    /// Whether the recorded point has passed, without blocking (a benchmark asks whether the device already
+    /// got there while the host was still enqueuing).
+    pub fn query(&self) -> Result<bool> {
+        self.cuda.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        self.cuda.try_is_complete().during("cuEventQuery")
+    }
 }
 
 impl fmt::Debug for TimingEvent {

@@ -192,3 +192,78 @@ pub(crate) unsafe fn wrap_borrowed_stream(ctx: &Arc<CudaContext>, stream: sys::C
     // SAFETY: forwarded from this function's contract.
     unsafe { ctx.wrap_borrowed_stream(stream) }
 }
+
+/// `cuStreamBeginCapture_v2`.
+pub(crate) fn begin_capture(stream: &CudaStream, mode: sys::CUstreamCaptureMode) -> Result<()> {
+    // SAFETY: the stream is live while `stream` is; the mode is a valid enum value.
+    unsafe { result::stream::begin_capture(stream.cu_stream(), mode) }.during("cuStreamBeginCapture")
+}
+
+/// `cuStreamGetCaptureInfo`: the stream's capture status and, while it captures, the capture's unique id.
+pub(crate) fn capture_info(stream: &CudaStream) -> Result<(sys::CUstreamCaptureStatus, u64)> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    // SAFETY: the stream is live; `status` and `id` are valid out-pointers for the call; the graph, dependency
+    // and edge outputs are optional and passed as null.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream.cu_stream(),
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .during("cuStreamGetCaptureInfo")?;
+    Ok((status, id))
+}
+
+/// `cuStreamIsCapturing`.
+pub(crate) fn is_capturing(stream: &CudaStream) -> Result<sys::CUstreamCaptureStatus> {
+    // SAFETY: the stream is live while `stream` is.
+    unsafe { result::stream::is_capturing(stream.cu_stream()) }.during("cuStreamIsCapturing")
+}
+
+/// `cuStreamEndCapture` then `cuGraphInstantiateWithFlags`: the instantiated graph and its node count. The
+/// captured graph itself is destroyed once instantiated (the executable graph does not need it).
+pub(crate) fn end_capture(stream: &CudaStream) -> Result<(sys::CUgraphExec, usize)> {
+    // SAFETY: the stream is live; the driver returns the graph it captured (null only for an empty capture,
+    // which the driver reports as an error on the versions pg supports; checked below all the same).
+    let graph = unsafe { result::stream::end_capture(stream.cu_stream()) }.during("cuStreamEndCapture")?;
+    if graph.is_null() {
+        return Err(crate::CudaError::InvalidArgument("cuStreamEndCapture returned no graph".into()));
+    }
+    let mut nodes = 0usize;
+    // SAFETY: `graph` is the live graph just captured; a null node array asks for the count only.
+    let counted = unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }.result();
+    // SAFETY: `graph` is live and owned here; instantiation copies what it needs.
+    let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+    // SAFETY: `graph` is owned here and nothing uses it after this line (the executable graph is independent).
+    let destroyed = unsafe { result::graph::destroy(graph) };
+    let exec = exec.during("cuGraphInstantiateWithFlags")?;
+    counted.during("cuGraphGetNodes")?;
+    destroyed.during("cuGraphDestroy")?;
+    Ok((exec, nodes))
+}
+
+/// `cuGraphLaunch`.
+///
+/// # Safety
+/// `exec` must be a live executable graph of the stream's context, not launched concurrently from another thread.
+pub(crate) unsafe fn graph_launch(exec: sys::CUgraphExec, stream: &CudaStream) -> Result<()> {
+    // SAFETY: forwarded from this function's contract; the stream is live.
+    unsafe { result::graph::launch(exec, stream.cu_stream()) }.during("cuGraphLaunch")
+}
+
+/// `cuGraphExecDestroy`.
+///
+/// # Safety
+/// `exec` must be a live executable graph that nothing uses afterwards (a launch still running completes first,
+/// as the driver defers the release).
+pub(crate) unsafe fn graph_exec_destroy(exec: sys::CUgraphExec) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { result::graph::exec_destroy(exec) }.during("cuGraphExecDestroy")
+}

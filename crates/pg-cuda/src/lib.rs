@@ -23,6 +23,7 @@ mod device;
 mod error;
 mod event;
 mod ffi;
+mod graph;
 mod host;
 mod kernels;
 mod stream;
@@ -32,6 +33,7 @@ pub use buffer::Buffer;
 pub use device::{device_count, driver_available, Device};
 pub use error::{CudaError, Result};
 pub use event::{Event, TimingEvent};
+pub use graph::{CaptureMode, CaptureStatus, Graph};
 pub use host::{notify_host_threads, now, sleep};
 pub use stream::Stream;
 

@@ -32,6 +32,30 @@ impl Drop for BufferHandle {
     }
 }
 
+/// A buffer as a captured operation holds it: weakly, as a CUDA graph holds a raw pointer.
+pub(crate) struct WeakBuffer {
+    id: u64,
+    handle: std::sync::Weak<BufferHandle>,
+}
+
+impl WeakBuffer {
+    pub(crate) fn new(buffer: &MockBuffer) -> Self {
+        Self { id: buffer.handle.id, handle: Arc::downgrade(&buffer.handle) }
+    }
+
+    /// The buffer, or an error naming it and the replayed op `op` when its memory was freed after the capture.
+    pub(crate) fn get(&self, op: &str) -> pg_core::Result<MockBuffer> {
+        match self.handle.upgrade() {
+            Some(handle) => Ok(MockBuffer { handle }),
+            None => Err(pg_core::Error::invalid(format!(
+                "Graph::launch: buffer #{} that the captured '{op}' uses was freed after the capture; a graph does \
+                 not own the memory its operations use (keep it alive with Stream::capture_keep_alive)",
+                self.id
+            ))),
+        }
+    }
+}
+
 /// A simulated device buffer. Cloning gives another handle to the same memory, like a tensor.
 #[derive(Clone)]
 pub struct MockBuffer {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use pg_core::{Buffer as _, Error, ReduceOp, Result};
 
-use crate::buffer::MockBuffer;
+use crate::buffer::{MockBuffer, WeakBuffer};
 use crate::clock::{transfer, Cond, OpRef, Time};
 use crate::fault::Fault;
 use crate::hazard::{Accessor, Mode};
@@ -538,6 +538,7 @@ impl State {
 }
 
 /// What one rank's part holds: dtype, element counts, blocks and views.
+#[derive(Clone)]
 struct Shape {
     dtype: pg_core::DType,
     /// Input and output elements (totals over the views of a list op).
@@ -755,6 +756,24 @@ impl MockCommunicator {
         let tid = self.inner.require(name);
         stream.check(&self.inner, self.device, name)?;
         let cost = self.inner.config.host.collective_enqueue;
+        let mut captures = self.inner.captures();
+        if captures.is_capturing(stream.index) {
+            // Recorded, not run: a launch of the graph issues the part again, matched with the other ranks'
+            // parts in order like any collective.
+            let comm = MockCommunicator { inner: Arc::clone(&self.inner), ..*self };
+            let weak: Vec<(WeakBuffer, Mode)> = accesses.iter().map(|&(b, mode)| (WeakBuffer::new(b), mode)).collect();
+            let replay = move |index: usize| -> Result<()> {
+                let buffers =
+                    weak.iter().map(|(w, mode)| w.get(name).map(|b| (b, *mode))).collect::<Result<Vec<_>>>()?;
+                let accesses: Vec<(&MockBuffer, Mode)> = buffers.iter().map(|(b, mode)| (b, *mode)).collect();
+                comm.enqueue_part(kind, shape.clone(), &accesses, &MockStream::at(&comm.inner, index))
+            };
+            captures.record_op(stream.index, name, Box::new(replay));
+            drop(captures);
+            self.inner.with(|st| st.charge(Some(tid), cost));
+            return Ok(());
+        }
+        drop(captures);
         self.inner.with(|st| {
             st.apply_scheduled_abort(self.group, self.rank);
             let g = &st.comms.groups[self.group];

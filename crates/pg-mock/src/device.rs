@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use pg_core::{Buffer as _, CommConfig, DType, Error, Result, UniqueId};
 
-use crate::buffer::{BufferHandle, MockBuffer};
+use crate::buffer::{BufferHandle, MockBuffer, WeakBuffer};
 use crate::clock::{dur, ns, show_duration, transfer, Cond, OpRef};
 use crate::communicator::MockCommunicator;
 use crate::hazard::{Accessor, Mode};
@@ -96,8 +96,42 @@ impl MockDevice {
         Ok(())
     }
 
-    /// Launches a kernel that accesses `buffer` (if any) on `stream`.
+    /// Launches a kernel that accesses `buffer` (if any) on `stream`; on a capturing stream, records it instead.
+    #[allow(clippy::too_many_arguments)]
     fn launch(
+        &self,
+        tid: usize,
+        stream: &MockStream,
+        access: Option<(&MockBuffer, Mode)>,
+        kind: KernelKind,
+        name: &'static str,
+        duration: u64,
+        effect: Effect,
+    ) {
+        let mut captures = self.inner.captures();
+        if captures.is_capturing(stream.index) {
+            let device = self.clone();
+            let weak = access.map(|(buffer, mode)| (WeakBuffer::new(buffer), mode));
+            let replay = move |index: usize| -> Result<()> {
+                let buffer = weak.as_ref().map(|(w, mode)| w.get(name).map(|b| (b, *mode))).transpose()?;
+                let stream = MockStream::at(&device.inner, index);
+                let tid = device.inner.require(name);
+                let access = buffer.as_ref().map(|(b, mode)| (b, *mode));
+                device.launch_now(tid, &stream, access, kind, name, duration, effect.clone());
+                Ok(())
+            };
+            captures.record_op(stream.index, name, Box::new(replay));
+            drop(captures);
+            self.inner.with(|st| st.charge(Some(tid), self.inner.config.host.kernel_launch));
+            return;
+        }
+        drop(captures);
+        self.launch_now(tid, stream, access, kind, name, duration, effect);
+    }
+
+    /// Launches a kernel now (not recorded by a capture).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_now(
         &self,
         tid: usize,
         stream: &MockStream,
@@ -210,6 +244,12 @@ impl pg_core::Device for MockDevice {
 
     fn synchronize(&self) -> Result<()> {
         let tid = self.inner.require("Device::synchronize");
+        let capturing = self.inner.captures().capturing_on(self.index);
+        if let Some(stream) = capturing {
+            let label = MockStream::at(&self.inner, stream).label();
+            let what = format!("Device::synchronize of device {} while {label} is capturing", self.index);
+            return self.inner.captures().refuse_on_stream(stream, || what);
+        }
         let poison = pg_core::Device::poison(self);
         poison.check()?;
         let state = self.inner.lock();
@@ -265,6 +305,9 @@ impl pg_core::Device for MockDevice {
         let tid = self.inner.require("Device::copy_to_host");
         self.check_buffer(buffer, "copy_to_host")?;
         stream.check(&self.inner, self.index, "copy_to_host")?;
+        self.inner.captures().refuse_on_stream(stream.index, || {
+            format!("copy_to_host of buffer #{} on capturing {} (it waits for the stream)", buffer.id(), stream.label())
+        })?;
         let poison = pg_core::Device::poison(self);
         poison.check()?;
         let duration = transfer(buffer.size_bytes(), self.inner.config.copy_bandwidth);

@@ -83,6 +83,7 @@
 
 mod allocator;
 mod buffer;
+mod capture;
 mod clock;
 mod communicator;
 mod config;
@@ -105,7 +106,7 @@ pub use fault::Fault;
 pub use hazard::{Hazard, HazardKind, HazardMode};
 pub use state::{KernelKind, KernelRecord};
 pub use store::SimStore;
-pub use stream::{MockEvent, MockStream};
+pub use stream::{MockEvent, MockGraph, MockStream};
 pub use world::World;
 
 /// The simulated backend: devices, streams, events, buffers and communicators of a [`World`].
@@ -122,6 +123,7 @@ impl pg_core::Backend for Mock {
     type Event = MockEvent;
     type Buffer = MockBuffer;
     type Communicator = MockCommunicator;
+    type Graph = MockGraph;
 }
 
 /// The README's example, compiled and run as a doctest against this backend.

@@ -22,6 +22,8 @@ pub(crate) struct Inner {
     pub(crate) poison: Vec<pg_core::Poison>,
     state: Mutex<State>,
     changed: Condvar,
+    /// Stream captures in progress; locked before `state`, never while holding it.
+    pub(crate) captures: Mutex<crate::capture::Captures>,
 }
 
 static NEXT_WORLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -66,12 +68,17 @@ impl Inner {
         let state = State::new(&config);
         let id = NEXT_WORLD.fetch_add(1, Ordering::Relaxed);
         let poison = (0..config.devices).map(|_| pg_core::Poison::new()).collect();
-        Self { id, config, poison, state: Mutex::new(state), changed: Condvar::new() }
+        Self { id, config, poison, state: Mutex::new(state), changed: Condvar::new(), captures: Mutex::default() }
     }
 
     /// Locks the state (a panic elsewhere does not poison the simulation).
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Locks the stream captures (a panic elsewhere does not poison them). Never called with the state locked.
+    pub(crate) fn captures(&self) -> MutexGuard<'_, crate::capture::Captures> {
+        self.captures.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Wakes every parked thread to re-evaluate its wait.

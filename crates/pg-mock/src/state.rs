@@ -213,7 +213,7 @@ impl DeviceState {
 }
 
 /// A data effect applied when an operation resolves.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Effect {
     None,
     Fill { block: u64, dtype: DType, value: f64 },

@@ -1,5 +1,6 @@
 //! Simulated streams and events: FIFO queues of operations resolved lazily in virtual time, and the `MockStream`
-//! and `MockEvent` handles (an event marks a point of a stream; a stream waits for an event).
+//! and `MockEvent` handles (an event marks a point of a stream; a stream waits for an event), and `MockGraph`, what
+//! a stream capture recorded (see `capture.rs`), replayed through these same handles.
 //!
 //! An operation starts at the latest of its enqueue time (the caller's local time), the finish of the previous
 //! operation on its stream and the finish of the operation it waits for (`wait_event`); a collective starts when
@@ -11,8 +12,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
-use pg_core::{Error, Result};
+use pg_core::{CaptureMode, Error, Result};
 
+use crate::capture::{Ended, Kept, Step};
 use crate::clock::{dur, Cond, OpRef, Time};
 use crate::hazard::VClock;
 use crate::sched::Inner;
@@ -321,6 +323,17 @@ impl MockStream {
         Self { inner: Arc::clone(inner), index, device: s.device, id: s.id, high_priority: s.high_priority }
     }
 
+    /// A handle of the stream with global index `index`.
+    pub(crate) fn at(inner: &Arc<Inner>, index: usize) -> Self {
+        let state = inner.lock();
+        Self::from_index(inner, &state, index)
+    }
+
+    /// How messages name it.
+    pub(crate) fn label(&self) -> String {
+        format!("stream {} of device {}", self.id, self.device)
+    }
+
     /// The ordinal of the device this stream belongs to.
     pub fn device_index(&self) -> usize {
         self.device
@@ -358,6 +371,10 @@ impl pg_core::Stream for MockStream {
             return Err(Error::invalid("Stream::wait_event: the event belongs to another simulated world"));
         }
         let cost = self.inner.config.host.stream_wait;
+        if self.inner.captures().wait_event(self.index, self.device, event.id, &self.label())? {
+            self.inner.with(|st| st.charge(Some(tid), cost));
+            return Ok(());
+        }
         self.inner.with(|st| {
             st.charge(Some(tid), cost);
             let Some(recorded) = st.events.get(&event.id).and_then(|e| e.recorded.clone()) else { return };
@@ -373,6 +390,9 @@ impl pg_core::Stream for MockStream {
 
     fn query(&self) -> Result<bool> {
         let tid = self.inner.current();
+        self.inner
+            .captures()
+            .refuse_on_stream(self.index, || format!("Stream::query of capturing {}", self.label()))?;
         let cost = self.inner.config.host.query;
         self.inner.with(|st| {
             st.charge(tid, cost);
@@ -384,6 +404,9 @@ impl pg_core::Stream for MockStream {
 
     fn synchronize(&self) -> Result<()> {
         let tid = self.inner.require("Stream::synchronize");
+        self.inner
+            .captures()
+            .refuse_on_stream(self.index, || format!("Stream::synchronize of capturing {}", self.label()))?;
         let poison = &self.inner.poison[self.device];
         poison.check()?;
         let state = self.inner.lock();
@@ -396,6 +419,9 @@ impl pg_core::Stream for MockStream {
     /// has finished in virtual time (at once when the stream is idle). Unlike CUDA, later work on the stream
     /// does not wait for the callback. Callable from any thread, registered or not (an async executor's).
     fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        if self.inner.captures().is_capturing(self.index) {
+            return Err(Error::capture(format!("launch_host_fn on capturing {}", self.label())));
+        }
         let op = self.inner.with(|st| {
             st.resolve();
             let op = st.last_op(self.index);
@@ -425,6 +451,125 @@ impl pg_core::Stream for MockStream {
                 Err(Error::Backend(format!("cannot start the host callback thread: {e}")))
             }
         }
+    }
+
+    fn is_capturing(&self) -> Result<bool> {
+        Ok(self.inner.captures().is_capturing(self.index))
+    }
+
+    /// Starts recording: later work on this stream, and on streams that join through an event recorded here, is
+    /// recorded instead of run. The mode is kept for the record: the simulated backend refuses the forbidden
+    /// calls on the capturing streams and their events (and `Device::synchronize` of their device) from any
+    /// thread, whatever the mode.
+    fn begin_capture(&self, _mode: CaptureMode) -> Result<()> {
+        self.inner.captures().begin(self.index, self.device, &self.label())
+    }
+
+    fn end_capture(&self) -> Result<MockGraph> {
+        let ended = self.inner.captures().end(self.index, &self.label())?;
+        MockGraph::new(&self.inner, ended)
+    }
+
+    fn capture_keep_alive(&self, buffer: &crate::MockBuffer) -> Result<()> {
+        if !Arc::ptr_eq(&self.inner, buffer.inner()) {
+            return Err(Error::invalid("capture_keep_alive: the buffer belongs to another simulated world"));
+        }
+        let kept = Kept { block: buffer.block(), _alive: Box::new(buffer.clone()) };
+        self.inner.captures().keep(self.index, kept, &self.label())
+    }
+}
+
+/// What a capture on a simulated stream recorded: launching it re-issues every recorded operation, event record
+/// and wait, in the order they were captured, on the launch stream (the origin's steps) and on streams of the
+/// graph's own (one per stream that joined the capture), so the recorded dependencies hold again; the data
+/// effects are real and the hazard detector sees every replayed access.
+///
+/// A recorded operation holds its buffers weakly, as a CUDA graph holds raw pointers: a launch after the last
+/// handle of one went (and [`pg_core::Stream::capture_keep_alive`] did not keep it) fails with an error naming
+/// the buffer instead of writing freed memory.
+pub struct MockGraph {
+    inner: Arc<Inner>,
+    device: usize,
+    steps: Vec<(usize, Step)>,
+    nodes: usize,
+    /// The streams of the joined slots (slot `k` runs on `side[k - 1]`).
+    side: Vec<usize>,
+    events: Vec<MockEvent>,
+    kept: Vec<Kept>,
+    /// Streams it was launched on; held under the lock while a launch issues.
+    launched: std::sync::Mutex<Vec<usize>>,
+}
+
+impl fmt::Debug for MockGraph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MockGraph").field("device", &self.device).field("nodes", &self.nodes).finish()
+    }
+}
+
+impl MockGraph {
+    fn new(inner: &Arc<Inner>, ended: Ended) -> Result<Self> {
+        let side = {
+            let mut st = inner.lock();
+            (1..ended.slots)
+                .map(|_| {
+                    let id = u64::try_from(st.streams.len()).unwrap_or(u64::MAX) | (1 << 32);
+                    st.add_stream(ended.device, id, false)
+                })
+                .collect()
+        };
+        let events = (0..ended.events).map(|_| MockEvent::new(Arc::clone(inner))).collect();
+        Ok(Self {
+            inner: Arc::clone(inner),
+            device: ended.device,
+            steps: ended.steps,
+            nodes: ended.nodes,
+            side,
+            events,
+            kept: ended.kept,
+            launched: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl pg_core::Graph for MockGraph {
+    type B = Mock;
+
+    fn launch(&self, stream: &MockStream) -> Result<()> {
+        stream.check(&self.inner, self.device, "Graph::launch")?;
+        let mut launched = self.launched.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !launched.contains(&stream.index) {
+            launched.push(stream.index);
+        }
+        let on = |slot: usize| if slot == 0 { stream.index } else { self.side[slot - 1] };
+        for (slot, step) in &self.steps {
+            let index = on(*slot);
+            match step {
+                Step::Op { run, .. } => run(index)?,
+                Step::Record(e) => pg_core::Event::record(&self.events[*e], &MockStream::at(&self.inner, index))?,
+                Step::Wait(e) => pg_core::Stream::wait_event(&MockStream::at(&self.inner, index), &self.events[*e])?,
+            }
+        }
+        Ok(())
+    }
+
+    fn node_count(&self) -> usize {
+        self.nodes
+    }
+}
+
+impl Drop for MockGraph {
+    /// The kept buffers go back to the allocator only after the streams the graph ran on are done with them.
+    fn drop(&mut self) {
+        let launched = std::mem::take(self.launched.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner));
+        {
+            let mut st = self.inner.lock();
+            for kept in &self.kept {
+                if let Some(block) = st.alloc.blocks.get_mut(&kept.block) {
+                    block.recorded.extend(launched.iter().copied().chain(self.side.iter().copied()));
+                }
+            }
+        }
+        drop(std::mem::take(&mut self.kept));
     }
 }
 
@@ -501,6 +646,10 @@ impl pg_core::Event for MockEvent {
             return Err(Error::invalid("Event::record: the stream belongs to another simulated world"));
         }
         let cost = self.inner.config.host.event_record;
+        if self.inner.captures().record_event(stream.index, self.id) {
+            self.inner.with(|st| st.charge(Some(tid), cost));
+            return Ok(());
+        }
         self.inner.with(|st| {
             st.charge(Some(tid), cost);
             let op = st.last_op(stream.index);
@@ -519,6 +668,7 @@ impl pg_core::Event for MockEvent {
 
     fn query(&self) -> Result<bool> {
         let tid = self.inner.current();
+        self.inner.captures().refuse_on_event(self.id, || "Event::query of an event recorded in a capture".into())?;
         let cost = self.inner.config.host.query;
         self.inner.with(|st| {
             st.charge(tid, cost);
@@ -530,6 +680,9 @@ impl pg_core::Event for MockEvent {
 
     fn synchronize(&self) -> Result<()> {
         let tid = self.inner.require("Event::synchronize");
+        self.inner
+            .captures()
+            .refuse_on_event(self.id, || "Event::synchronize of an event recorded in a capture".into())?;
         let mut state = self.inner.lock();
         let Some(recorded) = state.events.get(&self.id).and_then(|e| e.recorded.clone()) else { return Ok(()) };
         let poison = &self.inner.poison[recorded.device];

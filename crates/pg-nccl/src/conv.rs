@@ -136,8 +136,14 @@ pub(crate) fn f32_to_bf16(value: f32) -> u16 {
 pub(crate) fn cuda_error(err: pg_cuda::CudaError) -> Error {
     match err {
         pg_cuda::CudaError::InvalidArgument(message) => Error::InvalidArgument(message),
+        pg_cuda::CudaError::Driver { ref source, .. } if is_capture_error(source.0) => Error::capture(err.to_string()),
         other => Error::Backend(other.to_string()),
     }
+}
+
+/// Whether a driver result is one of the stream-capture errors (`CUDA_ERROR_STREAM_CAPTURE_*`, 900 to 908).
+fn is_capture_error(code: pg_cuda::cudarc::driver::sys::CUresult) -> bool {
+    (900..=908).contains(&(code as u32))
 }
 
 /// An NCCL error as pg-core's: a failed call is a communicator error, a loading problem a backend error.
@@ -152,6 +158,17 @@ pub(crate) fn nccl_error(err: nccl_sys::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stream_capture_results_are_capture_errors() {
+        use pg_cuda::cudarc::driver::sys::CUresult;
+        assert!(is_capture_error(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+        assert!(is_capture_error(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+        assert!(is_capture_error(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED));
+        assert!(is_capture_error(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD));
+        assert!(!is_capture_error(CUresult::CUDA_ERROR_NOT_READY));
+        assert!(!is_capture_error(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+    }
 
     #[test]
     fn reductions() {

@@ -34,7 +34,7 @@ pub use communicator::call_timing;
 pub use communicator::Communicator;
 pub use device::Device;
 pub use foreign::Element;
-pub use stream::{Event, Stream};
+pub use stream::{Event, Graph, Stream};
 
 pub use nccl_sys;
 pub use pg_cuda;
@@ -50,6 +50,7 @@ impl pg_core::Backend for Nccl {
     type Event = Event;
     type Buffer = Buffer;
     type Communicator = Communicator;
+    type Graph = Graph;
 }
 
 /// Whether this machine can run the backend: a CUDA driver with at least one device, and a loadable NCCL.

@@ -1,5 +1,5 @@
-//! `Stream` and `Event`: pg-core's stream and event concepts on a CUDA stream and a lazily created, recycled
-//! CUDA event (one file: each names the other in its trait impl).
+//! `Stream`, `Event` and `Graph`: pg-core's stream, event and graph concepts on a CUDA stream, a lazily created,
+//! recycled CUDA event and an instantiated CUDA graph (one file: each names another in its trait impl).
 
 use crate::conv::cuda_error;
 use crate::Nccl;
@@ -48,6 +48,51 @@ impl pg_core::Stream for Stream {
 
     fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> pg_core::Result<()> {
         self.0.launch_host_fn(callback).map_err(cuda_error)
+    }
+
+    fn is_capturing(&self) -> pg_core::Result<bool> {
+        self.0.is_capturing().map_err(cuda_error)
+    }
+
+    fn begin_capture(&self, mode: pg_core::CaptureMode) -> pg_core::Result<()> {
+        let mode = match mode {
+            pg_core::CaptureMode::Global => pg_cuda::CaptureMode::Global,
+            pg_core::CaptureMode::ThreadLocal => pg_cuda::CaptureMode::ThreadLocal,
+            pg_core::CaptureMode::Relaxed => pg_cuda::CaptureMode::Relaxed,
+        };
+        self.0.begin_capture(mode).map_err(cuda_error)
+    }
+
+    fn end_capture(&self) -> pg_core::Result<Graph> {
+        self.0.end_capture().map(Graph).map_err(cuda_error)
+    }
+
+    fn capture_keep_alive(&self, buffer: &crate::Buffer) -> pg_core::Result<()> {
+        self.0.capture_keep_alive(Box::new(buffer.clone())).map_err(cuda_error)
+    }
+}
+
+/// An instantiated CUDA graph: what a stream capture recorded (NCCL collectives included: an NCCL call on a
+/// capturing stream becomes graph nodes), with the buffers the process group kept alive for it.
+#[derive(Debug)]
+pub struct Graph(pub(crate) pg_cuda::Graph);
+
+impl Graph {
+    /// The pg-cuda graph.
+    pub fn cuda(&self) -> &pg_cuda::Graph {
+        &self.0
+    }
+}
+
+impl pg_core::Graph for Graph {
+    type B = Nccl;
+
+    fn launch(&self, stream: &Stream) -> pg_core::Result<()> {
+        self.0.launch(&stream.0).map_err(cuda_error)
+    }
+
+    fn node_count(&self) -> usize {
+        self.0.node_count()
     }
 }
 

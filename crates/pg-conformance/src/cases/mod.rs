@@ -1,6 +1,7 @@
 //! The cases, by concern: the stream/event/Work/cache semantics, each op's results and bad-input errors, the
 //! group's life cycle and error paths, and awaiting Work from async code.
 
+pub(crate) mod capture;
 pub(crate) mod collectives;
 pub(crate) mod dtypes;
 pub(crate) mod interop;

@@ -1,6 +1,7 @@
 //! The pg-mock test suite: one binary, one module per concept, data-driven cases.
 
 mod basics;
+mod capture;
 mod clock;
 mod collectives;
 mod common;

@@ -1,14 +1,17 @@
 //! The all_reduce benchmark's Rust contestants: a raw NCCL loop (nccl-sys) and the process group.
 //!
-//! Per size, interleaved raw / pg, for each trial: align the ranks (a one-element all_reduce and a stream
-//! synchronize), queue a spin kernel (100 us per op, at least 5 ms) so the host runs ahead, record a timing event, enqueue K in-place
-//! all_reduces (the process group: `all_reduce` then `wait()` each, the synchronous form), record an event,
-//! synchronise. Device time per op = elapsed / K; host enqueue and `wait()` times are host clocks around each
-//! call. Medians over trials (device) and over every op (host). Results are checked once per size.
+//! Per size, interleaved contestants, for each trial: align the ranks (a one-element all_reduce and a stream
+//! synchronize), queue a spin kernel (100 us per op, at least 5 ms) so the host runs ahead, record a timing event,
+//! enqueue K in-place all_reduces (the process group: `all_reduce` then `wait()` each, the synchronous form), record
+//! an event, synchronise. Device time per op = elapsed / K, counted only for trials in which the GPU was still
+//! spinning when the host had enqueued every op (the event after the spin not yet passed): otherwise the host set
+//! the pace and the events timed it, not the device. Host enqueue and `wait()` times are host clocks around each
+//! call. Host throughput is K back-to-back ops with no spin, timed on the host from the first call to the return of
+//! the last. Medians over trials (device) and over every op (host). Results are checked once per size.
 
 use std::time::{Duration, Instant};
 
-use pg_core::{DType, Device as _, Event as _, Options, ReduceOp, Stream as _, StreamGuard};
+use pg_core::{DType, Device as _, Event as _, Options, OptionsBuilder, ReduceOp, Stream as _, StreamGuard};
 use pg_nccl::raw::RawComm;
 use pg_nccl::{Buffer, Nccl, Stream};
 use serde_json::{json, Value};
@@ -55,6 +58,8 @@ pub fn median(values: &mut [f64]) -> f64 {
 
 struct Sample {
     device_us: f64,
+    /// Whether the spin was still running when the host had enqueued the last op (see [`device_time_us`]).
+    gpu_ahead: bool,
     enqueue_us: Vec<f64>,
     wait_us: Vec<f64>,
     /// Per op, the host time inside `ncclAllReduce` (pg contestants, with `PG_NCCL_TIME_CALLS=1`).
@@ -74,17 +79,32 @@ enum Contestant<'a> {
     /// them (`PG_BENCH_EVENT_RING=1`, contestant `raw-with-event-ring`), each op records one whose last record
     /// is long complete, to see whether re-recording a pending event costs the driver more.
     RawWithEvents { comm: &'a RawComm, stream: &'a Stream, input_ready: &'a [pg_nccl::Event] },
-    /// The process group with the watchdog and the flight recorder off: its distance from `Pg` is what they
-    /// cost on the enqueue path.
-    PgBare { pg: &'a Group },
-    /// The process group, the caller's current stream being the legacy default stream (as in PyTorch).
-    Pg { pg: &'a Group },
-    /// The process group re-recording one input-ready event every op, as PyTorch does
-    /// (`input_ready_events(1)`; with `PG_BENCH_EVENT_RING=1`): its distance from `Pg` is what the ring saves.
-    PgOneInputEvent { pg: &'a Group },
-    /// The process group with a pool stream made current (a `StreamGuard`), to see what the legacy stream costs.
+    /// A process group, the caller's current stream being the legacy default stream (as in PyTorch). `pg` is
+    /// the default options; the other names are [`GROUPS`] of one setting changed each, to tell which part of
+    /// the default configuration costs what.
+    Pg { pg: &'a Group, name: &'static str },
+    /// The default process group with a pool stream made current (a `StreamGuard`), to see what the legacy
+    /// stream costs.
     PgOnStream { pg: &'a Group, stream: &'a Stream },
 }
+
+/// How a variant group's options differ from the default ones.
+type Variant = fn(OptionsBuilder) -> OptionsBuilder;
+
+/// The process-group contestants besides `pg` itself, in creation order after it: each differs from the
+/// default options in one setting, except `pg-twin`, which is the default options again. Every group has its own
+/// communicator and communication stream, and the device time of the two waits per op between the current
+/// stream and the communication stream depends on the hardware queues the driver gave that pair of streams
+/// (nothing for a shared queue, over a microsecond per op more for some pairs than for others on an H200;
+/// `bench/results/stream-pairs-h200x1.md`). `pg-twin` differs from `pg`
+/// in nothing but its stream: when the two differ in device time, so may a variant and `pg` without the
+/// variant's setting costing anything.
+const GROUPS: [(&str, Variant); 4] = [
+    ("pg-no-watchdog-no-fr", |o| o.enable_watchdog(false).trace_buffer_size(0)),
+    ("pg-no-watchdog", |o| o.enable_watchdog(false)),
+    ("pg-no-reuse", |o| o.reuse_works(false)),
+    ("pg-twin", |o| o),
+];
 
 impl Contestant<'_> {
     fn name(&self) -> &'static str {
@@ -92,9 +112,7 @@ impl Contestant<'_> {
             Contestant::Raw { .. } => "raw",
             Contestant::RawWithEvents { input_ready, .. } if input_ready.len() > 1 => "raw-with-event-ring",
             Contestant::RawWithEvents { .. } => "raw-with-events",
-            Contestant::PgBare { .. } => "pg-no-watchdog-no-fr",
-            Contestant::Pg { .. } => "pg",
-            Contestant::PgOneInputEvent { .. } => "pg-one-input-event",
+            Contestant::Pg { name, .. } => name,
             Contestant::PgOnStream { .. } => "pg-current-pool-stream",
         }
     }
@@ -102,12 +120,71 @@ impl Contestant<'_> {
     fn group(&self) -> Option<&Group> {
         match self {
             Contestant::Raw { .. } | Contestant::RawWithEvents { .. } => None,
-            Contestant::Pg { pg }
-            | Contestant::PgOneInputEvent { pg }
-            | Contestant::PgBare { pg }
-            | Contestant::PgOnStream { pg, .. } => Some(pg),
+            Contestant::Pg { pg, .. } | Contestant::PgOnStream { pg, .. } => Some(pg),
         }
     }
+
+    /// The stream the contestant's timing events and spin go on.
+    fn timed_stream(&self, device: &pg_nccl::Device) -> Stream {
+        match self {
+            Contestant::Raw { stream, .. } | Contestant::RawWithEvents { stream, .. } => (*stream).clone(),
+            _ => device.current_stream(),
+        }
+    }
+
+    /// Aligns the ranks with a one-element all_reduce on the contestant's path, then drains `stream`.
+    fn align(&self, tiny: &Buffer, stream: &Stream) -> Result<(), String> {
+        match (self, self.group()) {
+            (Contestant::Raw { comm, stream } | Contestant::RawWithEvents { comm, stream, .. }, _) => {
+                comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?
+            }
+            (_, Some(pg)) => pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?,
+            (_, None) => unreachable!("only the raw contestants have no group"),
+        }
+        stream.cuda().synchronize().map_err(e)
+    }
+}
+
+/// The device time per op of a contestant at one size: the median over the trials in which the GPU was ahead of
+/// the host (`(us per op, gpu ahead)` per trial), or `None` when it never was: then every trial timed the host.
+pub fn device_time_us(trials: &[(f64, bool)]) -> Option<f64> {
+    let mut ahead: Vec<f64> = trials.iter().filter(|(_, ahead)| *ahead).map(|(us, _)| *us).collect();
+    (!ahead.is_empty()).then(|| median(&mut ahead))
+}
+
+/// Host throughput: `ops` back-to-back ops of `who` with no spin ahead of them (the process group: `all_reduce`
+/// then `wait()`, as in a trial), in ops per second of host time from the first call to the last return.
+fn throughput(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: usize) -> Result<f64, String> {
+    let device = &ctx.device;
+    let _guard = match who {
+        Contestant::PgOnStream { stream, .. } => Some(StreamGuard::<Nccl>::new(device, stream)),
+        _ => None,
+    };
+    let stream = who.timed_stream(device);
+    who.align(tiny, &stream)?;
+    let started = Instant::now();
+    for op in 0..ops {
+        match (who, who.group()) {
+            (Contestant::Raw { comm, stream }, _) => {
+                comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?
+            }
+            (Contestant::RawWithEvents { comm, stream, input_ready }, _) => {
+                let input_ready = &input_ready[op % input_ready.len()];
+                input_ready.record(&device.current_stream()).map_err(e)?;
+                stream.wait_event(input_ready).map_err(e)?;
+                comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?;
+                let end = std::sync::Arc::new(device.create_event());
+                end.record(stream).map_err(e)?;
+                device.current_stream().wait_event(&end).map_err(e)?;
+            }
+            (_, Some(pg)) => pg.all_reduce(buffer, ReduceOp::Sum).and_then(|work| work.wait()).map_err(e)?,
+            (_, None) => unreachable!("only the raw contestants have no group"),
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    stream.cuda().synchronize().map_err(e)?;
+    device.synchronize().map_err(e)?;
+    Ok(ops as f64 / seconds)
 }
 
 fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: usize) -> Result<Sample, String> {
@@ -117,19 +194,8 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
         Contestant::PgOnStream { stream, .. } => Some(StreamGuard::<Nccl>::new(device, stream)),
         _ => None,
     };
-    let stream = match who {
-        Contestant::Raw { stream, .. } | Contestant::RawWithEvents { stream, .. } => (*stream).clone(),
-        _ => device.current_stream(),
-    };
-    // Align the ranks.
-    match (who, who.group()) {
-        (Contestant::Raw { comm, stream } | Contestant::RawWithEvents { comm, stream, .. }, _) => {
-            comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream).map_err(e)?
-        }
-        (_, Some(pg)) => pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?,
-        (_, None) => unreachable!("only the raw contestant has no group"),
-    }
-    stream.cuda().synchronize().map_err(e)?;
+    let stream = who.timed_stream(device);
+    who.align(tiny, &stream)?;
     let start = cuda.timing_event().map_err(e)?;
     let end = cuda.timing_event().map_err(e)?;
     cuda.sleep_kernel(stream.cuda(), spin_for(ops)).map_err(e)?;
@@ -178,12 +244,15 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
                 work.wait().map_err(e)?;
                 wait_us.push(t.elapsed().as_secs_f64() * 1e6);
             }
-            (_, None) => unreachable!("only the raw contestant has no group"),
+            (_, None) => unreachable!("only the raw contestants have no group"),
         }
     }
+    // The event after the spin not yet passed: the GPU was still spinning when the host was done enqueuing.
+    let gpu_ahead = !start.query().map_err(e)?;
     end.record(stream.cuda()).map_err(e)?;
     let elapsed = end.elapsed_since(&start).map_err(e)?;
-    Ok(Sample { device_us: elapsed.as_secs_f64() * 1e6 / ops as f64, enqueue_us, wait_us, nccl_us, steps_us })
+    let device_us = elapsed.as_secs_f64() * 1e6 / ops as f64;
+    Ok(Sample { device_us, gpu_ahead, enqueue_us, wait_us, nccl_us, steps_us })
 }
 
 pub fn run(ctx: &Rank) -> Result<Value, String> {
@@ -202,7 +271,10 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let raw_stream = device.stream_from_pool(false).map_err(e)?;
     let user_stream = device.stream_from_pool(false).map_err(e)?;
     let pg = group(ctx, "bench", Options::builder())?;
-    let bare = group(ctx, "bench-bare", Options::builder().enable_watchdog(false).trace_buffer_size(0))?;
+    let variants: Vec<(&'static str, Group)> = GROUPS
+        .iter()
+        .map(|(name, options)| Ok((*name, group(ctx, &format!("bench-{name}"), options(Options::builder()))?)))
+        .collect::<Result<_, String>>()?;
     let input_ready = device.create_event();
     // More events than ops per trial: each one's last record completed long before it is recorded again.
     let event_ring: Vec<pg_nccl::Event> = match std::env::var("PG_BENCH_EVENT_RING").as_deref() {
@@ -215,7 +287,9 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     };
     let tiny = filled(ctx, DType::F32, 1, 1.0)?;
     pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
-    bare.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    for (_, variant) in &variants {
+        variant.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    }
     if let Some(one_event) = &one_event {
         one_event.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
     }
@@ -235,18 +309,18 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
 
         let mut contestants = vec![
             Contestant::Raw { comm: &raw, stream: &raw_stream },
-            Contestant::Pg { pg: &pg },
+            Contestant::Pg { pg: &pg, name: "pg" },
             Contestant::PgOnStream { pg: &pg, stream: &user_stream },
             Contestant::RawWithEvents {
                 comm: &raw,
                 stream: &raw_stream,
                 input_ready: std::slice::from_ref(&input_ready),
             },
-            Contestant::PgBare { pg: &bare },
         ];
+        contestants.extend(variants.iter().map(|(name, pg)| Contestant::Pg { pg, name }));
         if let Some(one_event) = &one_event {
             contestants.push(Contestant::RawWithEvents { comm: &raw, stream: &raw_stream, input_ready: &event_ring });
-            contestants.push(Contestant::PgOneInputEvent { pg: one_event });
+            contestants.push(Contestant::Pg { pg: one_event, name: "pg-one-input-event" });
         }
         let mut samples: Vec<Vec<Sample>> = contestants.iter().map(|_| Vec::new()).collect();
         // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
@@ -259,8 +333,14 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
                 samples[index].push(trial(ctx, who, &buffer, &tiny, ops)?);
             }
         }
-        for (who, samples) in contestants.iter().zip(samples) {
-            let mut device_us: Vec<f64> = samples.iter().map(|s| s.device_us).collect();
+        let mut host_ops_per_s = Vec::with_capacity(contestants.len());
+        for who in &contestants {
+            host_ops_per_s.push(throughput(ctx, who, &buffer, &tiny, ops)?);
+        }
+        for ((who, samples), host_ops_per_s) in contestants.iter().zip(samples).zip(host_ops_per_s) {
+            let trials: Vec<(f64, bool)> = samples.iter().map(|s| (s.device_us, s.gpu_ahead)).collect();
+            let device_us: Vec<f64> = trials.iter().map(|(us, _)| *us).collect();
+            let gpu_ahead: Vec<bool> = trials.iter().map(|(_, ahead)| *ahead).collect();
             let mut enqueue: Vec<f64> = samples.iter().flat_map(|s| s.enqueue_us.iter().copied()).collect();
             let mut wait: Vec<f64> = samples.iter().flat_map(|s| s.wait_us.iter().copied()).collect();
             let mut nccl: Vec<f64> = samples.iter().flat_map(|s| s.nccl_us.iter().copied()).collect();
@@ -279,7 +359,8 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
                     (!values.is_empty()).then(|| (step.name().to_owned(), json!(median(&mut values))))
                 })
                 .collect();
-            let time_us = median(&mut device_us);
+            // NaN (null in the JSON) when no trial had the GPU ahead: the events timed the host.
+            let time_us = device_time_us(&trials).unwrap_or(f64::NAN);
             let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
             let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
             rows.push(json!({
@@ -296,19 +377,174 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
                 "own_host_us": if own.is_empty() { Value::Null } else { json!(median(&mut own)) },
                 "steps_us": if steps.is_empty() { Value::Null } else { Value::Object(steps) },
                 "device_us_trials": device_us,
+                "gpu_ahead_trials": gpu_ahead,
+                "gpu_ahead": gpu_ahead.iter().all(|ahead| *ahead),
+                "host_ops_per_s": host_ops_per_s,
             }));
         }
         println!("  rank {} {bytes} B done", ctx.rank);
     }
+    // A capture the driver or NCCL refuses leaves the eager rows standing; the error says why.
+    let graph_error = match graph_rows(ctx, &raw, &raw_stream, &pg, &user_stream, &tiny) {
+        Ok(graph) => {
+            rows.extend(graph);
+            None
+        }
+        Err(error) => {
+            println!("  rank {}: the graph contestants failed: {error}", ctx.rank);
+            device.synchronize().map_err(e)?;
+            Some(error)
+        }
+    };
     let host_costs = host_costs(ctx, &pg)?;
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
-    bare.shutdown().map_err(e)?;
+    for (_, variant) in &variants {
+        variant.shutdown().map_err(e)?;
+    }
     if let Some(one_event) = &one_event {
         one_event.shutdown().map_err(e)?;
     }
     drop(raw);
-    Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs }))
+    Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs, "graph_error": graph_error }))
+}
+
+/// The largest size the graph contestants run: capture pays off where the host's per-op cost matters.
+const GRAPH_MAX_BYTES: usize = 1 << 20;
+
+/// Enqueues one all_reduce of a buffer (while the contestant's stream captures).
+type Enqueue<'a> = Box<dyn Fn(&Buffer) -> Result<(), String> + 'a>;
+
+/// A graph contestant: K all_reduces captured once on `stream`, the graph then replayed there.
+struct GraphContestant<'a> {
+    name: &'static str,
+    stream: &'a Stream,
+    enqueue: Enqueue<'a>,
+    /// Aligns the ranks and drains `stream`.
+    align: Box<dyn Fn() -> Result<(), String> + 'a>,
+}
+
+/// Captures `ops` all_reduces of `buffer` by `who` on its stream (thread-local mode: the process group's
+/// watchdog thread may query events meanwhile).
+fn capture(who: &GraphContestant<'_>, buffer: &Buffer, ops: usize) -> Result<pg_nccl::Graph, String> {
+    who.stream.begin_capture(pg_core::CaptureMode::ThreadLocal).map_err(e)?;
+    let captured = (0..ops).try_for_each(|_| (who.enqueue)(buffer));
+    // End the capture whatever happened, so that the stream is usable again.
+    let graph = who.stream.end_capture().map_err(e);
+    captured?;
+    graph
+}
+
+/// The graph contestants, 8 B to [`GRAPH_MAX_BYTES`]: raw NCCL captured on its pool stream (`raw-graph`) and the
+/// default process group captured with a pool stream current (`pg-graph`; the legacy default stream cannot be
+/// captured). Per size: a check (a graph of two all_reduces replayed twice gives world x the rank sum each time),
+/// then per trial a spin, one replay of K ops between timing events (device time per op = elapsed / K, under the
+/// same GPU-ahead rule as the eager trials), and the host time of the launch (host cost per replayed op =
+/// launch / K).
+fn graph_rows(
+    ctx: &Rank,
+    raw: &RawComm,
+    raw_stream: &Stream,
+    pg: &Group,
+    user_stream: &Stream,
+    tiny: &Buffer,
+) -> Result<Vec<Value>, String> {
+    let device = &ctx.device;
+    let world = ctx.world;
+    let _guard = StreamGuard::<Nccl>::new(device, user_stream);
+    let contestants = [
+        GraphContestant {
+            name: "raw-graph",
+            stream: raw_stream,
+            enqueue: Box::new(|buffer| raw.all_reduce_in_place(buffer, ReduceOp::Sum, raw_stream).map_err(e)),
+            align: Box::new(|| {
+                raw.all_reduce_in_place(tiny, ReduceOp::Sum, raw_stream).map_err(e)?;
+                raw_stream.cuda().synchronize().map_err(e)
+            }),
+        },
+        GraphContestant {
+            name: "pg-graph",
+            stream: user_stream,
+            enqueue: Box::new(|buffer| pg.all_reduce(buffer, ReduceOp::Sum).and_then(|work| work.wait()).map_err(e)),
+            align: Box::new(|| {
+                pg.all_reduce_sync(tiny, ReduceOp::Sum).map_err(e)?;
+                user_stream.cuda().synchronize().map_err(e)
+            }),
+        },
+    ];
+    let mut rows = Vec::new();
+    for bytes in sizes(ctx.settings.bench_max_bytes.min(GRAPH_MAX_BYTES)) {
+        let numel = (bytes / 4).max(1);
+        let ops = ops_per_trial(bytes);
+        for who in &contestants {
+            // Replays give the right sums, every time.
+            let check = device.alloc(DType::F32, numel).map_err(e)?;
+            let graph = capture(who, &check, 2)?;
+            for replay in 0..2 {
+                pg_core::Device::fill(device, &check, (ctx.rank + 1) as f64, who.stream).map_err(e)?;
+                graph.cuda().launch(who.stream.cuda()).map_err(e)?;
+                who.stream.cuda().synchronize().map_err(e)?;
+                let values = pg_core::Device::copy_to_host(device, &check, who.stream).map_err(e)?;
+                let values: Vec<f64> =
+                    values.chunks(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap()))).collect();
+                all_equal(&values, rank_sum(world) * world as f64)
+                    .map_err(|m| format!("{} {bytes} B, replay {replay}: {m}", who.name))?;
+            }
+            drop(graph);
+            // Zeros: replaying the sums keeps them finite.
+            let buffer = device.alloc(DType::F32, numel).map_err(e)?;
+            pg_core::Device::fill(device, &buffer, 0.0, who.stream).map_err(e)?;
+            let graph = capture(who, &buffer, ops)?;
+            // Warm-up replay (the first launch uploads the graph).
+            graph.cuda().launch(who.stream.cuda()).map_err(e)?;
+            who.stream.cuda().synchronize().map_err(e)?;
+            let mut trials = Vec::new();
+            let mut launch_us = Vec::new();
+            for _ in 0..ctx.settings.bench_trials {
+                (who.align)()?;
+                let cuda = device.cuda();
+                let start = cuda.timing_event().map_err(e)?;
+                let end = cuda.timing_event().map_err(e)?;
+                cuda.sleep_kernel(who.stream.cuda(), spin_for(ops)).map_err(e)?;
+                start.record(who.stream.cuda()).map_err(e)?;
+                let t = Instant::now();
+                graph.cuda().launch(who.stream.cuda()).map_err(e)?;
+                launch_us.push(t.elapsed().as_secs_f64() * 1e6);
+                let gpu_ahead = !start.query().map_err(e)?;
+                end.record(who.stream.cuda()).map_err(e)?;
+                let elapsed = end.elapsed_since(&start).map_err(e)?;
+                trials.push((elapsed.as_secs_f64() * 1e6 / ops as f64, gpu_ahead));
+            }
+            let launch = median(&mut launch_us);
+            let time_us = device_time_us(&trials).unwrap_or(f64::NAN);
+            let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
+            let gpu_ahead: Vec<bool> = trials.iter().map(|(_, ahead)| *ahead).collect();
+            rows.push(json!({
+                "contestant": who.name,
+                "bytes": bytes,
+                "ops_per_trial": ops,
+                "trials": ctx.settings.bench_trials,
+                "time_us": time_us,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * 2.0 * (world as f64 - 1.0) / world as f64,
+                // The host cost of one replayed op: the graph's launch over its ops.
+                "host_enqueue_us": launch / ops as f64,
+                "graph_launch_us": launch,
+                "graph_nodes": pg_core::Graph::node_count(&graph),
+                "wait_us": Value::Null,
+                "nccl_call_us": Value::Null,
+                "own_host_us": Value::Null,
+                "steps_us": Value::Null,
+                "device_us_trials": trials.iter().map(|(us, _)| *us).collect::<Vec<f64>>(),
+                "gpu_ahead_trials": gpu_ahead,
+                "gpu_ahead": gpu_ahead.iter().all(|ahead| *ahead),
+                "host_ops_per_s": ops as f64 / (launch * 1e-6),
+            }));
+        }
+        println!("  rank {} {bytes} B graphs done", ctx.rank);
+    }
+    device.synchronize().map_err(e)?;
+    Ok(rows)
 }
 
 /// Medians of the host cost of the primitives the process group calls per op (20,000 calls each).
@@ -349,4 +585,37 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<Value, String> {
         "record_stream": record_stream,
         "current_stream": current_stream,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_time_counts_only_the_trials_the_gpu_was_ahead_in() {
+        // The host-bound trials (false) are the slow ones: they would move the median if counted.
+        let trials = [(6.0, true), (9.0, false), (6.2, true), (9.5, false), (6.1, true)];
+        assert_eq!(device_time_us(&trials), Some(6.1));
+        assert_eq!(device_time_us(&[(9.0, false), (9.5, false)]), None, "every trial timed the host");
+        assert_eq!(device_time_us(&[]), None);
+    }
+
+    #[test]
+    fn the_variant_groups_have_names_of_their_own() {
+        let mut names: Vec<&str> = GROUPS.iter().map(|(name, _)| *name).collect();
+        names.push("pg");
+        let count = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), count);
+        // The watchdog-off variant keeps the flight recorder; the bare one turns both off.
+        let options = |name: &str| GROUPS.iter().find(|(n, _)| *n == name).map(|(_, f)| f(Options::builder()).build());
+        let no_watchdog = options("pg-no-watchdog").unwrap();
+        assert!(!no_watchdog.enable_watchdog && no_watchdog.trace_buffer_size > 0);
+        let bare = options("pg-no-watchdog-no-fr").unwrap();
+        assert!(!bare.enable_watchdog && bare.trace_buffer_size == 0);
+        assert!(!options("pg-no-reuse").unwrap().reuse_works);
+        let twin = options("pg-twin").unwrap();
+        assert!(twin.enable_watchdog && twin.reuse_works && twin.trace_buffer_size > 0);
+    }
 }

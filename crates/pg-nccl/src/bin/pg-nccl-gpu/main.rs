@@ -1,11 +1,10 @@
 //! `pg-nccl-gpu`: the real-GPU suite of pg, one process per GPU.
 //!
-//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,bench,bench-all-to-all,bench-p2p,interop]
-//! [--out DIR] [bench options]` finds the GPUs,
-//! starts one rank process per GPU for each task (environment as torchrun sets it: `RANK`, `WORLD_SIZE`,
-//! `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges
-//! their results into `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank
-//! failed, or there is no GPU.
+//! `pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,bench,bench-all-to-all,bench-p2p,first]
+//! [--out DIR] [bench options]` finds the GPUs, starts one rank process per GPU for each task (the `first` task: a
+//! fresh set per trial; environment as torchrun sets it: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges their results into
+//! `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank failed, or there is no GPU.
 //!
 //! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`).
 //!
@@ -16,6 +15,7 @@ mod bench;
 mod bench_exchange;
 mod conformance;
 mod experiments;
+mod first;
 #[allow(unsafe_code)] // A reason: raw device pointers from elsewhere are an unsafe constructor by design.
 mod interop;
 mod report;
@@ -31,7 +31,7 @@ use pg_core::store::Store;
 use serde_json::{json, Value};
 
 const USAGE: &str = "\
-usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,bench,...] [--out DIR]
+usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,bench,first,...] [--out DIR]
                        [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
@@ -147,7 +147,12 @@ fn launch(settings: &Settings) -> Result<(), String> {
     let mut failed = Vec::new();
     for task in &settings.tasks {
         let started = Instant::now();
-        match launch_task(settings, task, nproc) {
+        let launched = match task.as_str() {
+            // Each trial of the first collective is a fresh set of processes.
+            "first" => first::launch(settings, nproc, launch_task),
+            _ => launch_task(settings, task, nproc),
+        };
+        match launched {
             Ok(ranks) => {
                 let ok = report::task(settings, task, &ranks)?;
                 println!(
@@ -288,6 +293,7 @@ fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, Stri
         "bench-all-to-all" => bench_exchange::run_all_to_all(&ctx),
         "bench-p2p" => bench_exchange::run_p2p(&ctx),
         "interop" => interop::run(&ctx),
+        "first-lazy" | "first-eager" => first::run(&ctx, task == "first-eager"),
         other => return Err(format!("unknown task {other}")),
     }?;
     value["rank"] = json!(rank);

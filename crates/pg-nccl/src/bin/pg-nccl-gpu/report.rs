@@ -28,6 +28,15 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
                              "command": command, "versions": ranks[0]["versions"], "checks": checks });
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
+    if task == "first" {
+        // One value per launch (a fresh set of rank processes), each with its ranks' results.
+        let (ok, markdown) = crate::first::report(ranks);
+        print!("{markdown}");
+        let first_rank = &ranks[0]["ranks"][0];
+        let merged = json!({ "task": task, "passed": ok, "world_size": ranks[0]["ranks"].as_array().map_or(0, Vec::len),
+                             "versions": first_rank["versions"], "launches": ranks });
+        return write(settings, task, &merged, &markdown).map(|()| ok);
+    }
     let (ok, markdown) = match task {
         "experiments" => experiments(ranks),
         "bench" => bench(ranks),
@@ -126,26 +135,38 @@ fn bench(ranks: &[Value]) -> (bool, String) {
         md,
         "\n### all_reduce, {world} ranks, f32 in place (time: slowest rank's median; host: slowest rank's median)\n"
     );
-    let _ = writeln!(md, "| size | contestant | time/op us | busbw GB/s | host enqueue us/op | wait() us | inside ncclAllReduce us | own host us |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "| size | contestant | time/op us | GPU ahead | busbw GB/s | host enqueue us/op | wait() us | inside ncclAllReduce us | own host us | host kops/s |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
     let rows = ranks[0]["rows"].as_array().cloned().unwrap_or_default();
     for (index, row) in rows.iter().enumerate() {
         let max = |key: &str| {
             ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
         };
         let bytes = row["bytes"].as_u64().unwrap_or(0);
-        let time = max("time_us");
+        let time = slowest_device_time(ranks.iter().map(|r| r["rows"][index]["time_us"].as_f64()));
         let busbw = bytes as f64 / (time * 1e-6) / 1e9 * 2.0 * (world as f64 - 1.0) / world as f64;
         let optional = |key: &str| if row[key].is_null() { "-".to_owned() } else { format!("{:.2}", max(key)) };
+        let trials_ahead: Vec<String> = ranks
+            .iter()
+            .map(|r| {
+                let trials = r["rows"][index]["gpu_ahead_trials"].as_array().cloned().unwrap_or_default();
+                let ahead = trials.iter().filter(|t| t.as_bool() == Some(true)).count();
+                format!("{ahead}/{}", trials.len())
+            })
+            .collect();
+        let slowest_rate = ranks.iter().filter_map(|r| r["rows"][index]["host_ops_per_s"].as_f64()).reduce(f64::min);
         let _ = writeln!(
             md,
-            "| {} | {} | {time:.2} | {busbw:.1} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {busbw:.1} | {:.2} | {} | {} | {} | {} |",
             human(bytes),
             row["contestant"].as_str().unwrap_or("?"),
+            device_cell(time),
+            trials_ahead.join(", "),
             max("host_enqueue_us"),
             optional("wait_us"),
             optional("nccl_call_us"),
             optional("own_host_us"),
+            slowest_rate.map(|v| format!("{:.1}", v / 1e3)).unwrap_or_else(|| "-".into()),
         );
     }
     for (rank, value) in ranks.iter().enumerate() {
@@ -184,6 +205,24 @@ pub struct BenchRow {
     pub busbw_gbps: f64,
     pub enqueue_us: f64,
     pub wait_us: Option<f64>,
+    /// Whether the GPU was ahead of the host in every trial on every rank (`None`: results that predate the check).
+    pub gpu_ahead: Option<bool>,
+    /// Back-to-back ops per second of host time, the slowest rank's.
+    pub host_ops_per_s: Option<f64>,
+}
+
+/// The slowest rank's device time: NaN when any rank has none (no trial of it had the GPU ahead of the host, so
+/// its events timed the host), else the largest.
+fn slowest_device_time(values: impl IntoIterator<Item = Option<f64>>) -> f64 {
+    values.into_iter().try_fold(f64::NEG_INFINITY, |max, value| value.map(|v| max.max(v))).unwrap_or(f64::NAN)
+}
+
+/// A device time for a table: `host-bound` when there is none.
+fn device_cell(time_us: f64) -> String {
+    match time_us.is_finite() {
+        true => format!("{time_us:.2}"),
+        false => "host-bound".to_owned(),
+    }
 }
 
 fn rust_rows(bench: &Value) -> Vec<BenchRow> {
@@ -197,7 +236,9 @@ fn rust_rows(bench: &Value) -> Vec<BenchRow> {
                 ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
             };
             let bytes = row["bytes"].as_u64().unwrap_or(0);
-            let time_us = max("time_us");
+            let time_us = slowest_device_time(ranks.iter().map(|r| r["rows"][index]["time_us"].as_f64()));
+            let ahead: Vec<Option<bool>> = ranks.iter().map(|r| r["rows"][index]["gpu_ahead"].as_bool()).collect();
+            let rates: Vec<Option<f64>> = ranks.iter().map(|r| r["rows"][index]["host_ops_per_s"].as_f64()).collect();
             BenchRow {
                 contestant: row["contestant"].as_str().unwrap_or("?").to_owned(),
                 bytes,
@@ -205,6 +246,11 @@ fn rust_rows(bench: &Value) -> Vec<BenchRow> {
                 busbw_gbps: bytes as f64 / (time_us * 1e-6) / 1e9 * 2.0 * (world - 1.0) / world,
                 enqueue_us: max("host_enqueue_us"),
                 wait_us: if row["wait_us"].is_null() { None } else { Some(max("wait_us")) },
+                gpu_ahead: ahead.into_iter().collect::<Option<Vec<bool>>>().map(|all| all.into_iter().all(|a| a)),
+                host_ops_per_s: rates
+                    .into_iter()
+                    .collect::<Option<Vec<f64>>>()
+                    .and_then(|all| all.into_iter().reduce(f64::min)),
             }
         })
         .collect()
@@ -227,15 +273,20 @@ fn same_rank_difference(bench: &Value, contestant: &str, baseline: &str, bytes: 
 }
 
 fn torch_rows(torch: &Value) -> Vec<BenchRow> {
-    let rows = torch["rows"].as_array().cloned().unwrap_or_default();
-    rows.iter()
-        .map(|row| BenchRow {
-            contestant: "torch".into(),
+    let eager = torch["rows"].as_array().cloned().unwrap_or_default().into_iter().map(|row| ("torch", row));
+    // `torch.cuda.graph` around K all_reduces, replayed (`graph_rows`, when the script ran them).
+    let graph = torch["graph_rows"].as_array().cloned().unwrap_or_default().into_iter().map(|row| ("torch-graph", row));
+    eager
+        .chain(graph)
+        .map(|(contestant, row)| BenchRow {
+            contestant: contestant.into(),
             bytes: row["bytes"].as_u64().unwrap_or(0),
             time_us: row["time_us"].as_f64().unwrap_or(f64::NAN),
             busbw_gbps: row["busbw_gbps"].as_f64().unwrap_or(f64::NAN),
             enqueue_us: row["host_enqueue_us"].as_f64().unwrap_or(f64::NAN),
             wait_us: row["wait_us"].as_f64(),
+            gpu_ahead: row["gpu_ahead"].as_bool(),
+            host_ops_per_s: row["host_ops_per_s"].as_f64(),
         })
         .collect()
 }
@@ -265,13 +316,26 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     if let Some(torch) = &torch {
         let _ = writeln!(md, "\nPyTorch: {}", torch["versions"]);
     }
-    let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of trials, slowest rank); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()).\n", bench["world_size"]);
-    let _ = writeln!(md, "| size | raw us | pg us | torch us | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | pg enqueue us (pool stream current) | torch enqueue us | torch wait us |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of the trials in which the GPU was still spinning when the host had enqueued every op, slowest rank; `host-bound` when no trial was); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()). GPU ahead: every trial of raw, pg, torch had the GPU ahead of the host. Host ops/s: K ops back to back with no spin, in thousands per second of host time (slowest rank). pg bookkeeping: pg's enqueue minus `raw-with-events`', rank by rank (the worst rank).\n", bench["world_size"]);
+    let _ = writeln!(md, "| size | raw us | pg us | torch us | GPU ahead | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | pg enqueue us (pool stream current) | torch enqueue us | torch wait us | pg bookkeeping us | raw kops/s | pg kops/s | torch kops/s |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut busbw_ok = true;
     let mut summary = Vec::new();
     let f = |row: Option<&BenchRow>, get: &dyn Fn(&BenchRow) -> Option<f64>| {
         row.and_then(get).map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+    };
+    let kilo = |row: Option<&BenchRow>| {
+        row.and_then(|r| r.host_ops_per_s).map(|v| format!("{:.1}", v / 1e3)).unwrap_or_else(|| "-".into())
+    };
+    let device = |row: Option<&BenchRow>| row.map(|r| device_cell(r.time_us)).unwrap_or_else(|| "-".into());
+    let rust_names: Vec<String> = {
+        let mut names: Vec<String> = Vec::new();
+        for row in rows.iter().filter(|r| !r.contestant.starts_with("torch")) {
+            if !names.contains(&row.contestant) {
+                names.push(row.contestant.clone());
+            }
+        }
+        names
     };
     for &bytes in &sizes {
         let (raw, pg, torch) = (find("raw", bytes), find("pg", bytes), find("torch", bytes));
@@ -287,6 +351,20 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             (Some(r), Some(p)) => Some(p.enqueue_us - r.enqueue_us),
             _ => None,
         };
+        let ahead = |row: Option<&BenchRow>| match row.and_then(|r| r.gpu_ahead) {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "-",
+        };
+        let bookkeeping = same_rank_difference(&bench, "pg", "raw-with-events", bytes);
+        let by_contestant = |get: &dyn Fn(&BenchRow) -> Value| -> Value {
+            rust_names
+                .iter()
+                .filter_map(|name| find(name, bytes).map(|row| (name.clone(), get(row))))
+                .chain(torch.map(|row| ("torch".to_owned(), get(row))))
+                .collect::<serde_json::Map<String, Value>>()
+                .into()
+        };
         summary.push(json!({
             "bytes": bytes,
             "raw": raw.map(row_json), "pg": pg.map(row_json), "torch": torch.map(row_json),
@@ -296,18 +374,27 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             "pg_over_raw_busbw": ratio, "pg_minus_raw_enqueue_us": overhead,
             "pg_minus_raw_enqueue_us_same_rank": same_rank_difference(&bench, "pg", "raw", bytes),
             "raw_with_events_minus_raw_enqueue_us_same_rank": same_rank_difference(&bench, "raw-with-events", "raw", bytes),
-            "pg_minus_raw_with_events_enqueue_us_same_rank": same_rank_difference(&bench, "pg", "raw-with-events", bytes),
+            "pg_minus_raw_with_events_enqueue_us_same_rank": bookkeeping,
             "pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank": same_rank_difference(&bench, "pg", "pg-no-watchdog-no-fr", bytes),
             "pg_one_input_event_minus_pg_enqueue_us_same_rank": same_rank_difference(&bench, "pg-one-input-event", "pg", bytes),
             "raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank": same_rank_difference(&bench, "raw-with-events", "raw-with-event-ring", bytes),
+            "raw_graph": find("raw-graph", bytes).map(row_json),
+            "pg_graph": find("pg-graph", bytes).map(row_json),
+            "torch_graph": find("torch-graph", bytes).map(row_json),
+            "device_time_us": by_contestant(&|r| if r.time_us.is_finite() { json!(r.time_us) } else { Value::Null }),
+            "gpu_ahead": by_contestant(&|r| json!(r.gpu_ahead)),
+            "host_ops_per_s": by_contestant(&|r| json!(r.host_ops_per_s)),
         }));
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}, {}, {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             human(bytes),
-            f(raw, &|r| Some(r.time_us)),
-            f(pg, &|r| Some(r.time_us)),
-            f(torch, &|r| Some(r.time_us)),
+            device(raw),
+            device(pg),
+            device(torch),
+            ahead(raw),
+            ahead(pg),
+            ahead(torch),
             f(raw, &|r| Some(r.busbw_gbps)),
             f(pg, &|r| Some(r.busbw_gbps)),
             f(torch, &|r| Some(r.busbw_gbps)),
@@ -318,7 +405,25 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             f(pg_pool, &|r| Some(r.enqueue_us)),
             f(torch, &|r| Some(r.enqueue_us)),
             f(torch, &|r| r.wait_us),
+            bookkeeping.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into()),
+            kilo(raw),
+            kilo(pg),
+            kilo(torch),
         );
+    }
+    // Every Rust contestant's device time, for the sizes where pg's device time was above the raw loop's.
+    let small: Vec<u64> = sizes.iter().copied().filter(|&b| b <= 1 << 20).collect();
+    if !small.is_empty() && rust_names.len() > 2 {
+        let _ = writeln!(
+            md,
+            "\nDevice time per op (us) of every contestant up to 1 MiB (`host-bound`: no trial had the GPU ahead):\n"
+        );
+        let _ = writeln!(md, "| contestant | {} |", small.iter().map(|&b| human(b)).collect::<Vec<_>>().join(" | "));
+        let _ = writeln!(md, "|---|{}", "---|".repeat(small.len()));
+        for name in rust_names.iter().map(String::as_str).chain(torch.is_some().then_some("torch")) {
+            let cells: Vec<String> = small.iter().map(|&b| device(find(name, b))).collect();
+            let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
+        }
     }
     let median_of = |key: &str| {
         let mut values: Vec<f64> = summary.iter().filter_map(|s| s[key].as_f64()).collect();
@@ -359,6 +464,58 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             median_of("pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank"),
         );
     }
+    for (rank, value) in bench["ranks"].as_array().into_iter().flatten().enumerate() {
+        if let Some(error) = value["graph_error"].as_str() {
+            let _ = writeln!(md, "\nRank {rank}: the Rust graph contestants failed: {error}");
+        }
+    }
+    if let Some(error) = torch.as_ref().and_then(|t| t["graph_error"].as_str()) {
+        let _ = writeln!(md, "\nThe PyTorch graph contestant failed: {error}");
+    }
+    // CUDA graphs: K all_reduces captured once, replayed.
+    let graph_sizes: Vec<u64> = sizes
+        .iter()
+        .copied()
+        .filter(|&b| ["raw-graph", "pg-graph", "torch-graph"].iter().any(|c| find(c, b).is_some()))
+        .collect();
+    if !graph_sizes.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nUnder CUDA graph replay (K all_reduces captured once, the graph launched after a spin): device time per \
+             op (same GPU-ahead rule), and host cost per replayed op (the graph's launch / K); eager raw and pg beside \
+             them.\n"
+        );
+        let _ = writeln!(md, "| size | raw graph us | pg graph us | torch graph us | raw us | pg us | raw graph host us | pg graph host us | torch graph host us | pg enqueue us |");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+        for &bytes in &graph_sizes {
+            let (rg, pgg, tg) = (find("raw-graph", bytes), find("pg-graph", bytes), find("torch-graph", bytes));
+            let host =
+                |row: Option<&BenchRow>| row.map(|r| format!("{:.3}", r.enqueue_us)).unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                human(bytes),
+                device(rg),
+                device(pgg),
+                device(tg),
+                device(find("raw", bytes)),
+                device(find("pg", bytes)),
+                host(rg),
+                host(pgg),
+                host(tg),
+                f(find("pg", bytes), &|r| Some(r.enqueue_us)),
+            );
+        }
+    }
+    let bookkeeping = median_of("pg_minus_raw_with_events_enqueue_us_same_rank");
+    if bookkeeping.is_finite() {
+        let _ = writeln!(
+            md,
+            "\npg's own bookkeeping per op (`pg` - `raw-with-events`, rank by rank, worst rank, median over sizes): \
+             {bookkeeping:.2} us (target 0.3 us): {}.",
+            yes(bookkeeping <= 0.3)
+        );
+    }
     let ring_saves = median_of("pg_one_input_event_minus_pg_enqueue_us_same_rank");
     if ring_saves.is_finite() {
         let _ = writeln!(
@@ -369,8 +526,45 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             median_of("raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank"),
         );
     }
+    // Time to the first collective (`first.json` from the `first` task, `torch-first.jsonl` from the PyTorch
+    // script's `--first` runs), when measured.
+    let first_collective = load("first.json")?.map(|first| {
+        let launches = first["launches"].as_array().cloned().unwrap_or_default();
+        let torch: Vec<Value> = std::fs::read_to_string(dir.join("torch-first.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect();
+        crate::first::compare(&launches, &torch)
+    });
+    if let Some(first) = &first_collective {
+        let ms = |v: &Value| v.as_f64().map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            md,
+            "\nTime to the first all_reduce, from before the group's creation to the op's completion on the device \
+             (fresh processes, slowest rank, median of the trials; target pg <= 0.8x PyTorch):\n"
+        );
+        let _ = writeln!(md, "| init | pg ms | PyTorch ms | pg / PyTorch | within 0.8x |");
+        let _ = writeln!(md, "|---|---|---|---|---|");
+        for (mode, name) in [("lazy", "lazy (no device_id)"), ("eager", "eager (pg eager_init; PyTorch device_id=)")] {
+            let side = &first[mode];
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {} |",
+                ms(&side["pg_ms"]),
+                ms(&side["torch_ms"]),
+                side["pg_over_torch"].as_f64().map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into()),
+                match side["within_0_8"].as_bool() {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "-",
+                }
+            );
+        }
+    }
     std::fs::write(dir.join("allreduce.md"), &md).map_err(|e| e.to_string())?;
     let merged = json!({
+        "first_collective": first_collective,
         "label": label,
         "rust_versions": bench["versions"],
         "torch_versions": torch.as_ref().map(|t| t["versions"].clone()),
@@ -380,6 +574,8 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         "host_overhead_within_2_us_same_rank": overhead_same_rank <= 2.0,
         "busbw_within_2_percent_at_64mib_and_above": busbw_ok,
         "host_overhead_within_2_us": overhead_ok,
+        "pg_bookkeeping_us_same_rank_median": bookkeeping,
+        "pg_bookkeeping_within_0_3_us": bookkeeping <= 0.3,
         "targets_met": ok,
         "sizes": summary,
     });
@@ -541,6 +737,75 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(dir.join("allreduce.json")).unwrap()).unwrap();
         assert_eq!(merged["sizes"].as_array().unwrap().len(), 2);
         assert_eq!(merged["pg_minus_raw_enqueue_us_median"], json!(1.5));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_rank_without_a_device_time_makes_the_row_host_bound() {
+        assert_eq!(slowest_device_time([Some(6.5), Some(7.0)]), 7.0);
+        assert!(slowest_device_time([Some(6.5), None]).is_nan(), "one rank timed its host");
+        assert_eq!(device_cell(f64::NAN), "host-bound");
+        assert_eq!(device_cell(6.456), "6.46");
+    }
+
+    #[test]
+    fn merge_reports_gpu_ahead_throughput_and_bookkeeping() {
+        let dir = std::env::temp_dir().join(format!("pg-merge-ahead-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |c: &str, time: Option<f64>, enqueue: f64, ahead: bool| {
+            json!({ "contestant": c, "bytes": 1024, "time_us": time, "host_enqueue_us": enqueue, "wait_us": null,
+                    "gpu_ahead": ahead, "host_ops_per_s": 100_000.0 })
+        };
+        let rank0 = json!([
+            row("raw", Some(6.5), 6.0, true),
+            row("raw-with-events", Some(6.6), 7.0, true),
+            row("pg", None, 7.25, false),
+        ]);
+        let rank1 = json!([
+            row("raw", Some(6.4), 6.0, true),
+            row("raw-with-events", Some(6.6), 7.0, true),
+            row("pg", Some(7.9), 7.5, true),
+        ]);
+        let bench = json!({ "world_size": 2, "versions": {}, "ranks": [rank(rank0), rank(rank1)] });
+        std::fs::write(dir.join("bench.json"), bench.to_string()).unwrap();
+        merge_bench(&dir, "test").unwrap();
+        let md = std::fs::read_to_string(dir.join("allreduce.md")).unwrap();
+        let merged: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("allreduce.json")).unwrap()).unwrap();
+        let size = &merged["sizes"][0];
+        assert_eq!(size["device_time_us"]["pg"], Value::Null, "rank 0 timed its host: no device time");
+        assert_eq!(size["device_time_us"]["raw"], json!(6.5));
+        assert_eq!(size["gpu_ahead"]["pg"], json!(false));
+        assert_eq!(size["host_ops_per_s"]["raw"], json!(100_000.0));
+        assert_eq!(size["pg_minus_raw_with_events_enqueue_us_same_rank"], json!(0.5));
+        assert_eq!(merged["pg_bookkeeping_within_0_3_us"], json!(false));
+        assert!(md.contains("| 1 KiB | 6.50 | host-bound | - | yes, NO, - |"), "{md}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn merge_puts_the_graph_contestants_beside_eager_ones() {
+        let dir = std::env::temp_dir().join(format!("pg-merge-graph-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |c: &str, time: f64, enqueue: f64| {
+            json!({ "contestant": c, "bytes": 8, "time_us": time, "host_enqueue_us": enqueue, "wait_us": null,
+                    "gpu_ahead": true, "host_ops_per_s": 1e5 })
+        };
+        let rows =
+            json!([row("raw", 6.4, 6.0), row("pg", 7.0, 8.0), row("raw-graph", 5.1, 0.05), row("pg-graph", 5.2, 0.06)]);
+        let bench = json!({ "world_size": 2, "versions": {}, "ranks": [rank(rows.clone()), rank(rows)] });
+        std::fs::write(dir.join("bench.json"), bench.to_string()).unwrap();
+        let torch =
+            json!({ "versions": {}, "rows": [row("torch", 6.5, 25.0)], "graph_rows": [row("torch-graph", 5.3, 0.07)] });
+        std::fs::write(dir.join("torch.json"), torch.to_string()).unwrap();
+        merge_bench(&dir, "test").unwrap();
+        let md = std::fs::read_to_string(dir.join("allreduce.md")).unwrap();
+        assert!(md.contains("| 8 B | 5.10 | 5.20 | 5.30 | 6.40 | 7.00 | 0.050 | 0.060 | 0.070 | 8.00 |"), "{md}");
+        let merged: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("allreduce.json")).unwrap()).unwrap();
+        assert_eq!(merged["sizes"][0]["pg_graph"]["time_us"], json!(5.2));
+        assert_eq!(merged["sizes"][0]["torch_graph"]["host_enqueue_us"], json!(0.07));
+        assert_eq!(merged["sizes"][0]["torch"]["host_enqueue_us"], json!(25.0), "the eager torch row stays torch's");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
