@@ -8,7 +8,7 @@ use pg_core::{
     Backend, CaptureMode, Device as _, ErrorKind, Event as _, Graph as _, Options, ReduceOp, Stream as _, StreamGuard,
 };
 
-use super::{all_equal, case, on_each_rank, triangle};
+use super::{all_equal, case, triangle};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
 use crate::registry::{Case, Outcome};
@@ -57,13 +57,17 @@ fn on_each_capturing_rank<H: Harness>(
             return Ok(outcome);
         }
     }
-    on_each_rank(h, h.world_size(), |r| {
+    let ran = h.run(h.world_size(), |r| {
         let stream = r.device.stream_from_pool(false).ctx("stream_from_pool")?;
         // What was enqueued before (the buffers' fills) is done before the capture starts.
         r.device.synchronize().ctx("device synchronize")?;
         let _current = StreamGuard::<H::B>::new(&r.device, &stream);
         body(r, &stream)
-    })
+    })?;
+    // Replayed work is checked like any other: no unordered access, no memory reused while in use.
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    Ok(Outcome::Pass)
 }
 
 fn is_capture_error(error: &pg_core::Error) -> bool {
