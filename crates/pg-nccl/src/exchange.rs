@@ -48,6 +48,38 @@ pub(crate) fn recv(buffer: &Buffer, peer: usize) -> Option<Call> {
     (buffer.numel() > 0).then(|| Call::Recv { ptr: buffer.ptr(), count: buffer.numel(), peer })
 }
 
+/// The calls of an all-to-all with splits (elements per peer, `size` of each): a send and a receive per peer,
+/// zero-length chunks skipped as PyTorch skips them. `what` names the op in errors.
+pub(crate) fn all_to_all_calls(
+    what: &str,
+    input: &Buffer,
+    output: &Buffer,
+    input_splits: &[usize],
+    output_splits: &[usize],
+    size: usize,
+) -> pg_core::Result<Vec<Call>> {
+    if input_splits.len() != size || output_splits.len() != size {
+        return Err(Error::invalid(format!(
+            "{what}: {} input and {} output splits for {size} ranks",
+            input_splits.len(),
+            output_splits.len(),
+        )));
+    }
+    let mut calls = Vec::with_capacity(2 * size);
+    let (mut at_in, mut at_out) = (0usize, 0usize);
+    for (peer, (&send, &recv)) in input_splits.iter().zip(output_splits).enumerate() {
+        if send > 0 {
+            calls.push(Call::Send { ptr: chunk(input, at_in, send)?, count: send, peer });
+        }
+        if recv > 0 {
+            calls.push(Call::Recv { ptr: chunk(output, at_out, recv)?, count: recv, peer });
+        }
+        at_in = at_in.saturating_add(send);
+        at_out = at_out.saturating_add(recv);
+    }
+    Ok(calls)
+}
+
 /// Issues `calls` inside one NCCL group; the group is closed even when a call fails, and the first failure is
 /// returned.
 ///

@@ -72,27 +72,8 @@ impl RawComm {
         stream: &Stream,
     ) -> pg_core::Result<()> {
         self.check_buffers(&[input, output])?;
-        if input_splits.len() != self.size || output_splits.len() != self.size {
-            return Err(Error::invalid(format!(
-                "raw all_to_all_single: {} input and {} output splits for {} ranks",
-                input_splits.len(),
-                output_splits.len(),
-                self.size
-            )));
-        }
-        let mut calls = Vec::with_capacity(2 * self.size);
-        let (mut at_in, mut at_out) = (0usize, 0usize);
-        for peer in 0..self.size {
-            let (send, recv) = (input_splits[peer], output_splits[peer]);
-            if send > 0 {
-                calls.push(Call::Send { ptr: exchange::chunk(input, at_in, send)?, count: send, peer });
-            }
-            if recv > 0 {
-                calls.push(Call::Recv { ptr: exchange::chunk(output, at_out, recv)?, count: recv, peer });
-            }
-            at_in = at_in.saturating_add(send);
-            at_out = at_out.saturating_add(recv);
-        }
+        let calls =
+            exchange::all_to_all_calls("raw all_to_all_single", input, output, input_splits, output_splits, self.size)?;
         self.grouped(input.dtype, &calls, stream)
     }
 
