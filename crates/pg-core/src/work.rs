@@ -76,6 +76,9 @@ impl<B: Backend> WorkState<B> {
     }
 
     pub(crate) fn exception(&self) -> Option<Error> {
+        if !self.failed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
         self.exception.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
@@ -85,6 +88,7 @@ impl<B: Backend> WorkState<B> {
         if slot.is_none() {
             *slot = Some(error);
         }
+        self.failed.store(true, std::sync::atomic::Ordering::Release);
         drop(slot);
         // A task awaiting the Work learns of the error now: the op itself may never finish.
         if let Some(waiters) = self.waiters.get() {
