@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::work::WorkState;
 use crate::Backend;
 
-/// The most completed Works kept for reuse per group (about one watchdog period of ops at 10 us per op).
-const POOL_MAX: usize = 8192;
+/// The most completed Works kept for reuse per group: about one default watchdog period (100 ms) of ops at
+/// 1.5 us per op, the rate of back-to-back small collectives on one GPU. A smaller pool makes every op beyond it
+/// in a period allocate a Work and take an event that the watchdog frees and returns from its own thread.
+const POOL_MAX: usize = 65536;
 
 /// Completed Works that nothing else holds, for the enqueue path to reuse.
 pub(crate) struct WorkPool<B: Backend> {
