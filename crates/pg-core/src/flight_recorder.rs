@@ -188,6 +188,12 @@ impl FlightRecorder {
         self.ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether the recorder keeps anything (a capacity of 0 turns it off): when it does not, the enqueue path
+    /// builds no entry at all.
+    pub(crate) fn is_on(&self) -> bool {
+        self.capacity != 0
+    }
+
     /// Records an op and returns its record id, or `None` when the recorder is off.
     pub(crate) fn record(&self, new: NewEntry) -> Option<u64> {
         if self.capacity == 0 {

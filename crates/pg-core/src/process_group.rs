@@ -673,6 +673,8 @@ impl<B: Backend> ProcessGroup<B> {
             is_barrier: spec.is_barrier,
             captured,
             exception: Mutex::new(None),
+            failed: AtomicBool::new(false),
+            stashed: !stash.is_empty(),
             stash: Mutex::new(stash),
             waiters: std::sync::OnceLock::new(),
         };

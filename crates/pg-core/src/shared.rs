@@ -176,6 +176,17 @@ impl<B: Backend> Shared<B> {
 
     /// Records a new Work in the flight recorder and puts it on the in-flight list, waking an idle watchdog.
     pub(crate) fn track(&self, work: &Arc<WorkState<B>>, watched: bool) {
+        if self.recorder.is_on() {
+            self.record_new(work);
+        }
+        self.in_flight.push(work, watched);
+        if watched {
+            self.signals.wake_if_idle(&self.device);
+        }
+    }
+
+    /// The flight-recorder entry of a new (not captured) Work.
+    fn record_new(&self, work: &Arc<WorkState<B>>) {
         let probe = |event: &Arc<B::Event>| Arc::clone(event) as crate::flight_recorder::EventProbe;
         let is_p2p = work.op.is_p2p();
         let id = self.recorder.record(NewEntry {
@@ -193,10 +204,6 @@ impl<B: Backend> Shared<B> {
         });
         if let Some(id) = id {
             work.fr_id.store(id, Ordering::Relaxed);
-        }
-        self.in_flight.push(work, watched);
-        if watched {
-            self.signals.wake_if_idle(&self.device);
         }
     }
 

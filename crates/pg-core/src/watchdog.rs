@@ -173,7 +173,9 @@ fn note_started<B: Backend>(group: &Shared<B>, work: &WorkState<B>) {
 /// The bookkeeping of a completed Work: stash released, its flight-recorder entry queued in `completed` for
 /// retirement, status and trace keys.
 fn note_completed<B: Backend>(group: &Shared<B>, work: &WorkState<B>, completed: &mut Vec<u64>) {
-    work.stash.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    if work.stashed {
+        work.stash.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
     if let Some(id) = work.fr_id() {
         completed.push(id);
     }

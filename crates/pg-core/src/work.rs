@@ -53,8 +53,14 @@ pub(crate) struct WorkState<B: Backend> {
     /// Enqueued while the current stream was capturing: the op is a graph's nodes, run by the graph's launches.
     pub(crate) captured: bool,
     pub(crate) exception: Mutex<Option<Error>>,
+    /// Set (after the slot) once `exception` holds an error, so that the checks of a Work that has none, on the
+    /// enqueue path, in `wait()` and in every watchdog pass, take no lock.
+    pub(crate) failed: std::sync::atomic::AtomicBool,
     /// Buffers kept alive until the Work is waited on (avoid-record-streams mode, S12).
     pub(crate) stash: Mutex<Vec<B::Buffer>>,
+    /// Whether the Work was made with a non-empty stash (nothing is added later): a Work without one takes no
+    /// stash lock when waited on or completed.
+    pub(crate) stashed: bool,
     /// The tasks that await the Work; made at the first poll that finds the op still running, so an op that is
     /// never awaited allocates nothing for it.
     pub(crate) waiters: OnceLock<Arc<Waiters>>,
@@ -70,6 +76,9 @@ impl<B: Backend> WorkState<B> {
     }
 
     pub(crate) fn exception(&self) -> Option<Error> {
+        if !self.failed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
         self.exception.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
@@ -79,6 +88,7 @@ impl<B: Backend> WorkState<B> {
         if slot.is_none() {
             *slot = Some(error);
         }
+        self.failed.store(true, std::sync::atomic::Ordering::Release);
         drop(slot);
         // A task awaiting the Work learns of the error now: the op itself may never finish.
         if let Some(waiters) = self.waiters.get() {
@@ -153,7 +163,9 @@ impl<B: Backend> WorkState<B> {
             return Ok(());
         }
         current.wait_event(&self.end_event)?;
-        self.stash.lock().unwrap_or_else(PoisonError::into_inner).retain(Buffer::is_foreign);
+        if self.stashed {
+            self.stash.lock().unwrap_or_else(PoisonError::into_inner).retain(Buffer::is_foreign);
+        }
         Ok(())
     }
 

@@ -136,7 +136,7 @@ impl Device {
 
     /// Makes this device's context current on the calling thread (NCCL's init uses the current device).
     pub fn bind_to_thread(&self) -> Result<()> {
-        self.shared.ctx.bind_to_thread().during("cuCtxSetCurrent")
+        ffi::bind(&self.shared.ctx)
     }
 
     /// The legacy default stream (id 0).

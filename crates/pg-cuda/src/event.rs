@@ -81,7 +81,7 @@ impl Event {
         match self.cuda.get() {
             None => Ok(true),
             Some(event) => {
-                event.context().bind_to_thread().during("cuCtxSetCurrent")?;
+                crate::ffi::bind(event.context())?;
                 event.try_is_complete().during("cuEventQuery")
             }
         }
@@ -153,7 +153,7 @@ impl TimingEvent {
     /// Whether the recorded point has passed, without blocking (a benchmark asks whether the device already
     /// got there while the host was still enqueuing).
     pub fn query(&self) -> Result<bool> {
-        self.cuda.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::ffi::bind(self.cuda.context())?;
         self.cuda.try_is_complete().during("cuEventQuery")
     }
 }

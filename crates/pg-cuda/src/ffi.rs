@@ -1,7 +1,7 @@
 //! The result level below cudarc's safe API: one small function per driver call we make on raw handles.
 //!
-//! Every function binds nothing itself: callers bind the device's context to the thread first
-//! (`CudaContext::bind_to_thread`), as every driver call below needs the right current context.
+//! Every function but [`bind`] binds nothing itself: callers bind the device's context to the thread first
+//! (with [`bind`], or `CudaContext::bind_to_thread`), as every driver call below needs the right current context.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -15,6 +15,19 @@ use crate::error::{DriverContext, Result};
 pub(crate) fn driver_present() -> bool {
     // SAFETY: only tries `dlopen` on the driver's library names; it calls nothing in the library.
     unsafe { sys::is_culib_present() }
+}
+
+/// Makes `ctx` the calling thread's current context unless it already is (`cuCtxGetCurrent`, then
+/// `cuCtxSetCurrent` only when it differs). Unlike `CudaContext::bind_to_thread` it does not also take (swap out)
+/// the error cudarc stored for the context from a failed release: that read-and-clear is a write to a line every
+/// thread using the device shares (the watchdog's event queries included); the next call through cudarc's safe
+/// API still reports such an error.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    if result::ctx::get_current().during("cuCtxGetCurrent")? == Some(ctx.cu_ctx()) {
+        return Ok(());
+    }
+    // SAFETY: `ctx.cu_ctx()` is the live primary context `ctx` holds a reference to.
+    unsafe { result::ctx::set_current(ctx.cu_ctx()) }.during("cuCtxSetCurrent")
 }
 
 /// Turns off cudarc's per-slice event tracking for `ctx`.

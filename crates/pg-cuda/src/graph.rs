@@ -57,14 +57,14 @@ impl Stream {
 
     /// Whether this stream is capturing (`cuStreamIsCapturing`; an invalidated capture counts).
     pub fn is_capturing(&self) -> Result<bool> {
-        self.cuda().context().bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::ffi::bind(self.cuda().context())?;
         let status = crate::ffi::is_capturing(self.cuda())?;
         Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
     /// The capture status with the capture's id (`cuStreamGetCaptureInfo`).
     pub fn capture_status(&self) -> Result<CaptureStatus> {
-        self.cuda().context().bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::ffi::bind(self.cuda().context())?;
         let (status, id) = crate::ffi::capture_info(self.cuda())?;
         Ok(match status {
             CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => CaptureStatus::None,

@@ -56,7 +56,7 @@ impl Stream {
 
     /// Whether all work enqueued so far has finished.
     pub fn query(&self) -> Result<bool> {
-        self.inner.cuda.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::ffi::bind(self.inner.cuda.context())?;
         crate::ffi::stream_query(&self.inner.cuda)
     }
 
@@ -68,7 +68,7 @@ impl Stream {
     /// Enqueues `callback` (`cuLaunchHostFunc`): a driver thread runs it once all work enqueued so far has
     /// finished, and later work on the stream waits for it to return. It must be short and make no CUDA call.
     pub fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
-        self.inner.cuda.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        crate::ffi::bind(self.inner.cuda.context())?;
         crate::ffi::launch_host_fn(&self.inner.cuda, callback)
     }
 }

@@ -20,8 +20,9 @@ pub struct NcclCapabilities {
 }
 
 /// The capabilities of `device` (opening the next GPU, if the machine has two or more, for the wrong-device
-/// checks).
+/// checks). The process's launch log is turned on: the kernel-log capability reads it.
 pub fn capabilities(device: &Device) -> Arc<dyn Capabilities<Nccl>> {
+    launches::set_enabled(true);
     let count = pg_cuda::device_count().unwrap_or(1);
     let ordinal = pg_core::Device::index(device);
     let other = (count > 1).then(|| Device::new((ordinal + 1) % count).ok()).flatten();

@@ -2,11 +2,13 @@
 //! log of the newest 4,096 launches, read with [`for_device`] (the conformance harness's kernel log and the streams
 //! experiment).
 //!
+//! The log is off until [`set_enabled`] turns it on (the conformance harness and the streams experiment do), so
+//! that a binary built with `testing` for its benchmarks pays one relaxed load per launch and nothing more.
 //! Logging is on every op's enqueue path, so it takes no lock: a launch claims a ticket and writes its slot
 //! of a ring, seqlock-style (invalidate, write, publish). A reader skips a slot that is being rewritten, so a
 //! read that races with 4,096 newer launches may miss entries; it never returns a torn one.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use pg_conformance::{KernelKind, KernelLaunch};
 
@@ -25,6 +27,7 @@ struct Slot {
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
+static ENABLED: AtomicBool = AtomicBool::new(false);
 static RING: [Slot; KEPT] = [const { Slot { ticket: AtomicU64::new(0), entry: AtomicU64::new(0) } }; KEPT];
 
 /// Packs (stream id: 40 bits, device: 8 bits, kind: 8 bits, name: 8 bits) into one word.
@@ -41,8 +44,25 @@ fn unpack(word: u64) -> (usize, KernelLaunch) {
     (((word >> 16) & 0xff) as usize, launch)
 }
 
-/// Logs a launch on `device`'s stream `stream_id`.
+/// Turns the log on or off for the whole process (it starts off); launches made while it is off are not logged.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether launches are being logged.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Logs a launch on `device`'s stream `stream_id`, if the log is on.
+#[inline]
 pub(crate) fn log(device: usize, stream_id: u64, kind: KernelKind, name: &'static str) {
+    if enabled() {
+        log_always(device, stream_id, kind, name);
+    }
+}
+
+fn log_always(device: usize, stream_id: u64, kind: KernelKind, name: &'static str) {
     let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
     let slot = &RING[(ticket % KEPT as u64) as usize];
     slot.ticket.store(0, Ordering::Release);
@@ -81,6 +101,7 @@ mod tests {
     #[test]
     fn entries_round_trip_and_stay_per_device_in_order() {
         let _turn = RING_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        set_enabled(true);
         // A device number no other test logs on.
         let device = 201;
         log(device, 7, KernelKind::Comm, "all_reduce");
@@ -95,6 +116,7 @@ mod tests {
     #[test]
     fn concurrent_writers_leave_no_torn_entry() {
         let _turn = RING_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        set_enabled(true);
         let device = 203;
         std::thread::scope(|scope| {
             for writer in 0..4u64 {
@@ -114,5 +136,18 @@ mod tests {
             }
         });
         assert!(for_device(device).len() <= KEPT);
+    }
+
+    #[test]
+    fn launches_made_while_the_log_is_off_are_not_kept() {
+        let _turn = RING_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        let device = 205;
+        set_enabled(false);
+        log(device, 9, KernelKind::Comm, "all_reduce");
+        assert!(!enabled());
+        set_enabled(true);
+        log(device, 10, KernelKind::Comm, "broadcast");
+        let kept: Vec<u64> = for_device(device).iter().map(|l| l.stream_id).collect();
+        assert_eq!(kept, [10], "only the launch made while the log was on is kept");
     }
 }

@@ -116,6 +116,7 @@ fn semantics_experiment(ctx: &Rank) -> Result<Value, String> {
 fn streams_experiment(ctx: &Rank) -> Result<Value, String> {
     let device = &ctx.device;
     let pg = group(ctx, "exp-streams", Options::builder())?;
+    launches::set_enabled(true);
     let before = launches::for_device(device.index()).len();
     let buffer = filled(ctx, DType::F32, NUMEL, (ctx.rank + 1) as f64)?;
     let work = pg.all_reduce(&buffer, ReduceOp::Sum).map_err(e)?;
