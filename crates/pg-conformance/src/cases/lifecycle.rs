@@ -626,17 +626,23 @@ fn works_are_usable_through_dyn_work<H: Harness>(h: &H) -> Check<Outcome> {
 fn debug_output_names_the_group_and_its_works<H: Harness>(h: &H) -> Check<Outcome> {
     on_each_rank(h, h.world_size(), |r| {
         let group = r.group("debugged", Options::builder())?;
-        let text = format!("{group:?}");
-        let (rank, size) = (format!("rank: {}", r.rank), format!("size: {}", r.size));
-        for want in [rank.as_str(), size.as_str(), "\"debugged\""] {
-            ensure!(text.contains(want), "the group's Debug text does not name `{want}`: {text}");
-        }
         let buffer = r.filled(1.0, 4)?;
         let work = group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?;
-        let text = format!("{work:?}");
-        ensure!(text.contains("seq: 1") && text.contains("AllReduce"), "the Work's Debug text: {text}");
-        let text = format!("{:?}", work.future());
-        ensure!(text.contains("outputs: 1"), "the Future's Debug text does not count its outputs: {text}");
-        work.wait().ctx("wait")
+        let (rank, size) = (format!("rank: {}", r.rank), format!("size: {}", r.size));
+        let texts = [
+            ("group", format!("{group:?}"), vec![rank.as_str(), size.as_str(), "\"debugged\""]),
+            ("Work", format!("{work:?}"), vec!["seq: 1", "AllReduce"]),
+            ("Future", format!("{:?}", work.future()), vec!["outputs: 1"]),
+        ];
+        // Every text is checked before failing, so that one failure names every text that is wrong.
+        let mut wrong = Vec::new();
+        for (what, text, wants) in &texts {
+            if let Some(want) = wants.iter().find(|want| !text.contains(*want)) {
+                wrong.push(format!("the {what}'s Debug text does not name `{want}`: {text:?}"));
+            }
+        }
+        work.wait().ctx("wait")?;
+        ensure!(wrong.is_empty(), "{}", wrong.join("; "));
+        Ok(())
     })
 }
