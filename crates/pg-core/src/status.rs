@@ -185,6 +185,20 @@ mod tests {
     }
 
     #[test]
+    fn a_completed_seq_is_news_only_once_and_only_when_higher() {
+        let state = ErrorState::default();
+        assert_eq!(state.note_completed(2, OpType::AllReduce, true), (true, true), "the first completion");
+        assert_eq!(state.note_completed(2, OpType::AllReduce, true), (false, false), "the same op again");
+        assert_eq!(state.note_completed(1, OpType::Broadcast, true), (false, false), "an older op");
+        assert_eq!(state.note_completed(3, OpType::Broadcast, false), (false, true), "no start event: no start");
+        let status = state.snapshot();
+        assert_eq!(
+            (status.last_started_seq, status.last_completed_seq, status.last_completed_op),
+            (Some(2), Some(3), Some(OpType::Broadcast))
+        );
+    }
+
+    #[test]
     fn the_dump_request_is_looked_for_once_per_period_and_never_after_a_dump() {
         let state = ErrorState::default();
         let period = Duration::from_secs(1);
