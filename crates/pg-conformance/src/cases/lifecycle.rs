@@ -169,7 +169,10 @@ fn a_thread_waiting_for_another_threads_creation_gives_up_at_its_timeout<H: Harn
         let error = result.err().ok_or("an op was enqueued on a communicator that was never created")?;
         ensure_eq!(error.kind(), ErrorKind::InitTimeout, "the waiting thread's error: {error}");
         ensure!(error.to_string().contains("another thread"), "the error does not say what it waited for: {error}");
-        ensure!(took >= timeout && took < timeout * 2, "the waiting thread gave up after {took:?}, not its {timeout:?}");
+        ensure!(
+            took >= timeout && took < timeout * 2,
+            "the waiting thread gave up after {took:?}, not its {timeout:?}"
+        );
         // The creator gives up at its own, longer timeout.
         let mut polls = 0;
         while creator_result.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
