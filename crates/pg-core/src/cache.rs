@@ -94,3 +94,14 @@ impl<B: Backend> Default for CommCache<B> {
         Self { ready: HashMap::new(), initializing: HashMap::new(), counter: 0 }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::CommKey;
+
+    #[test]
+    fn a_key_displays_as_its_cache_key() {
+        assert_eq!(CommKey::Collective(vec![0, 1]).to_string(), "0,1");
+        assert_eq!(CommKey::SingleP2p { rank: 3, peer: 1 }.to_string(), "1:3");
+    }
+}

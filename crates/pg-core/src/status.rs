@@ -169,3 +169,46 @@ impl ErrorState {
         (newer_start, newer_end)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_started_seq_is_news_only_once_and_only_when_higher() {
+        let state = ErrorState::default();
+        assert!(state.note_started(2), "the first started op is the newest");
+        assert!(!state.note_started(2), "the same op seen started again on a later pass is no news");
+        assert!(!state.note_started(1), "an older op started later does not move the mark back");
+        assert!(state.note_started(3));
+        assert_eq!(state.snapshot().last_started_seq, Some(3));
+    }
+
+    #[test]
+    fn a_completed_seq_is_news_only_once_and_only_when_higher() {
+        let state = ErrorState::default();
+        assert_eq!(state.note_completed(2, OpType::AllReduce, true), (true, true), "the first completion");
+        assert_eq!(state.note_completed(2, OpType::AllReduce, true), (false, false), "the same op again");
+        assert_eq!(state.note_completed(1, OpType::Broadcast, true), (false, false), "an older op");
+        assert_eq!(state.note_completed(3, OpType::Broadcast, false), (false, true), "no start event: no start");
+        let status = state.snapshot();
+        assert_eq!(
+            (status.last_started_seq, status.last_completed_seq, status.last_completed_op),
+            (Some(2), Some(3), Some(OpType::Broadcast))
+        );
+    }
+
+    #[test]
+    fn the_dump_request_is_looked_for_once_per_period_and_never_after_a_dump() {
+        let state = ErrorState::default();
+        let period = Duration::from_secs(1);
+        assert!(state.coord_check_due(Duration::ZERO, period), "the first look is due at once");
+        assert!(!state.coord_check_due(Duration::from_millis(999), period), "looked again within the period");
+        assert!(state.coord_check_due(period, period), "not due again once the period passed");
+        assert!(!state.dumped());
+        assert!(state.mark_dumped(), "the first dump");
+        assert!(state.dumped(), "dumped() forgot the dump");
+        assert!(!state.mark_dumped(), "a second dump is not the first");
+        assert!(!state.coord_check_due(period * 10, period), "looked for a dump request after dumping");
+    }
+}

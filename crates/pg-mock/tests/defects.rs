@@ -330,6 +330,20 @@ fn a4_an_absurd_world_size_is_refused_by_name() {
 }
 
 #[test]
+fn a4_the_largest_world_size_a_communicator_can_have_is_accepted() {
+    let world = world(1);
+    let store = world.store();
+    let results = world.run(1, move |_, device| {
+        // NCCL's int holds i32::MAX ranks: a group that large is made (lazily: no communicator yet).
+        let group = group(&store, "largest", 0, i32::MAX as usize, &device, options().build());
+        group.map(|group| (group.size(), group.shutdown())).map_err(|e| e.to_string())
+    });
+    let (size, shutdown) = results[0].as_ref().expect("a group of i32::MAX ranks is made");
+    assert_eq!(*size, i32::MAX as usize);
+    assert!(shutdown.is_ok(), "{shutdown:?}");
+}
+
+#[test]
 fn a4_the_mock_refuses_a_communicator_of_absurd_size() {
     let world = world(1);
     let kinds = world.run(1, |_, device| {

@@ -217,9 +217,11 @@ fn pre_mul_sum_refuses_bad_dtypes_and_factors<H: Harness>(h: &H) -> Check<Outcom
         let share_out = r.device.alloc(DType::F32, 1).ctx("alloc")?;
         let scattered = group.reduce_scatter_from(&share_out, &shares, ReduceOp::PreMulSum(2.0));
         refused("reduce_scatter_from with PREMUL_SUM", scattered)?;
-        // Nothing was enqueued: the next op is the group's first, and it works.
+        // Nothing was enqueued, nothing created: the next op is the group's first, and it works.
+        ensure_eq!(group.counters().comms_created, 0, "communicators created by the refused calls");
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce after the refusals")?;
         ensure_eq!(group.counters().ops_issued, 1, "ops issued after the refusals");
+        ensure_eq!(group.status().last_enqueued_seq, Some(1), "the first op's seq after the refusals");
         expect(r, "all_reduce after the refusals", &buffer, &[n as f64, 2.0 * n as f64])?;
         Ok(())
     })?;

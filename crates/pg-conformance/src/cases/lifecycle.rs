@@ -23,12 +23,15 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(non_blocking_init_through_the_group_gives_a_working_communicator, 1),
         case!(non_blocking_init_of_a_peer_that_never_joins_times_out, 2),
         case!(two_threads_of_a_rank_racing_to_create_a_communicator_create_one, 1),
+        case!(a_thread_waiting_for_another_threads_creation_gives_up_at_its_timeout, 2),
         case!(a_buffer_on_another_device_is_refused_by_name, 1),
         case!(every_call_after_abort_returns_aborted, 1),
         case!(every_call_after_shutdown_returns_aborted, 1),
         case!(abort_aborts_every_communicator_of_the_group, 1),
         case!(clean_up_after_a_timeout_aborts_every_communicator_of_the_group, 1),
         case!(an_async_error_with_nothing_in_flight_fails_the_group, 1),
+        case!(an_async_error_before_any_op_fails_the_group, 1),
+        case!(set_timeout_bounds_later_ops_up_to_the_largest_timeout, 1),
         case!(without_a_watchdog_the_in_flight_list_is_pruned, 1),
         case!(a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote, 2),
         case!(desync_debug_writes_the_trace_keys_as_ops_start_and_complete, 1),
@@ -37,6 +40,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(future_gpu_completed_turns_true_when_the_device_finishes, 1),
         case!(is_success_and_seq_follow_each_work, 1),
         case!(works_are_usable_through_dyn_work, 1),
+        case!(debug_output_names_the_group_and_its_works, 1),
     ]
 }
 
@@ -125,6 +129,61 @@ fn two_threads_of_a_rank_racing_to_create_a_communicator_create_one<H: Harness>(
         ensure_eq!(group.counters().comms_created, 1, "both threads got the one communicator");
         ensure_eq!(group.counters().ops_issued, 2, "both ops ran");
         ensure_eq!(group.next_comm_counter(), 1, "one store key was used");
+        Ok(())
+    })
+}
+
+fn a_thread_waiting_for_another_threads_creation_gives_up_at_its_timeout<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_virtual_clock(h));
+    let n = h.world_size();
+    // Not a whole number of the 1 ms polls: the wait must notice a deadline it steps over, not only one it meets.
+    let timeout = Duration::from_micros(1_500_500);
+    on_each_rank(h, n, |r| {
+        let group = r.group("0", Options::builder().timeout(Duration::from_secs(20)))?;
+        if r.rank == n - 1 {
+            // The last rank never joins: every other rank's creation blocks until the group's 20 s run out.
+            return Ok(());
+        }
+        let buffer = r.filled(1.0, 4)?;
+        let creator_result = Arc::new(Mutex::new(None));
+        let creator = {
+            let group = group.clone();
+            let buffer = buffer.clone();
+            let creator_result = Arc::clone(&creator_result);
+            r.device
+                .spawn_host_thread(
+                    "creator",
+                    Box::new(move || {
+                        let result = group.all_reduce(&buffer, ReduceOp::Sum).map(drop);
+                        *creator_result.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                    }),
+                )
+                .ctx("creating thread")?
+        };
+        // Let the creator get as far as waiting for the missing rank.
+        r.host_sleep(Duration::from_millis(1));
+        ensure_eq!(group.initializing_keys().len(), 1, "communicators being created");
+        // This thread's op asks for the same communicator under a shorter timeout.
+        group.set_timeout(timeout);
+        let (result, took) = r.host_time(|| group.all_reduce(&buffer, ReduceOp::Sum).map(drop));
+        let error = result.err().ok_or("an op was enqueued on a communicator that was never created")?;
+        ensure_eq!(error.kind(), ErrorKind::InitTimeout, "the waiting thread's error: {error}");
+        ensure!(error.to_string().contains("another thread"), "the error does not say what it waited for: {error}");
+        ensure!(
+            took >= timeout && took < timeout * 2,
+            "the waiting thread gave up after {took:?}, not its {timeout:?}"
+        );
+        // The creator gives up at its own, longer timeout.
+        let mut polls = 0;
+        while creator_result.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            ensure!(polls < 100_000, "the creating thread never finished");
+            polls += 1;
+            r.host_sleep(Duration::from_millis(1));
+        }
+        creator.join().map_err(|_| "the creating thread panicked".to_owned())?;
+        let result = creator_result.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or("no result")?;
+        let error = result.err().ok_or("the creating thread's op was enqueued on a communicator never created")?;
+        ensure_eq!(error.kind(), ErrorKind::InitTimeout, "the creating thread's error: {error}");
         Ok(())
     })
 }
@@ -298,6 +357,56 @@ fn an_async_error_with_nothing_in_flight_fails_the_group<H: Harness>(h: &H) -> C
     })
 }
 
+fn an_async_error_before_any_op_fails_the_group<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_faults(h));
+    need!(needs_virtual_clock(h));
+    on_each_rank(h, h.world_size(), |r| {
+        // Rank 0's communicator fails as soon as it exists: no Work ever sees the error, only the watchdog's look
+        // at the group's communicators does.
+        if r.rank == 0 && !r.caps.inject(Fault::AsyncError { rank: 0, after_ops: 0 }) {
+            return Err("the fault was refused".into());
+        }
+        // Propagating errors, the watchdog polls every period even with nothing in flight.
+        let options = Options::builder()
+            .eager_init(true)
+            .propagate_error(true)
+            .dump_on_timeout(false)
+            .watchdog_period(Duration::from_millis(10));
+        let group = r.group("0", options)?;
+        r.host_sleep(Duration::from_millis(500));
+        let status = group.status();
+        ensure_eq!((status.last_enqueued_seq, status.in_flight), (None, 0), "(last enqueued, in flight)");
+        let want = if r.rank == 0 { ErrorType::CommError } else { ErrorType::RemoteError };
+        ensure_eq!(group.error_type(), want, "the group's error state");
+        Ok(())
+    })
+}
+
+fn set_timeout_bounds_later_ops_up_to_the_largest_timeout<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, h.world_size(), |r| {
+        let group = r.group("0", Options::builder().timeout(Duration::from_secs(60)))?;
+        let buffer = r.filled(1.0, 4)?;
+        let before = group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?;
+        group.set_timeout(Duration::from_secs(5));
+        let after = group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?;
+        ensure_eq!(before.timeout(), Duration::from_secs(60), "an op enqueued before set_timeout");
+        ensure_eq!(after.timeout(), Duration::from_secs(5), "an op enqueued after set_timeout");
+        // A timeout beyond what u64 nanoseconds hold (584 years) is kept as the largest that fits, never dropped
+        // for the group's own.
+        let mut works = vec![before, after];
+        for huge in [Duration::from_nanos(u64::MAX), Duration::MAX] {
+            group.set_timeout(huge);
+            let work = group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?;
+            ensure_eq!(work.timeout(), Duration::from_nanos(u64::MAX - 1), "an op after set_timeout({huge:?})");
+            works.push(work);
+        }
+        for work in &works {
+            work.wait().ctx("wait")?;
+        }
+        all_equal(&r.read(&buffer)?, 1.0)
+    })
+}
+
 fn without_a_watchdog_the_in_flight_list_is_pruned<H: Harness>(h: &H) -> Check<Outcome> {
     on_each_rank(h, h.world_size(), |r| {
         let group = r.group("0", Options::builder().enable_watchdog(false))?;
@@ -308,7 +417,16 @@ fn without_a_watchdog_the_in_flight_list_is_pruned<H: Harness>(h: &H) -> Check<O
         }
         let in_flight = group.status().in_flight;
         ensure!(in_flight <= 128, "{in_flight} completed Works are still listed after 300 ops with no watchdog");
-        all_equal(&r.read(&buffer)?, 1.0)
+        all_equal(&r.read(&buffer)?, 1.0)?;
+        // A Work nobody holds stays listed while its op runs (an abort must reach it; its stash may guard
+        // buffers): 150 ops held back behind a kernel, each handle dropped at once, all pruned past.
+        r.sleep_current(SLEEP)?;
+        for _ in 0..150 {
+            drop(group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?);
+        }
+        let held_back = group.status().in_flight;
+        ensure!(held_back >= 150, "{held_back} Works are listed while 150 ops nobody holds still run");
+        r.device.synchronize().ctx("synchronize")
     })
 }
 
@@ -407,7 +525,7 @@ fn started_and_completed_are_counted_apart_from_enqueued<H: Harness>(h: &H) -> C
 }
 
 fn shutdown_stops_the_watchdog<H: Harness>(h: &H) -> Check<Outcome> {
-    need!(clock_of(h));
+    let clock = need!(clock_of(h));
     on_each_rank(h, h.world_size(), |r| {
         let period = Duration::from_millis(2);
         let group = r.group("0", Options::builder().watchdog_period(period).propagate_error(true))?;
@@ -417,7 +535,12 @@ fn shutdown_stops_the_watchdog<H: Harness>(h: &H) -> Check<Outcome> {
         r.host_sleep(period * 10);
         let running = group.status().watchdog_passes;
         ensure!(running > before, "the watchdog made no pass in 10 periods ({before} -> {running})");
-        group.shutdown().ctx("shutdown")?;
+        let (result, took) = r.host_time(|| group.shutdown());
+        result.ctx("shutdown")?;
+        if clock == Clock::Virtual {
+            // Stopping joins the watchdog at once: it is in no store operation, so nothing is waited for.
+            ensure!(took < Duration::from_millis(1), "shutdown took {took:?} of host time");
+        }
         let stopped = group.status().watchdog_passes;
         r.host_sleep(period * 10);
         ensure_eq!(group.status().watchdog_passes, stopped, "watchdog passes after shutdown");
@@ -498,6 +621,36 @@ fn works_are_usable_through_dyn_work<H: Harness>(h: &H) -> Check<Outcome> {
         let error = slow.wait_timeout(Duration::from_millis(1)).err().ok_or("wait_timeout did not run out")?;
         ensure_eq!(error.kind(), ErrorKind::WorkTimeout, "{error}");
         ensure_eq!(slow.exception().map(|e| e.kind()), Some(ErrorKind::WorkTimeout), "the Work's own error");
+        // With blocking wait, wait() through the trait returns the error of a Work that times out.
+        let timed = r.ready_group("1", Options::builder().blocking_wait(true).timeout(Duration::from_millis(5)))?;
+        r.sleep_current(SLEEP)?;
+        let failing: Box<dyn Work> = Box::new(timed.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?);
+        let error = failing.wait().err().ok_or("dyn Work::wait returned Ok for a Work that timed out")?;
+        ensure_eq!(error.kind(), ErrorKind::WorkTimeout, "dyn Work::wait: {error}");
+        Ok(())
+    })
+}
+
+fn debug_output_names_the_group_and_its_works<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, h.world_size(), |r| {
+        let group = r.group("debugged", Options::builder())?;
+        let buffer = r.filled(1.0, 4)?;
+        let work = group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?;
+        let (rank, size) = (format!("rank: {}", r.rank), format!("size: {}", r.size));
+        let texts = [
+            ("group", format!("{group:?}"), vec![rank.as_str(), size.as_str(), "\"debugged\""]),
+            ("Work", format!("{work:?}"), vec!["seq: 1", "AllReduce"]),
+            ("Future", format!("{:?}", work.future()), vec!["outputs: 1"]),
+        ];
+        // Every text is checked before failing, so that one failure names every text that is wrong.
+        let mut wrong = Vec::new();
+        for (what, text, wants) in &texts {
+            if let Some(want) = wants.iter().find(|want| !text.contains(*want)) {
+                wrong.push(format!("the {what}'s Debug text does not name `{want}`: {text:?}"));
+            }
+        }
+        work.wait().ctx("wait")?;
+        ensure!(wrong.is_empty(), "{}", wrong.join("; "));
         Ok(())
     })
 }
