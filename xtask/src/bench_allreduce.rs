@@ -42,16 +42,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let gpus = find_gpus().map_err(|why| format!("no GPU found, nothing to benchmark: {why}"))?;
     let binary = build_suite()?;
     std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
-    let torch_nccl = Command::new("python3")
-        .args([
-            "-c",
-            "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))",
-        ])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .filter(|p| std::path::Path::new(p).exists());
+    let torch_nccl = crate::bench_exchange::torch_nccl();
     let mut rust = Command::new(&binary);
     rust.args(["run", "--tasks", "bench", "--out"])
         .arg(&out)

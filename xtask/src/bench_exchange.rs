@@ -135,7 +135,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
 }
 
 /// PyTorch's libnccl, where python3 has the nvidia-nccl wheel.
-fn torch_nccl() -> Option<String> {
+pub fn torch_nccl() -> Option<String> {
     Command::new("python3")
         .args([
             "-c",

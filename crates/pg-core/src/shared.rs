@@ -185,31 +185,26 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// The flight-recorder entry of a new (not captured) Work.
+    /// The flight-recorder entry of a new (not captured) Work: its events are probed for started and completed.
     fn record_new(&self, work: &Arc<WorkState<B>>) {
         let probe = |event: &Arc<B::Event>| Arc::clone(event) as crate::flight_recorder::EventProbe;
-        let is_p2p = work.op.is_p2p();
-        let id = self.recorder.record(NewEntry {
-            collective_seq_id: if is_p2p { 0 } else { work.seq },
-            p2p_seq_id: if is_p2p { work.seq } else { 0 },
-            op: work.op,
-            time_created_ns: nanos(work.start_time),
-            input: work.input,
-            output: work.output,
-            lists: work.lists.clone(),
-            timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
-            started: work.start_event.as_ref().map(probe),
-            completed: Some(probe(&work.end_event)),
-            captured: false,
-        });
-        if let Some(id) = id {
-            work.fr_id.store(id, Ordering::Relaxed);
-        }
+        self.record(work, work.start_event.as_ref().map(probe), Some(probe(&work.end_event)), false);
     }
 
     /// Records a captured Work in the flight recorder, marked captured and with no event to query (its events
     /// belong to the capture); it joins no in-flight list, so the watchdog neither times nor queries it.
     pub(crate) fn record_captured(&self, work: &Arc<WorkState<B>>) {
+        self.record(work, None, None, true);
+    }
+
+    /// Records `work` in the flight recorder and keeps the entry's id on it.
+    fn record(
+        &self,
+        work: &WorkState<B>,
+        started: Option<crate::flight_recorder::EventProbe>,
+        completed: Option<crate::flight_recorder::EventProbe>,
+        captured: bool,
+    ) {
         let is_p2p = work.op.is_p2p();
         let id = self.recorder.record(NewEntry {
             collective_seq_id: if is_p2p { 0 } else { work.seq },
@@ -220,9 +215,9 @@ impl<B: Backend> Shared<B> {
             output: work.output,
             lists: work.lists.clone(),
             timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
-            started: None,
-            completed: None,
-            captured: true,
+            started,
+            completed,
+            captured,
         });
         if let Some(id) = id {
             work.fr_id.store(id, Ordering::Relaxed);
