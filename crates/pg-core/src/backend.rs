@@ -185,7 +185,7 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
     /// The default refuses with [`crate::Error::Unsupported`].
     fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
         drop(callback);
-        Err(crate::Error::unsupported(format!("launch_host_fn on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("launch_host_fn"))
     }
 
     /// Whether this stream is capturing: its work (and the work of every stream joined into the same capture)
@@ -203,7 +203,7 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
     ///
     /// The default refuses with [`crate::Error::Unsupported`].
     fn begin_capture(&self, _mode: CaptureMode) -> Result<()> {
-        Err(crate::Error::unsupported(format!("stream capture on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("stream capture"))
     }
 
     /// Ends the capture this stream began and returns the recorded work as a graph ready to launch. Fails with
@@ -213,7 +213,7 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
     ///
     /// The default refuses with [`crate::Error::Unsupported`].
     fn end_capture(&self) -> Result<<Self::B as Backend>::Graph> {
-        Err(crate::Error::unsupported(format!("stream capture on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("stream capture"))
     }
 
     /// Keeps `buffer` alive for as long as the graph of the capture this stream takes part in exists: the
@@ -223,7 +223,7 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
     /// The default refuses with [`crate::Error::Unsupported`].
     fn capture_keep_alive(&self, buffer: &<Self::B as Backend>::Buffer) -> Result<()> {
         let _ = buffer;
-        Err(crate::Error::unsupported(format!("stream capture on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("stream capture"))
     }
 }
 
@@ -323,10 +323,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _scalar: &<Self::B as Backend>::Buffer,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!(
-            "all_reduce with a device PREMUL_SUM factor on the {} backend",
-            <Self::B as Backend>::NAME
-        )))
+        Err(unsupported_on::<Self::B>("all_reduce with a device PREMUL_SUM factor"))
     }
 
     /// Enqueues a broadcast of `root`'s `input` into every rank's `output`.
@@ -337,7 +334,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _root: usize,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("broadcast on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("broadcast"))
     }
 
     /// Enqueues an all-gather of every rank's `input` into `output` (size times larger), in rank order.
@@ -347,7 +344,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _output: &<Self::B as Backend>::Buffer,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("all_gather on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("all_gather"))
     }
 
     /// Enqueues a reduce-scatter of `input` (size times larger) into `output`.
@@ -358,7 +355,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _op: ReduceOp,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("reduce_scatter on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("reduce_scatter"))
     }
 
     /// Enqueues a reduce-scatter of `input` (size times larger) into `output` with `PREMUL_SUM` whose factor is
@@ -370,10 +367,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _scalar: &<Self::B as Backend>::Buffer,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!(
-            "reduce_scatter with a device PREMUL_SUM factor on the {} backend",
-            <Self::B as Backend>::NAME
-        )))
+        Err(unsupported_on::<Self::B>("reduce_scatter with a device PREMUL_SUM factor"))
     }
 
     /// Enqueues a send of `buffer` to `peer`.
@@ -383,7 +377,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _peer: usize,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("send on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("send"))
     }
 
     /// Enqueues a receive into `buffer` from `peer`.
@@ -393,7 +387,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _peer: usize,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("recv on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("recv"))
     }
 
     /// Enqueues a reduce of every rank's `input` into `root`'s `output` (NCCL's `ncclReduce`).
@@ -405,7 +399,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _op: ReduceOp,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("reduce on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("reduce"))
     }
 
     /// Enqueues a gather of every rank's `input` into `root`'s `outputs[rank]` (`outputs` is empty elsewhere).
@@ -416,7 +410,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _root: usize,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("gather on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("gather"))
     }
 
     /// Enqueues a scatter of `root`'s `inputs[rank]` into every rank's `output` (`inputs` is empty elsewhere).
@@ -427,7 +421,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _root: usize,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("scatter on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("scatter"))
     }
 
     /// Enqueues an all-to-all of one buffer: chunk `j` of `input` (`input_splits[j]` elements, in order) goes to
@@ -440,7 +434,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _output_splits: &[usize],
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("all_to_all_single on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("all_to_all_single"))
     }
 
     /// Enqueues an all-to-all of lists: `inputs[j]` goes to rank `j`, `outputs[i]` comes from rank `i`.
@@ -450,7 +444,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _outputs: &[<Self::B as Backend>::Buffer],
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("all_to_all on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("all_to_all"))
     }
 
     /// Enqueues an all-gather into a list: `outputs[i]` receives rank `i`'s `input` (sizes may differ by rank).
@@ -460,7 +454,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _outputs: &[<Self::B as Backend>::Buffer],
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("all_gather (list) on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("all_gather (list)"))
     }
 
     /// Enqueues a reduce-scatter from a list: rank `j`'s `output` is the reduction of every rank's `inputs[j]`.
@@ -471,7 +465,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         _op: ReduceOp,
         _stream: &<Self::B as Backend>::Stream,
     ) -> Result<()> {
-        Err(crate::Error::unsupported(format!("reduce_scatter (list) on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("reduce_scatter (list)"))
     }
 
     /// Opens a group of operations that the backend issues together (NCCL's `ncclGroupStart`): sends and
@@ -493,7 +487,7 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     where
         Self: Sized,
     {
-        Err(crate::Error::unsupported(format!("split on the {} backend", <Self::B as Backend>::NAME)))
+        Err(unsupported_on::<Self::B>("split"))
     }
 
     /// Whether a non-blocking init has finished (always true for a blocking one).
@@ -516,4 +510,9 @@ pub trait Communicator: Send + Sync + Debug + 'static {
 
     /// Flushes pending operations before destruction (NCCL's `ncclCommFinalize`).
     fn finalize(&self) -> Result<()>;
+}
+
+/// The error of a primitive `B` does not implement: `what` on the `B` backend.
+fn unsupported_on<B: Backend>(what: &str) -> crate::Error {
+    crate::Error::unsupported(format!("{what} on the {} backend", B::NAME))
 }

@@ -28,7 +28,8 @@ pub fn sizes(max: usize) -> Vec<usize> {
     all.into_iter().filter(|&s| s <= max).collect()
 }
 
-fn ops_per_trial(bytes: usize) -> usize {
+/// Ops per timed trial: enough to amortise the spin for small messages, few for large ones.
+pub fn ops_per_trial(bytes: usize) -> usize {
     match bytes {
         0..=1_048_576 => 200,
         1_048_577..=67_108_864 => 20,

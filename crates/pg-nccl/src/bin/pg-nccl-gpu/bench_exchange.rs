@@ -16,7 +16,7 @@ use pg_nccl::raw::RawComm;
 use pg_nccl::{Buffer, Nccl, Stream};
 use serde_json::{json, Value};
 
-use crate::bench::{median, spin_for};
+use crate::bench::{median, ops_per_trial, spin_for};
 use crate::util::{filled, group, Group};
 use crate::Rank;
 
@@ -28,15 +28,6 @@ fn e(err: impl std::fmt::Display) -> String {
 pub fn sizes(max: usize) -> Vec<usize> {
     let all = [1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
     all.into_iter().filter(|&s| s <= max).collect()
-}
-
-fn ops_per_trial(bytes: usize) -> usize {
-    match bytes {
-        0..=1_048_576 => 200,
-        1_048_577..=67_108_864 => 20,
-        67_108_865..=268_435_456 => 10,
-        _ => 5,
-    }
 }
 
 /// What one op exchanges.
