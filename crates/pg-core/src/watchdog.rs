@@ -80,8 +80,9 @@ fn pass<B: Backend>(group: &Shared<B>) {
     {
         let stall = group.stall.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         if let Some(stall) = stall {
-            // The injected wedge: as a watchdog stuck in a driver call, it holds the group and makes no progress.
-            group.device.sleep(stall, &group.signals.terminate);
+            // The injected wedge: as a watchdog stuck in a driver call, it holds the group and makes no progress,
+            // and stopping the group does not end it.
+            group.device.sleep(stall, &std::sync::atomic::AtomicBool::new(false));
         }
     }
     let options = &group.options;

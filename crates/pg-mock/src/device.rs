@@ -57,6 +57,16 @@ impl MockDevice {
         self.allocate(dtype, numel, true)
     }
 
+    /// The ids of the streams recorded on `buffer`'s memory block (`record_stream`) since it was last handed out,
+    /// in ascending order: the streams the allocator waits for before it reuses the block.
+    pub fn recorded_streams(&self, buffer: &MockBuffer) -> Vec<u64> {
+        let state = self.inner.lock();
+        let recorded = state.alloc.blocks.get(&buffer.block()).map(|block| block.recorded.clone()).unwrap_or_default();
+        let mut ids: Vec<u64> = recorded.into_iter().map(|index| state.streams[index].id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// The device's default stream (id 0).
     pub fn default_stream(&self) -> MockStream {
         let state = self.inner.lock();

@@ -58,7 +58,8 @@ impl World {
     /// their results in rank order.
     ///
     /// # Panics
-    /// If `n` exceeds the number of devices, or (re-raised) if a rank panicked.
+    /// If `n` exceeds the number of devices, (re-raised) if a rank panicked, or if the simulation stalled or
+    /// deadlocked while the ranks ran.
     pub fn run<T, F>(&self, n: usize, body: F) -> Vec<T>
     where
         T: Send,
@@ -104,6 +105,11 @@ impl World {
             panics.sort_by_key(|(tid, _)| order.iter().position(|t| t == tid).unwrap_or(usize::MAX));
             if let Some((_, payload)) = panics.into_iter().next() {
                 std::panic::resume_unwind(payload);
+            }
+            // A stall or deadlock report raised while the ranks ran fails the run, even when only a helper thread
+            // (a watchdog woken by it) saw it: a rank blocked outside the simulation stalls it that way.
+            if let Some(report) = self.inner.lock().failure.clone() {
+                panic!("pg-mock: the simulation failed while the ranks ran: {report}");
             }
             results
         })
@@ -157,6 +163,12 @@ impl World {
     /// How many memory blocks the allocator holds (in use or cached).
     pub fn memory_blocks(&self) -> usize {
         self.inner.lock().alloc.blocks.len()
+    }
+
+    /// The names of the host threads that are running now: rank threads, threads of [`World::spawn`], and the
+    /// process groups' helpers (a watchdog, a heartbeat monitor) until their bodies return.
+    pub fn host_threads(&self) -> Vec<String> {
+        self.inner.lock().threads.values().map(|thread| thread.name.clone()).collect()
     }
 
     /// A report of what every registered thread is doing (for debugging a test).

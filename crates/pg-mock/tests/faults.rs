@@ -210,12 +210,18 @@ mod healthy {
             pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
             device.world().inject(pg_mock::Fault::StoreDown { fail_fast: false });
             device.sleep(Duration::from_millis(250), &AtomicBool::new(false));
-            let before = device.now();
+            // The world's clock, which a join outside the simulation cannot hold back as it holds this thread's.
+            let before = device.world().now();
             pg.shutdown().unwrap();
             drop(pg);
-            device.now() - before
+            device.world().now() - before
         });
-        assert!(took[0] <= Duration::from_millis(210), "shutdown took {:?}", took[0]);
+        // The watchdog gets its 200 ms to finish the store operation before it is detached, and no more.
+        assert!(
+            took[0] >= Duration::from_millis(200) && took[0] <= Duration::from_millis(210),
+            "shutdown took {:?}",
+            took[0]
+        );
     }
 
     #[test]
@@ -279,5 +285,116 @@ mod healthy {
         }
         let detected = seen[0].1.unwrap();
         assert!(detected <= Duration::from_millis(1200), "the timeout was caught after {detected:?}");
+    }
+}
+
+/// How a group stops its host threads, and when it stops using the store.
+mod stopping {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use pg_core::store::{PrefixStore, Store};
+    use pg_core::{DType, Device as _, ErrorKind, Options, ProcessGroup, ReduceOp};
+    use pg_mock::{Fault, Mock, MockDevice, RecordingStore, World, WorldConfig};
+
+    use super::matrix::group;
+
+    fn filled(device: &MockDevice, value: f64) -> pg_mock::MockBuffer {
+        let buffer = device.alloc(DType::F32, 8).unwrap();
+        device.fill(&buffer, value, &device.current_stream()).unwrap();
+        buffer
+    }
+
+    /// The names of the running threads that belong to a group's helpers (the watchdog, the heartbeat monitor).
+    fn helpers(world: &World) -> Vec<String> {
+        let names = world.host_threads();
+        names.into_iter().filter(|name| name.starts_with("pt_nccl_")).collect()
+    }
+
+    #[test]
+    fn shutdown_returns_after_the_watchdog_and_the_monitor_have_ended() {
+        let world = World::new(WorldConfig::with_devices(1));
+        let store = world.store();
+        let seen = world.run(1, move |rank, device| {
+            let pg = group(&store, "threads", rank, 1, &device, Options::builder().enable_monitoring(true).build());
+            pg.all_reduce(&filled(&device, 1.0), ReduceOp::Sum).unwrap().wait().unwrap();
+            let running = helpers(&device.world());
+            pg.shutdown().unwrap();
+            // Nothing of the group runs once shutdown has returned, though the caller still holds the group.
+            let after = helpers(&device.world());
+            drop(pg);
+            (running, after)
+        });
+        let (running, after) = &seen[0];
+        assert_eq!(running.len(), 2, "the watchdog and the heartbeat monitor run: {running:?}");
+        assert!(after.is_empty(), "still running after shutdown: {after:?}");
+    }
+
+    #[test]
+    fn shutting_down_a_group_whose_watchdog_is_wedged_does_not_wait_for_it() {
+        // The watchdog is stuck in a call that stopping cannot end (as in a driver call that never returns): once
+        // the heartbeat monitor has declared it stuck, shutdown returns at once instead of joining it.
+        let world = World::new(WorldConfig::with_devices(1));
+        let store = world.store();
+        let heartbeat = Duration::from_secs(2);
+        let options = Options::builder()
+            .heartbeat_timeout(heartbeat)
+            .watchdog_period(Duration::from_millis(100))
+            .dump_on_timeout(false);
+        let seen = world.run(1, move |rank, device| {
+            let pg = group(&store, "wedged", rank, 1, &device, options.clone().build());
+            pg.all_reduce(&filled(&device, 1.0), ReduceOp::Sum).unwrap().wait().unwrap();
+            pg.inject_watchdog_stall(Duration::from_secs(3600));
+            while pg.error().is_none() {
+                device.sleep(Duration::from_millis(10), &AtomicBool::new(false));
+            }
+            let before = device.world().now();
+            let _ = pg.shutdown();
+            drop(pg);
+            device.world().now() - before
+        });
+        let took = seen[0];
+        assert!(took < Duration::from_secs(1), "shutdown waited {took:?} for a wedged watchdog");
+    }
+
+    #[test]
+    fn once_a_store_operation_failed_the_watchdog_no_longer_uses_the_store() {
+        // Error propagation reads the peers' error key every pass. The store then fails: the watchdog notes it
+        // once and stops reading it, and a later timeout does not try to signal the peers through it.
+        let world =
+            World::new(WorldConfig { faults: vec![Fault::HangAt { rank: 0, op: 1 }], ..WorldConfig::with_devices(1) });
+        let shared = world.store();
+        let seen = world.run(1, move |rank, device| {
+            let recording = Arc::new(RecordingStore::new(Arc::new(PrefixStore::new("broken", Arc::clone(&shared)))));
+            let store: Arc<dyn Store> = Arc::clone(&recording) as Arc<dyn Store>;
+            let options = Options::builder()
+                .propagate_error(true)
+                .dump_on_timeout(false)
+                .timeout(Duration::from_secs(2))
+                .watchdog_period(Duration::from_millis(100))
+                .build();
+            let pg = ProcessGroup::<Mock>::new(store, rank, 1, device.clone(), options).unwrap();
+            let buffer = filled(&device, 1.0);
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            device.world().inject(Fault::StoreDown { fail_fast: true });
+            let mark = recording.len();
+            // Op 1 hangs: its timeout is found after the store has failed.
+            let _work = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            while pg.error().is_none() {
+                device.sleep(Duration::from_millis(10), &AtomicBool::new(false));
+            }
+            let error = pg.error().map(|e| e.kind());
+            device.sleep(Duration::from_secs(1), &AtomicBool::new(false));
+            let after = recording.log_since(mark);
+            drop(pg);
+            (error, after)
+        });
+        let (error, after) = &seen[0];
+        assert_eq!(*error, Some(ErrorKind::WorkTimeout), "the hung op times out");
+        let reads = after.iter().filter(|(op, key)| *op == "check" && key.starts_with("remote_error")).count();
+        assert_eq!(reads, 1, "one failed read of the error key, then none: {after:?}");
+        let writes: Vec<_> = after.iter().filter(|(op, _)| *op == "set").collect();
+        assert!(writes.is_empty(), "signalled through a failed store: {writes:?}");
     }
 }

@@ -1,78 +1,21 @@
 //! The store traffic of a pg rank that joins PyTorch's default NCCL group: the exact keys PyTorch's
 //! `ProcessGroupNCCL` reads and writes, in the same order, with 128-byte-or-backend-sized ids under them.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use pg_core::store::{Store, StoreError};
+use pg_core::store::Store;
 use pg_core::{
     join_torch_default_group, DType, Device, ErrorKind, Options, ReduceOp, TorchStoreOrigin,
     TORCH_DEFAULT_RANKS_PER_ROOT,
 };
-use pg_mock::{Mock, World, WorldConfig};
-
-/// A store that logs every key it is asked to set or get, with the op.
-#[derive(Debug)]
-struct Recording {
-    inner: Arc<dyn Store>,
-    log: Mutex<Vec<(&'static str, String)>>,
-}
-
-impl Recording {
-    fn note(&self, op: &'static str, key: &str) {
-        self.log.lock().unwrap().push((op, key.to_owned()));
-    }
-}
-
-impl Store for Recording {
-    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.note("set", key);
-        self.inner.set(key, value)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.note("get", key);
-        self.inner.get(key)
-    }
-    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        self.note("add", key);
-        self.inner.add(key, delta)
-    }
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
-        self.note("compare_set", key);
-        self.inner.compare_set(key, expected, desired)
-    }
-    fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
-        keys.iter().for_each(|key| self.note("check", key));
-        self.inner.check(keys)
-    }
-    fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<(), StoreError> {
-        keys.iter().for_each(|key| self.note("wait", key));
-        self.inner.wait(keys, timeout)
-    }
-    fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
-        self.note("delete", key);
-        self.inner.delete_key(key)
-    }
-    fn num_keys(&self) -> Result<i64, StoreError> {
-        self.inner.num_keys()
-    }
-    fn clone_store(&self) -> Result<Arc<dyn Store>, StoreError> {
-        self.inner.clone_store()
-    }
-    fn timeout(&self) -> Duration {
-        self.inner.timeout()
-    }
-    fn set_timeout(&self, timeout: Duration) {
-        self.inner.set_timeout(timeout);
-    }
-}
+use pg_mock::{Mock, RecordingStore, World, WorldConfig};
 
 /// Each rank's own log (one recording store per rank over the shared simulated store).
 fn run_ranks(origin: TorchStoreOrigin) -> Vec<Vec<(&'static str, String)>> {
     let world = World::new(WorldConfig { devices: 2, ..Default::default() });
     let shared = world.store();
     world.run(2, |rank, device| {
-        let recording = Arc::new(Recording { inner: Arc::clone(&shared), log: Mutex::new(Vec::new()) });
+        let recording = Arc::new(RecordingStore::new(Arc::clone(&shared)));
         let options = Options::builder().build();
         let group = join_torch_default_group::<Mock>(
             Arc::clone(&recording) as Arc<dyn Store>,
@@ -93,7 +36,7 @@ fn run_ranks(origin: TorchStoreOrigin) -> Vec<Vec<(&'static str, String)>> {
         }
         group.shutdown().expect("shutdown");
         // Non-blocking reads (the watchdog's `check` for a dump request) need nothing from a peer: left out.
-        let log = recording.log.lock().unwrap().iter().filter(|(op, _)| *op != "check").cloned().collect();
+        let log = recording.log().iter().filter(|(op, _)| *op != "check").cloned().collect();
         log
     })
 }

@@ -7,6 +7,7 @@ mod collectives;
 mod common;
 mod comms;
 mod faults;
+mod guard;
 mod hazards;
 mod memory;
 mod store;
