@@ -180,7 +180,9 @@ fn a_graph_of_collectives_replayed_many_times_gives_correct_results_every_time<H
         }
         // Eager ops still work after the capture, on the same group.
         let eager = r.filled((me + 1) as f64, 8)?;
-        group.all_reduce(&eager, ReduceOp::Sum).and_then(|w| w.wait()).ctx("eager all_reduce after the capture")?;
+        let work = group.all_reduce(&eager, ReduceOp::Sum).ctx("eager all_reduce after the capture")?;
+        ensure!(!work.is_captured(), "an op enqueued after the capture ended says it is captured");
+        work.wait().ctx("wait for the eager all_reduce")?;
         all_equal(&r.read(&eager)?, triangle(n)).map_err(|e| format!("eager all_reduce after the capture: {e}"))
     })
 }
