@@ -447,18 +447,23 @@ fn a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote<H: 
         r.device.synchronize().ctx("synchronize")?;
         r.host_sleep(Duration::from_millis(300));
         ensure!(!r.store.check(&[key]).ctx("store")?, "the key was written before any failure");
-        // Rank 0 alone enqueues the next op: it times out; the others never joined it.
-        if r.rank == 0 {
+        // The last rank alone enqueues the next op: it times out; the others never joined it, and each learns
+        // through the key which rank failed.
+        let failing = n - 1;
+        if r.rank == failing {
             let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
             r.host_sleep(Duration::from_secs(2));
-            ensure_eq!(work.exception().map(|e| e.kind()), Some(ErrorKind::WorkTimeout), "rank 0's Work");
-            ensure_eq!(group.error_type(), ErrorType::Timeout, "rank 0's error state");
+            ensure_eq!(work.exception().map(|e| e.kind()), Some(ErrorKind::WorkTimeout), "the failing rank's Work");
+            ensure_eq!(group.error_type(), ErrorType::Timeout, "the failing rank's error state");
             ensure!(r.store.check(&[key]).ctx("store")?, "the failing rank did not write {key}");
         } else {
             r.host_sleep(Duration::from_secs(3));
             ensure_eq!(group.error_type(), ErrorType::RemoteError, "a peer's error state");
             let error = group.error().ok_or("the peer's group has no error")?;
-            ensure!(matches!(error, pg_core::Error::Remote { rank: 0 }), "the peer's error: {error}");
+            ensure!(
+                matches!(error, pg_core::Error::Remote { rank } if rank == failing),
+                "the peer's error names rank {failing}: {error}"
+            );
         }
         Ok(())
     })

@@ -184,8 +184,12 @@ fn s04_cache_keys_are_the_device_sequence_and_the_sorted_pair<H: Harness>(h: &H)
 fn s05_groups_with_identical_membership_never_share_a_communicator<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     on_each_rank(h, n, |r| {
+        let mut ids = Vec::new();
         for name in ["0", "1", "2"] {
             let group = r.group(name, Options::builder().high_priority_stream(name == "2"))?;
+            // Each instance has its own process-wide id (the "PG ID" of logs and thread names).
+            ensure!(!ids.contains(&group.local_id()), "group {name} reuses a local id of {ids:?}");
+            ids.push(group.local_id());
             for op in 0..3 {
                 let buffer = r.filled((r.rank + 1) as f64, 32)?;
                 group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
