@@ -359,6 +359,37 @@ mod stopping {
     }
 
     #[test]
+    fn the_watchdog_looks_for_a_dump_request_once_a_second_and_only_after_an_op() {
+        // A peer's request to dump arrives through the store; with a watchdog pass every 10 ms, reading it every
+        // pass would be a store round trip per pass. Before the group's first op there is nothing to dump.
+        let world = World::new(WorldConfig::with_devices(1));
+        let shared = world.store();
+        let seen = world.run(1, move |rank, device| {
+            let recording = Arc::new(RecordingStore::new(Arc::new(PrefixStore::new("dump", Arc::clone(&shared)))));
+            let store: Arc<dyn Store> = Arc::clone(&recording) as Arc<dyn Store>;
+            let options = Options::builder().watchdog_period(Duration::from_millis(10)).propagate_error(false).build();
+            let pg = ProcessGroup::<Mock>::new(store, rank, 1, device.clone(), options).unwrap();
+            let reads = || recording.log().iter().filter(|(op, key)| *op == "check" && key == "exception_dump").count();
+            device.sleep(Duration::from_secs(3), &AtomicBool::new(false));
+            let before_any_op = reads();
+            let buffer = filled(&device, 1.0);
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            // Keep an op in flight so that the watchdog keeps passing every period.
+            let mut works = Vec::new();
+            for _ in 0..300 {
+                works.push(pg.all_reduce(&buffer, ReduceOp::Sum).unwrap());
+                device.sleep(Duration::from_millis(10), &AtomicBool::new(false));
+            }
+            let over_three_seconds = reads();
+            drop(pg);
+            (before_any_op, over_three_seconds)
+        });
+        let (before_any_op, over_three_seconds) = seen[0];
+        assert_eq!(before_any_op, 0, "read the dump key before the group's first op");
+        assert!((2..=4).contains(&over_three_seconds), "{over_three_seconds} reads of the dump key in 3 s");
+    }
+
+    #[test]
     fn once_a_store_operation_failed_the_watchdog_no_longer_uses_the_store() {
         // Error propagation reads the peers' error key every pass. The store then fails: the watchdog notes it
         // once and stops reading it, and a later timeout does not try to signal the peers through it.

@@ -488,6 +488,15 @@ fn desync_debug_writes_the_trace_keys_as_ops_start_and_complete<H: Harness>(h: &
         ensure!(r.store.check(&[&start_key]).ctx("store")?, "no start key once the op started");
         let end_after = r.store.get(&end_key).ctx("the end key")?;
         ensure!(end_before != end_after, "the end key was not rewritten when the second op completed");
+        // Without desync debugging a group writes no trace keys.
+        let quiet = r.group("1", Options::builder().watchdog_period(Duration::from_millis(2)))?;
+        quiet.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce without desync debugging")?;
+        r.device.synchronize().ctx("synchronize")?;
+        r.host_sleep(Duration::from_millis(20));
+        let quiet_keys = [format!("1//NCCL_{}_trace_start", r.rank), format!("1//NCCL_{}_trace_end", r.rank)];
+        for key in &quiet_keys {
+            ensure!(!r.store.check(&[key]).ctx("store")?, "{key} written without desync debugging");
+        }
         Ok(())
     })
 }

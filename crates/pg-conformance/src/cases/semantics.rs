@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use pg_core::store::PrefixStore;
 use pg_core::{
-    CommKey, DType, Device as _, ErrorKind, Event as _, Options, ProcessGroup, ReduceOp, Stream as _, StreamGuard,
+    Buffer as _, CommKey, DType, Device as _, ErrorKind, Event as _, Options, ProcessGroup, ReduceOp, Stream as _,
+    StreamGuard,
 };
 
 use super::{
@@ -77,6 +78,8 @@ fn s01_sync_form_is_the_async_call_then_wait<H: Harness>(h: &H) -> Check<Outcome
             });
             if let Some(work) = work.ctx("all_reduce")? {
                 ensure!(!work.is_completed(), "the async form returned after the device finished");
+                let outputs: Vec<usize> = work.outputs().iter().map(|b| b.numel()).collect();
+                ensure_eq!(outputs, vec![256], "the Work's outputs (their sizes)");
             }
             Ok((host, r.read(&buffer)?))
         })
