@@ -30,7 +30,8 @@
 //!   thread waits for. Bad arguments are `Err(InvalidArgument)`, never panics.
 //! - **Real-time blocking.** A registered thread blocked outside the simulation (a real lock, a channel, a
 //!   `join` on a thread that waits in the simulation) stops the clock; after [`WorldConfig::stall_limit`] of
-//!   real time without progress, the parked threads stop with a report. `Device::sleep` with an interrupt flag
+//!   real time without progress, the parked threads stop with a report, and [`World::run`] fails with it even
+//!   when only a helper thread saw it. `Device::sleep` with an interrupt flag
 //!   wakes at once when the flag is set and [`pg_core::Device::notify_host_threads`] is called, so "set the
 //!   flag, notify, join" shuts a helper thread down without the clock.
 //! - **Helpers.** Threads from `Device::spawn_host_thread` (watchdogs, monitors) move the clock like any other
@@ -51,6 +52,12 @@
 //! read followed a `Future::is_done()`. Every unordered read of a collective's output therefore carries the hint
 //! that `Future::is_done()` only means the outputs were marked, not that the GPU finished.
 #![forbid(unsafe_code)]
+//!
+//! # Looking inside
+//!
+//! Tests read what a real machine hides: [`World::hazards`], [`World::kernel_log`], [`World::host_threads`] (which
+//! helper threads still run), [`MockDevice::recorded_streams`] (the streams a block waits for before reuse), and
+//! [`RecordingStore`], a store over any other that logs which keys a group reads and writes.
 //!
 //! # Awaiting a Work, and memory from elsewhere
 //!
