@@ -534,6 +534,17 @@ fn started_and_completed_are_counted_apart_from_enqueued<H: Harness>(h: &H) -> C
             (Some(2), Some(2), Some(OpType::AllReduce)),
             "after op 2 (started, completed, op)"
         );
+        // Without desync debugging no start events are recorded: nothing is known to have started.
+        let plain = r.group("1", Options::builder().watchdog_period(Duration::from_millis(2)))?;
+        plain.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce without desync debugging")?;
+        r.device.synchronize().ctx("synchronize")?;
+        r.host_sleep(Duration::from_millis(10));
+        let status = plain.status();
+        ensure_eq!(
+            (status.last_started_seq, status.last_completed_seq),
+            (None, Some(1)),
+            "without desync debugging (started, completed)"
+        );
         Ok(())
     })
 }
