@@ -429,3 +429,117 @@ mod stopping {
         assert!(writes.is_empty(), "signalled through a failed store: {writes:?}");
     }
 }
+
+/// Which error a failure surfaces as, and who publishes a unique id.
+mod errors {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use pg_core::store::{PrefixStore, Store};
+    use pg_core::{DType, Device as _, ErrorKind, Options, ProcessGroup, ReduceOp};
+    use pg_mock::{Fault, Mock, MockDevice, RecordingStore, World, WorldConfig};
+
+    fn filled(device: &MockDevice) -> pg_mock::MockBuffer {
+        let buffer = device.alloc(DType::F32, 8).unwrap();
+        device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+        buffer
+    }
+
+    #[test]
+    fn a_store_that_fails_during_the_id_exchange_is_a_store_error_not_an_init_timeout() {
+        // The store fails at once (a network error) when rank 1 waits for rank 0's unique id, while the group has
+        // less time left than the store's own timeout: rank 1's op says the store failed; it is not reported as
+        // the communicator's init running out of time.
+        let world = World::new(WorldConfig::with_devices(2));
+        let store = world.store();
+        let kinds = world.run(2, move |rank, device| {
+            let store: Arc<dyn Store> = Arc::new(PrefixStore::new("id-exchange", Arc::clone(&store)));
+            let options = Options::builder().timeout(Duration::from_secs(1)).dump_on_timeout(false).build();
+            let pg = ProcessGroup::<Mock>::new(store, rank, 2, device.clone(), options).unwrap();
+            // Both groups exist by 50 ms of virtual time; the store fails then, and rank 1's first op comes after.
+            device.sleep(Duration::from_millis(50 * (rank as u64 + 1)), &AtomicBool::new(false));
+            match rank {
+                0 => {
+                    device.world().inject(Fault::StoreDown { fail_fast: true });
+                    None
+                }
+                _ => pg.all_reduce(&filled(&device), ReduceOp::Sum).err().map(|e| e.kind()),
+            }
+        });
+        assert_eq!(kinds[1], Some(ErrorKind::StoreNetwork));
+    }
+
+    #[test]
+    fn the_lower_rank_of_a_pair_publishes_the_pair_s_unique_id() {
+        // As PyTorch: in a point-to-point communicator the lower rank is rank 0 and makes the id, so that a pg
+        // rank and a PyTorch rank agree on who publishes it.
+        let world = World::new(WorldConfig::with_devices(2));
+        let shared = world.store();
+        let logs = world.run(2, move |rank, device| {
+            let recording = Arc::new(RecordingStore::new(Arc::new(PrefixStore::new("pair", Arc::clone(&shared)))));
+            let store: Arc<dyn Store> = Arc::clone(&recording) as Arc<dyn Store>;
+            let pg = ProcessGroup::<Mock>::new(store, rank, 2, device.clone(), Options::builder().build()).unwrap();
+            let buffer = filled(&device);
+            let work = match rank {
+                0 => pg.send(&buffer, 1).unwrap(),
+                _ => pg.recv(&buffer, 0).unwrap(),
+            };
+            work.wait().unwrap();
+            device.synchronize().unwrap();
+            recording.log().into_iter().filter(|(_, key)| key == "0:1").map(|(op, _)| op).collect::<Vec<_>>()
+        });
+        assert!(logs[0].contains(&"compare_set"), "rank 0 did not publish the pair's id: {:?}", logs[0]);
+        assert!(!logs[1].contains(&"compare_set"), "rank 1 published the pair's id: {:?}", logs[1]);
+    }
+
+    /// A group on a communicator that reports an asynchronous error once its first op has finished; its second
+    /// op never completes. Returns what `probe` sees.
+    fn after_an_async_error<T: Send>(
+        watchdog_period: Duration,
+        probe: impl Fn(&ProcessGroup<Mock>, &pg_core::WorkHandle<Mock>, &MockDevice) -> T + Send + Sync,
+    ) -> T {
+        let world = World::new(WorldConfig {
+            faults: vec![Fault::AsyncError { rank: 0, after_ops: 1 }],
+            ..WorldConfig::with_devices(1)
+        });
+        let store = world.store();
+        let mut seen = world.run(1, move |rank, device| {
+            let store: Arc<dyn Store> = Arc::new(PrefixStore::new("async", Arc::clone(&store)));
+            let options = Options::builder()
+                .timeout(Duration::from_secs(1))
+                .watchdog_period(watchdog_period)
+                .dump_on_timeout(false)
+                .build();
+            let pg = ProcessGroup::<Mock>::new(store, rank, 1, device.clone(), options).unwrap();
+            let buffer = filled(&device);
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().synchronize().unwrap();
+            let work = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            probe(&pg, &work, &device)
+        });
+        seen.remove(0)
+    }
+
+    #[test]
+    fn is_completed_reports_an_asynchronous_error_without_waiting_for_the_watchdog() {
+        // The watchdog passes once a minute: the caller's own is_completed() reads the communicator's error.
+        let seen = after_an_async_error(Duration::from_secs(60), |_, work, device| {
+            device.sleep(Duration::from_millis(10), &AtomicBool::new(false));
+            (work.is_completed(), work.exception().map(|e| e.kind()))
+        });
+        assert_eq!(seen, (true, Some(ErrorKind::Communicator)));
+    }
+
+    #[test]
+    fn an_asynchronous_error_found_after_the_timeout_is_reported_as_itself() {
+        // The watchdog's next pass comes after both the communicator's error and the op's timeout: the group's
+        // error is the communicator's, the cause, not the timeout it led to.
+        let seen = after_an_async_error(Duration::from_secs(3), |pg, _, device| {
+            while pg.error_type() == pg_core::ErrorType::Success {
+                device.sleep(Duration::from_millis(100), &AtomicBool::new(false));
+            }
+            pg.status().error.map(|e| e.kind())
+        });
+        assert_eq!(seen, Some(ErrorKind::Communicator));
+    }
+}

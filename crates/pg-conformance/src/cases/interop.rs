@@ -239,6 +239,8 @@ fn an_awaited_work_that_times_out_resolves_work_timeout<H: Harness>(h: &H) -> Ch
         let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
         let ran = AtomicBool::new(false);
         let then = work.future().then(|_| ran.store(true, Ordering::SeqCst));
+        let shown = format!("{then:?}");
+        ensure!(shown.starts_with("Then") && shown.contains("ran: false"), "then()'s Debug: {shown}");
         let (first, polled) = mpsc::channel();
         let (pending, result, chained) = std::thread::scope(|scope| {
             let executor = scope.spawn(|| await_after_first_poll(&work, &first));
