@@ -219,6 +219,13 @@ fn blocking_calls_under_capture_are_refused_and_wait_only_orders_the_stream<H: H
         // Two all_reduces of the same buffer, one per group.
         all_equal(&r.read_on(&b, stream)?, triangle(r.size) * n).map_err(|e| format!("after the launch: {e}"))?;
         ensure!(work.is_completed(), "a captured Work is complete: it runs nothing by itself");
+        // The host cannot block on what a graph runs, during the capture or after it.
+        refused("a blocking wait of a captured Work after the capture", blocking_work.wait(), "ALLREDUCE")?;
+        refused(
+            "wait_timeout of a captured Work after the capture",
+            work.wait_timeout(Duration::from_secs(1)),
+            "ALLREDUCE",
+        )?;
         work.wait().ctx("wait() of a captured Work after the capture")
     })
 }
