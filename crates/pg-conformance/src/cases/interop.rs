@@ -241,6 +241,8 @@ fn an_awaited_work_that_times_out_resolves_work_timeout<H: Harness>(h: &H) -> Ch
         let then = work.future().then(|_| ran.store(true, Ordering::SeqCst));
         let shown = format!("{then:?}");
         ensure!(shown.starts_with("Then") && shown.contains("ran: false"), "then()'s Debug: {shown}");
+        let shown = format!("{:?}", std::future::IntoFuture::into_future(&work));
+        ensure!(shown.starts_with("WorkFuture") && shown.contains("AllReduce"), "the Work's future's Debug: {shown}");
         let (first, polled) = mpsc::channel();
         let (pending, result, chained) = std::thread::scope(|scope| {
             let executor = scope.spawn(|| await_after_first_poll(&work, &first));
