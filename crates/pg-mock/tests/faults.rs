@@ -418,15 +418,17 @@ mod stopping {
             let error = pg.error().map(|e| e.kind());
             device.sleep(Duration::from_secs(1), &AtomicBool::new(false));
             let after = recording.log_since(mark);
+            let dumps = pg.status().dumps_written;
             drop(pg);
-            (error, after)
+            (error, after, dumps)
         });
-        let (error, after) = &seen[0];
+        let (error, after, dumps) = &seen[0];
         assert_eq!(*error, Some(ErrorKind::WorkTimeout), "the hung op times out");
         let reads = after.iter().filter(|(op, key)| *op == "check" && key.starts_with("remote_error")).count();
         assert_eq!(reads, 1, "one failed read of the error key, then none: {after:?}");
         let writes: Vec<_> = after.iter().filter(|(op, _)| *op == "set").collect();
         assert!(writes.is_empty(), "signalled through a failed store: {writes:?}");
+        assert_eq!(*dumps, 0, "dumped the flight recorder with dump_on_timeout off");
     }
 }
 

@@ -464,6 +464,10 @@ fn a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote<H: 
                 matches!(error, pg_core::Error::Remote { rank } if rank == failing),
                 "the peer's error names rank {failing}: {error}"
             );
+            // A peer that learnt of the failure does not signal it again: the key still names the failing rank.
+            let value = r.store.get(key).ctx("the remote-error key")?;
+            let named = value.get(..4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+            ensure_eq!(named, Some(failing as i32), "the rank the remote-error key names");
         }
         Ok(())
     })
