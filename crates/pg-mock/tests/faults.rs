@@ -314,21 +314,29 @@ mod stopping {
 
     #[test]
     fn shutdown_returns_after_the_watchdog_and_the_monitor_have_ended() {
+        // Twenty groups in turn: a shutdown that did not wait for its threads would leave one running at least
+        // once (a thread told to stop ends soon, but not at once).
         let world = World::new(WorldConfig::with_devices(1));
         let store = world.store();
         let seen = world.run(1, move |rank, device| {
-            let pg = group(&store, "threads", rank, 1, &device, Options::builder().enable_monitoring(true).build());
-            pg.all_reduce(&filled(&device, 1.0), ReduceOp::Sum).unwrap().wait().unwrap();
-            let running = helpers(&device.world());
-            pg.shutdown().unwrap();
-            // Nothing of the group runs once shutdown has returned, though the caller still holds the group.
-            let after = helpers(&device.world());
-            drop(pg);
-            (running, after)
+            let mut seen = Vec::new();
+            for round in 0..20 {
+                let name = format!("threads-{round}");
+                let pg = group(&store, &name, rank, 1, &device, Options::builder().enable_monitoring(true).build());
+                pg.all_reduce(&filled(&device, 1.0), ReduceOp::Sum).unwrap().wait().unwrap();
+                let running = helpers(&device.world());
+                pg.shutdown().unwrap();
+                // Nothing of the group runs once shutdown has returned, though the caller still holds the group.
+                let after = helpers(&device.world());
+                drop(pg);
+                seen.push((running, after));
+            }
+            seen
         });
-        let (running, after) = &seen[0];
-        assert_eq!(running.len(), 2, "the watchdog and the heartbeat monitor run: {running:?}");
-        assert!(after.is_empty(), "still running after shutdown: {after:?}");
+        for (round, (running, after)) in seen[0].iter().enumerate() {
+            assert_eq!(running.len(), 2, "round {round}: the watchdog and the heartbeat monitor run: {running:?}");
+            assert!(after.is_empty(), "round {round}: still running after shutdown: {after:?}");
+        }
     }
 
     #[test]

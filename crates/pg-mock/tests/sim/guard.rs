@@ -47,3 +47,23 @@ fn avoiding_record_streams_stashes_collective_buffers_but_point_to_point_still_r
         assert_eq!(p2p.len(), 1, "rank {rank}: a point-to-point op recorded {p2p:?}");
     }
 }
+
+#[test]
+fn a_premul_sum_factor_records_the_communication_stream() {
+    // The factor is read on the communication stream: its block waits for that stream before reuse, however
+    // soon the caller drops it.
+    let w = world(1);
+    let store = w.store();
+    let seen = w.run(1, move |rank, device: MockDevice| {
+        let store = Arc::new(PrefixStore::new("factor", Arc::clone(&store)));
+        let pg = ProcessGroup::<Mock>::new(store, rank, 1, device.clone(), Options::builder().build()).unwrap();
+        let data = buffer(&device, DType::F32, &[1.0; 8]);
+        let factor = buffer(&device, DType::F32, &[0.5]);
+        let work = pg.all_reduce_pre_mul_sum(&data, &factor).unwrap();
+        work.wait().unwrap();
+        device.synchronize().unwrap();
+        (device.recorded_streams(&factor), work.comm_stream().id())
+    });
+    let (recorded, comm_stream) = &seen[0];
+    assert_eq!(recorded, &vec![*comm_stream]);
+}
