@@ -25,6 +25,22 @@ fn check(id: &str) {
     );
 }
 
+/// A group of `size` on `device` whose store (a prefix `name` of `shared`) logs every call.
+fn recorded_group(
+    shared: &std::sync::Arc<dyn pg_core::store::Store>,
+    name: &str,
+    (rank, size): (usize, usize),
+    device: &pg_mock::MockDevice,
+    options: pg_core::Options,
+) -> (std::sync::Arc<pg_mock::RecordingStore>, pg_core::ProcessGroup<pg_mock::Mock>) {
+    use std::sync::Arc;
+    let prefixed = Arc::new(pg_core::store::PrefixStore::new(name, Arc::clone(shared)));
+    let recording = Arc::new(pg_mock::RecordingStore::new(prefixed));
+    let store: Arc<dyn pg_core::store::Store> = Arc::clone(&recording) as Arc<dyn pg_core::store::Store>;
+    let group = pg_core::ProcessGroup::new(store, rank, size, device.clone(), options).expect("creating a group");
+    (recording, group)
+}
+
 #[test]
 fn s1_a_rank_skips_one_collective() {
     check("1");
@@ -291,12 +307,10 @@ mod healthy {
 /// How a group stops its host threads, and when it stops using the store.
 mod stopping {
     use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use pg_core::store::{PrefixStore, Store};
-    use pg_core::{DType, Device as _, ErrorKind, Options, ProcessGroup, ReduceOp};
-    use pg_mock::{Fault, Mock, MockDevice, RecordingStore, World, WorldConfig};
+    use pg_core::{DType, Device as _, ErrorKind, Options, ReduceOp};
+    use pg_mock::{Fault, MockDevice, World, WorldConfig};
 
     use super::matrix::group;
 
@@ -373,10 +387,8 @@ mod stopping {
         let world = World::new(WorldConfig::with_devices(1));
         let shared = world.store();
         let seen = world.run(1, move |rank, device| {
-            let recording = Arc::new(RecordingStore::new(Arc::new(PrefixStore::new("dump", Arc::clone(&shared)))));
-            let store: Arc<dyn Store> = Arc::clone(&recording) as Arc<dyn Store>;
             let options = Options::builder().watchdog_period(Duration::from_millis(10)).propagate_error(false).build();
-            let pg = ProcessGroup::<Mock>::new(store, rank, 1, device.clone(), options).unwrap();
+            let (recording, pg) = super::recorded_group(&shared, "dump", (rank, 1), &device, options);
             let reads = || recording.log().iter().filter(|(op, key)| *op == "check" && key == "exception_dump").count();
             device.sleep(Duration::from_secs(3), &AtomicBool::new(false));
             let before_any_op = reads();
@@ -405,15 +417,13 @@ mod stopping {
             World::new(WorldConfig { faults: vec![Fault::HangAt { rank: 0, op: 1 }], ..WorldConfig::with_devices(1) });
         let shared = world.store();
         let seen = world.run(1, move |rank, device| {
-            let recording = Arc::new(RecordingStore::new(Arc::new(PrefixStore::new("broken", Arc::clone(&shared)))));
-            let store: Arc<dyn Store> = Arc::clone(&recording) as Arc<dyn Store>;
             let options = Options::builder()
                 .propagate_error(true)
                 .dump_on_timeout(false)
                 .timeout(Duration::from_secs(2))
                 .watchdog_period(Duration::from_millis(100))
                 .build();
-            let pg = ProcessGroup::<Mock>::new(store, rank, 1, device.clone(), options).unwrap();
+            let (recording, pg) = super::recorded_group(&shared, "broken", (rank, 1), &device, options);
             let buffer = filled(&device, 1.0);
             pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
             device.world().inject(Fault::StoreDown { fail_fast: true });
@@ -448,7 +458,7 @@ mod errors {
 
     use pg_core::store::{PrefixStore, Store};
     use pg_core::{DType, Device as _, ErrorKind, Options, ProcessGroup, ReduceOp};
-    use pg_mock::{Fault, Mock, MockDevice, RecordingStore, World, WorldConfig};
+    use pg_mock::{Fault, Mock, MockDevice, World, WorldConfig};
 
     fn filled(device: &MockDevice) -> pg_mock::MockBuffer {
         let buffer = device.alloc(DType::F32, 8).unwrap();
@@ -487,9 +497,8 @@ mod errors {
         let world = World::new(WorldConfig::with_devices(2));
         let shared = world.store();
         let logs = world.run(2, move |rank, device| {
-            let recording = Arc::new(RecordingStore::new(Arc::new(PrefixStore::new("pair", Arc::clone(&shared)))));
-            let store: Arc<dyn Store> = Arc::clone(&recording) as Arc<dyn Store>;
-            let pg = ProcessGroup::<Mock>::new(store, rank, 2, device.clone(), Options::builder().build()).unwrap();
+            let (recording, pg) =
+                super::recorded_group(&shared, "pair", (rank, 2), &device, Options::builder().build());
             let buffer = filled(&device);
             let work = match rank {
                 0 => pg.send(&buffer, 1).unwrap(),
