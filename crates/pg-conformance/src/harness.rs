@@ -1,14 +1,15 @@
 //! The harness trait through which a backend runs the suite, and the optional capabilities it may offer.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use pg_core::store::{PrefixStore, Store};
 use pg_core::{Backend, DType, Device, OptionsBuilder, ProcessGroup};
 
 use crate::check::{Check, Context};
-use crate::values;
+use crate::{ensure, values};
 
 /// What kind of kernel a launch was (the simulator's kinds, which every harness reports).
 pub use pg_mock::KernelKind;
@@ -180,6 +181,33 @@ impl<B: Backend, T> Ran<B, T> {
     }
 }
 
+/// A second host thread of a rank and the value its body returns ([`Rank::spawn_host`]).
+#[derive(Debug)]
+pub struct HostThread<T> {
+    name: String,
+    handle: JoinHandle<()>,
+    value: Arc<Mutex<Option<T>>>,
+}
+
+impl<T> HostThread<T> {
+    /// Waits for the body's value in steps of the device's host clock (a plain join would stop a virtual clock
+    /// while the thread still needs it to move), then joins the thread.
+    pub fn finish<B: Backend>(self, rank: &Rank<B>) -> Check<T> {
+        let taken = || self.value.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let mut polls = 0;
+        let value = loop {
+            if let Some(value) = taken() {
+                break value;
+            }
+            ensure!(polls < 100_000, "the thread '{}' never finished", self.name);
+            polls += 1;
+            rank.host_sleep(Duration::from_millis(1));
+        };
+        self.handle.join().map_err(|_| format!("the thread '{}' panicked", self.name))?;
+        Ok(value)
+    }
+}
+
 /// One rank of a world, as a case sees it: its device, the world's store and the world's capabilities.
 pub struct Rank<B: Backend> {
     /// This rank.
@@ -262,6 +290,25 @@ impl<B: Backend> Rank<B> {
     /// Blocks this host thread for `duration` of the device's host clock.
     pub fn host_sleep(&self, duration: Duration) {
         self.device.sleep(duration, &AtomicBool::new(false));
+    }
+
+    /// Runs `body` on a second host thread of this rank (`Device::spawn_host_thread`); [`HostThread::finish`]
+    /// collects its value.
+    pub fn spawn_host<T: Send + 'static>(
+        &self,
+        name: &str,
+        body: impl FnOnce() -> T + Send + 'static,
+    ) -> Check<HostThread<T>> {
+        let value = Arc::new(Mutex::new(None));
+        let slot = Arc::clone(&value);
+        let handle = self
+            .device
+            .spawn_host_thread(
+                name,
+                Box::new(move || *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(body())),
+            )
+            .ctx(name)?;
+        Ok(HostThread { name: name.to_owned(), handle, value })
     }
 
     /// The value `f` returns and the host time it took.

@@ -2,7 +2,6 @@
 //! buffers, abort and shutdown, asynchronous and remote errors, the watchdog's bookkeeping, and the Work,
 //! Future and `dyn Work` interfaces.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pg_core::{
@@ -97,33 +96,14 @@ fn two_threads_of_a_rank_racing_to_create_a_communicator_create_one<H: Harness>(
         let first = r.filled((r.rank + 1) as f64, 16)?;
         let second = r.filled((r.rank + 1) as f64, 16)?;
         // A second host thread of this rank asks for the same communicator at the same time.
-        let theirs = Arc::new(Mutex::new(None));
-        let helper = {
-            let group = group.clone();
-            let second = second.clone();
-            let theirs = Arc::clone(&theirs);
-            r.device
-                .spawn_host_thread(
-                    "racer",
-                    Box::new(move || {
-                        let result = group.all_reduce(&second, ReduceOp::Sum).and_then(|w| w.wait());
-                        *theirs.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
-                    }),
-                )
-                .ctx("second thread")?
+        let racer = {
+            let (group, second) = (group.clone(), second.clone());
+            r.spawn_host("racer", move || group.all_reduce(&second, ReduceOp::Sum).and_then(|w| w.wait()))?
         };
         let mine = group.all_reduce(&first, ReduceOp::Sum).and_then(|w| w.wait());
-        // Wait for the racer on the device's host clock (a plain join would stop a virtual clock).
-        let mut polls = 0;
-        while theirs.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
-            ensure!(polls < 100_000, "the racing thread never finished");
-            polls += 1;
-            r.host_sleep(Duration::from_millis(1));
-        }
-        helper.join().map_err(|_| "the racing thread panicked".to_owned())?;
+        let theirs = racer.finish(r)?;
         mine.ctx("all_reduce")?;
-        let result = theirs.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or("no result from the racer")?;
-        result.ctx("the racing thread's all_reduce")?;
+        theirs.ctx("the racing thread's all_reduce")?;
         all_equal(&r.read(&first)?, triangle(r.size))?;
         all_equal(&r.read(&second)?, triangle(r.size)).map_err(|e| format!("the racing thread's op: {e}"))?;
         ensure_eq!(group.counters().comms_created, 1, "both threads got the one communicator");
@@ -145,20 +125,9 @@ fn a_thread_waiting_for_another_threads_creation_gives_up_at_its_timeout<H: Harn
             return Ok(());
         }
         let buffer = r.filled(1.0, 4)?;
-        let creator_result = Arc::new(Mutex::new(None));
         let creator = {
-            let group = group.clone();
-            let buffer = buffer.clone();
-            let creator_result = Arc::clone(&creator_result);
-            r.device
-                .spawn_host_thread(
-                    "creator",
-                    Box::new(move || {
-                        let result = group.all_reduce(&buffer, ReduceOp::Sum).map(drop);
-                        *creator_result.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
-                    }),
-                )
-                .ctx("creating thread")?
+            let (group, buffer) = (group.clone(), buffer.clone());
+            r.spawn_host("creator", move || group.all_reduce(&buffer, ReduceOp::Sum).map(drop))?
         };
         // Let the creator get as far as waiting for the missing rank.
         r.host_sleep(Duration::from_millis(1));
@@ -174,15 +143,8 @@ fn a_thread_waiting_for_another_threads_creation_gives_up_at_its_timeout<H: Harn
             "the waiting thread gave up after {took:?}, not its {timeout:?}"
         );
         // The creator gives up at its own, longer timeout.
-        let mut polls = 0;
-        while creator_result.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
-            ensure!(polls < 100_000, "the creating thread never finished");
-            polls += 1;
-            r.host_sleep(Duration::from_millis(1));
-        }
-        creator.join().map_err(|_| "the creating thread panicked".to_owned())?;
-        let result = creator_result.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or("no result")?;
-        let error = result.err().ok_or("the creating thread's op was enqueued on a communicator never created")?;
+        let error =
+            creator.finish(r)?.err().ok_or("the creating thread's op was enqueued on a communicator never created")?;
         ensure_eq!(error.kind(), ErrorKind::InitTimeout, "the creating thread's error: {error}");
         Ok(())
     })

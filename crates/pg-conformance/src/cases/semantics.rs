@@ -244,25 +244,15 @@ fn s07_a_communicator_being_created_sits_in_the_initialisation_map<H: Harness>(h
             group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
             return Ok(None);
         }
-        let seen = Arc::new(Mutex::new(None));
         let observer = {
-            let group = group.clone();
-            let device = r.device.clone();
-            let seen = Arc::clone(&seen);
-            r.device
-                .spawn_host_thread(
-                    "observer",
-                    Box::new(move || {
-                        device.sleep(Duration::from_millis(500), &std::sync::atomic::AtomicBool::new(false));
-                        *seen.lock().unwrap_or_else(|e| e.into_inner()) =
-                            Some((group.initializing_keys(), group.comm_keys()));
-                    }),
-                )
-                .ctx("observer thread")?
+            let (group, device) = (group.clone(), r.device.clone());
+            r.spawn_host("observer", move || {
+                device.sleep(Duration::from_millis(500), &std::sync::atomic::AtomicBool::new(false));
+                (group.initializing_keys(), group.comm_keys())
+            })?
         };
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
-        observer.join().map_err(|_| "the observer panicked".to_owned())?;
-        let during = seen.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or("the observer saw nothing")?;
+        let during = observer.finish(r)?;
         Ok(Some((during, (group.initializing_keys(), group.comm_keys()))))
     })?;
     for (_, seen) in ran.all_ok()? {
