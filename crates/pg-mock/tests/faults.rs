@@ -309,15 +309,14 @@ mod stopping {
     use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
-    use pg_core::{DType, Device as _, ErrorKind, Options, ReduceOp};
+    use pg_core::{Device as _, ErrorKind, Options, ReduceOp};
     use pg_mock::{Fault, MockDevice, World, WorldConfig};
 
     use super::matrix::group;
 
+    /// Eight elements set to `value`.
     fn filled(device: &MockDevice, value: f64) -> pg_mock::MockBuffer {
-        let buffer = device.alloc(DType::F32, 8).unwrap();
-        device.fill(&buffer, value, &device.current_stream()).unwrap();
-        buffer
+        super::matrix::filled(device, 8, value)
     }
 
     /// The names of the running threads that belong to a group's helpers (the watchdog, the heartbeat monitor).
@@ -457,13 +456,12 @@ mod errors {
     use std::time::Duration;
 
     use pg_core::store::{PrefixStore, Store};
-    use pg_core::{DType, Device as _, ErrorKind, Options, ProcessGroup, ReduceOp};
+    use pg_core::{Device as _, ErrorKind, Options, ProcessGroup, ReduceOp};
     use pg_mock::{Fault, Mock, MockDevice, World, WorldConfig};
 
+    /// Eight elements set to 1.
     fn filled(device: &MockDevice) -> pg_mock::MockBuffer {
-        let buffer = device.alloc(DType::F32, 8).unwrap();
-        device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
-        buffer
+        super::matrix::filled(device, 8, 1.0)
     }
 
     #[test]

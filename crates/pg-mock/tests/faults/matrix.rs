@@ -175,7 +175,7 @@ pub(crate) fn group(
 }
 
 /// A buffer of `numel` elements set to `value` on the current stream.
-fn filled(device: &MockDevice, numel: usize, value: f64) -> MockBuffer {
+pub(crate) fn filled(device: &MockDevice, numel: usize, value: f64) -> MockBuffer {
     let buffer = device.alloc(DType::F32, numel).expect("alloc");
     device.fill(&buffer, value, &device.current_stream()).expect("fill");
     buffer
