@@ -196,7 +196,7 @@ impl FlightRecorder {
 
     /// Records an op and returns its record id, or `None` when the recorder is off.
     pub(crate) fn record(&self, new: NewEntry) -> Option<u64> {
-        if self.capacity == 0 {
+        if !self.is_on() {
             return None;
         }
         let (thread_id, thread_name) = current_thread();
