@@ -21,6 +21,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(querying_a_capturing_stream_is_refused_and_invalidates_the_capture, 1),
         case!(a_graph_of_collectives_replayed_many_times_gives_correct_results_every_time, 1),
         case!(blocking_calls_under_capture_are_refused_and_wait_only_orders_the_stream, 1),
+        case!(wait_under_capture_orders_whichever_joined_stream_is_current, 1),
         case!(creating_a_communicator_under_capture_is_refused, 1),
         case!(captured_works_are_not_watched_and_the_flight_recorder_marks_them, 1),
         case!(a_graph_keeps_the_buffers_of_its_ops_alive, 1),
@@ -227,6 +228,46 @@ fn blocking_calls_under_capture_are_refused_and_wait_only_orders_the_stream<H: H
             "ALLREDUCE",
         )?;
         work.wait().ctx("wait() of a captured Work after the capture")
+    })
+}
+
+/// A captured Work's `wait()` orders the stream current at the wait, not the one current at the enqueue: a side
+/// stream joined into the capture before the op, made current, waits on the op's end event, so a second group's
+/// op enqueued from it reads the first op's result in every launch.
+fn wait_under_capture_orders_whichever_joined_stream_is_current<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_capturing_rank(h, |r, origin| {
+        let first = r.ready_group("0", Options::builder())?;
+        let second = r.ready_group("1", Options::builder())?;
+        let side = r.device.stream_from_pool(false).ctx("stream_from_pool")?;
+        let b = r.filled(0.0, 16)?;
+        origin.synchronize().ctx("synchronize")?;
+        r.device.synchronize().ctx("device synchronize")?;
+        begin::<H::B>(origin)?;
+        r.device.fill(&b, (r.rank + 1) as f64, origin).ctx("fill under capture")?;
+        // The side stream joins the capture here, before the op: only wait() can order it after the op.
+        let fork = r.device.create_event();
+        fork.record(origin).ctx("record the fork")?;
+        side.wait_event(&fork).ctx("the side stream joins the capture")?;
+        let work = first.all_reduce(&b, ReduceOp::Sum).ctx("all_reduce under capture")?;
+        {
+            let _side = StreamGuard::<H::B>::new(&r.device, &side);
+            work.wait().ctx("wait() with the side stream current")?;
+            second
+                .all_reduce(&b, ReduceOp::Sum)
+                .and_then(|w| w.wait())
+                .ctx("the second group's all_reduce from the side stream")?;
+        }
+        let join = r.device.create_event();
+        join.record(&side).ctx("record the join")?;
+        origin.wait_event(&join).ctx("the origin waits on the join")?;
+        let graph = origin.end_capture().ctx("end_capture")?;
+        let expected = triangle(r.size) * r.size as f64;
+        for launch in 0..2 {
+            r.device.fill(&b, -1.0, origin).ctx("reset")?;
+            graph.launch(origin).ctx("launch")?;
+            all_equal(&r.read_on(&b, origin)?, expected).map_err(|e| format!("launch {launch}: {e}"))?;
+        }
+        Ok(())
     })
 }
 
