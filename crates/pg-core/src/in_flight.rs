@@ -44,11 +44,11 @@ impl<B: Backend> InFlight<B> {
         }
         let mut works = self.lock();
         if !watched && works.len() >= self.prune_at.load(Ordering::Relaxed) {
-            // With no watchdog (blocking wait) the list serves abort only: it keeps the Works a caller still
-            // holds, so that an abort from another thread reaches a blocked wait.
-            // A Work whose handles are all gone leaves once its op is done (its stash may guard its buffers).
+            // With no watchdog (blocking wait) the list serves abort only: it keeps the Works whose op still runs,
+            // so that an abort from another thread fails them and reaches a blocked wait; a Work leaves once its
+            // op is done (until then its stash may guard its buffers), as the watchdog retires it.
             // Pruning runs when the list has doubled since the last time, so it costs O(1) per op.
-            works.retain(|work| Arc::strong_count(work) > 1 || !work.end_event.query().unwrap_or(true));
+            works.retain(|work| !work.end_event.query().unwrap_or(true));
             self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
         }
         works.push(Arc::clone(work));

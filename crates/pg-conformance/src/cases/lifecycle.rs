@@ -32,6 +32,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(an_async_error_before_any_op_fails_the_group, 1),
         case!(set_timeout_bounds_later_ops_up_to_the_largest_timeout, 1),
         case!(without_a_watchdog_the_in_flight_list_is_pruned, 1),
+        case!(the_watchdog_retires_every_completed_work_however_long_its_list_grows, 1),
         case!(a_failing_rank_writes_the_remote_error_key_and_its_peers_fail_with_remote, 2),
         case!(desync_debug_writes_the_trace_keys_as_ops_start_and_complete, 1),
         case!(started_and_completed_are_counted_apart_from_enqueued, 1),
@@ -388,7 +389,42 @@ fn without_a_watchdog_the_in_flight_list_is_pruned<H: Harness>(h: &H) -> Check<O
         }
         let held_back = group.status().in_flight;
         ensure!(held_back >= 150, "{held_back} Works are listed while 150 ops nobody holds still run");
-        r.device.synchronize().ctx("synchronize")
+        r.device.synchronize().ctx("synchronize")?;
+        // Once they are done, the list that grew shrinks again: a Work leaves when its op is done, held or not.
+        let mut held = Vec::new();
+        for _ in 0..300 {
+            let work = group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?;
+            work.wait().ctx("wait")?;
+            r.device.synchronize().ctx("synchronize")?;
+            held.push(work);
+        }
+        let in_flight = group.status().in_flight;
+        ensure!(in_flight <= 256, "{in_flight} Works are listed after 300 more ops with the earlier ones done");
+        ensure!(held.iter().all(|w| w.is_success()), "a held Work failed");
+        Ok(())
+    })
+}
+
+fn the_watchdog_retires_every_completed_work_however_long_its_list_grows<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_virtual_clock(h));
+    let period = Duration::from_secs(30);
+    on_each_rank(h, h.world_size(), |r| {
+        let group = r.ready_group("0", Options::builder().watchdog_period(period))?;
+        let buffer = r.filled(1.0, 4)?;
+        // 100 ops between two passes: the list outgrows the length at which a group without a watchdog prunes.
+        r.host_sleep(period * 2);
+        for _ in 0..100 {
+            group.all_reduce_sync(&buffer, ReduceOp::Max).ctx("all_reduce")?;
+            r.device.synchronize().ctx("synchronize")?;
+        }
+        r.host_sleep(period * 2);
+        ensure_eq!(group.status().in_flight, 0, "Works listed after a pass with every op done");
+        let dump: serde_json::Value = serde_json::from_str(&group.flight_recorder_json()).ctx("the dump's JSON")?;
+        let entries = dump["entries"].as_array().ok_or("the dump has no entries")?;
+        let unseen = entries.iter().filter(|e| e["time_discovered_completed_ns"].is_null()).count();
+        ensure!(entries.len() >= 100, "{} flight-recorder entries for 100 ops", entries.len());
+        ensure_eq!(unseen, 0, "entries the watchdog never saw complete, of {}", entries.len());
+        Ok(())
     })
 }
 
