@@ -261,12 +261,10 @@ impl<B: Backend> Shared<B> {
 
 impl<B: Backend> Drop for Shared<B> {
     fn drop(&mut self) {
-        let live_comms = self.all_comms().iter().any(|comm| !comm.is_aborted());
-        let lifecycle = self.lifecycle.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if !lifecycle.shut_down && lifecycle.error.is_some() && live_comms {
-            // A group torn down without its communicators aborted still holds live ones.
-            self.abort_comms("the process group was dropped after an error");
-        } else if !lifecycle.shut_down && live_comms {
+        let shut_down = self.lifecycle.get_mut().unwrap_or_else(PoisonError::into_inner).shut_down;
+        // A group dropped without shutdown() aborts the communicators it still holds live, as PyTorch's
+        // destructor does: an op of the group still waiting for a peer ends instead of holding its stream.
+        if !shut_down && self.all_comms().iter().any(|comm| !comm.is_aborted()) {
             tracing::warn!(
                 target: "pg",
                 pg_id = self.local_id,

@@ -26,6 +26,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(a_buffer_on_another_device_is_refused_by_name, 1),
         case!(every_call_after_abort_returns_aborted, 1),
         case!(every_call_after_shutdown_returns_aborted, 1),
+        case!(dropping_a_group_without_shutdown_aborts_its_communicators, 2),
         case!(abort_aborts_every_communicator_of_the_group, 1),
         case!(clean_up_after_a_timeout_aborts_every_communicator_of_the_group, 1),
         case!(an_async_error_with_nothing_in_flight_fails_the_group, 1),
@@ -253,6 +254,24 @@ fn every_call_after_shutdown_returns_aborted<H: Harness>(h: &H) -> Check<Outcome
     })
 }
 
+/// A group dropped without `shutdown()` aborts its live communicators: an op of it that waits for a peer that
+/// never joins ends, and the stream it held runs again.
+fn dropping_a_group_without_shutdown_aborts_its_communicators<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, 2, |r| {
+        let group = r.ready_group("0", Options::builder())?;
+        let buffer = r.filled(1.0, 4)?;
+        if r.rank == 0 {
+            // Rank 1 never joins this all_reduce.
+            drop(group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?);
+        }
+        drop(group);
+        // Ok or the aborted op's error: what matters is that the device finishes its work.
+        let _ = r.device.synchronize();
+        let after = r.filled(2.0, 4)?;
+        all_equal(&r.read(&after)?, 2.0).map_err(|e| format!("the device after the drop: {e}"))
+    })
+}
+
 fn abort_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     on_each_rank(h, n, |r| {
@@ -424,6 +443,15 @@ fn the_watchdog_retires_every_completed_work_however_long_its_list_grows<H: Harn
         let unseen = entries.iter().filter(|e| e["time_discovered_completed_ns"].is_null()).count();
         ensure!(entries.len() >= 100, "{} flight-recorder entries for 100 ops", entries.len());
         ensure_eq!(unseen, 0, "entries the watchdog never saw complete, of {}", entries.len());
+        // Times are the host clock's, in nanoseconds: every op was enqueued after the first sleep, and seen
+        // complete no earlier than it was enqueued.
+        let ns = |e: &serde_json::Value, key: &str| e[key].as_u64().unwrap_or(0);
+        let after_sleep = u64::try_from((period * 2).as_nanos()).unwrap_or(u64::MAX);
+        for e in entries.iter().filter(|e| e["profiling_name"] == "nccl:all_reduce") {
+            let (created, completed) = (ns(e, "time_created_ns"), ns(e, "time_discovered_completed_ns"));
+            ensure!(created >= after_sleep, "an entry created at {created} ns, before the {after_sleep} ns slept");
+            ensure!(completed >= created, "an entry seen complete at {completed} ns, created at {created} ns");
+        }
         Ok(())
     })
 }
