@@ -24,8 +24,8 @@ mod values;
 
 pub use check::{Check, Context};
 pub use harness::{
-    Capabilities, Clock, Fault, Harness, Hazard, HazardKind, KernelKind, KernelLaunch, NoCapabilities, Offers, Ran,
-    Rank,
+    Capabilities, Clock, Fault, Harness, Hazard, HazardKind, HostThread, KernelKind, KernelLaunch, NoCapabilities,
+    Offers, Ran, Rank,
 };
 pub use registry::{cases, collective_cases, run_all, run_case, Case, CaseReport, Outcome};
 pub use values::{decode, encode};
