@@ -452,12 +452,12 @@ mod stopping {
 /// Which error a failure surfaces as, and who publishes a unique id.
 mod errors {
     use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
     use std::time::Duration;
 
-    use pg_core::store::{PrefixStore, Store};
     use pg_core::{Device as _, ErrorKind, Options, ProcessGroup, ReduceOp};
     use pg_mock::{Fault, Mock, MockDevice, World, WorldConfig};
+
+    use super::matrix::group;
 
     /// Eight elements set to 1.
     fn filled(device: &MockDevice) -> pg_mock::MockBuffer {
@@ -472,9 +472,8 @@ mod errors {
         let world = World::new(WorldConfig::with_devices(2));
         let store = world.store();
         let kinds = world.run(2, move |rank, device| {
-            let store: Arc<dyn Store> = Arc::new(PrefixStore::new("id-exchange", Arc::clone(&store)));
             let options = Options::builder().timeout(Duration::from_secs(1)).dump_on_timeout(false).build();
-            let pg = ProcessGroup::<Mock>::new(store, rank, 2, device.clone(), options).unwrap();
+            let pg = group(&store, "id-exchange", rank, 2, &device, options);
             // Both groups exist by 50 ms of virtual time; the store fails then, and rank 1's first op comes after.
             device.sleep(Duration::from_millis(50 * (rank as u64 + 1)), &AtomicBool::new(false));
             match rank {
@@ -522,13 +521,12 @@ mod errors {
         });
         let store = world.store();
         let mut seen = world.run(1, move |rank, device| {
-            let store: Arc<dyn Store> = Arc::new(PrefixStore::new("async", Arc::clone(&store)));
             let options = Options::builder()
                 .timeout(Duration::from_secs(1))
                 .watchdog_period(watchdog_period)
                 .dump_on_timeout(false)
                 .build();
-            let pg = ProcessGroup::<Mock>::new(store, rank, 1, device.clone(), options).unwrap();
+            let pg = group(&store, "async", rank, 1, &device, options);
             let buffer = filled(&device);
             pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().synchronize().unwrap();
             let work = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
