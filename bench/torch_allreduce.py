@@ -21,6 +21,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch_placement import place
 
 SIZES = [8, 64, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 
@@ -160,10 +161,8 @@ def first_collective(args):
     """One trial of the time to the first all_reduce in this fresh process: from before init_process_group (the
     TCPStore and the CUDA context made first, as the Rust side has them) to the op's completion on the device.
     Rank 0 appends the slowest rank's time to DIR/torch-first.jsonl."""
-    local_rank = int(os.environ["LOCAL_RANK"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
+    device = place()
     tiny = torch.ones(1, device=device)
     torch.cuda.synchronize()
     # Under torchrun the agent may already host the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE).
@@ -206,9 +205,7 @@ def main():
     if args.first:
         first_collective(args)
         return
-    local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
+    device = place()
     dist.init_process_group("nccl", device_id=device)
     rank, world = dist.get_rank(), dist.get_world_size()
     tiny = torch.ones(1, device=device)

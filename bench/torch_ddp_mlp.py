@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch_placement import place
 
 MASK = (1 << 64) - 1
 KEY_W1, KEY_W2, KEY_TEACHER1, KEY_TEACHER2, KEY_INPUTS = 1, 2, 3, 4, 1 << 32
@@ -64,10 +65,9 @@ def main():
     args = parser.parse_args()
     inp, hidden, out, teacher_hidden = 64, 256, 16, 32
 
+    device = place()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    torch.cuda.set_device(local_rank)
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.batch % world:
         raise SystemExit(f"a global batch of {args.batch} rows does not split evenly between {world} ranks")
@@ -89,7 +89,7 @@ def main():
             layer.weight.copy_(weights(args.seed, key, shape, scale) if rank == 0 else torch.zeros(shape))
             layer.bias.zero_()
     # About 40 KB: layer 2 (and layer 1's bias) in one bucket, layer 1's weight in another.
-    ddp = DDP(model, device_ids=[local_rank], bucket_cap_mb=0.04)
+    ddp = DDP(model, device_ids=[device.index], bucket_cap_mb=0.04)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     loss_sum = torch.zeros(1, device="cuda")
 

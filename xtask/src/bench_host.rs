@@ -225,6 +225,9 @@ impl pg_core::Communicator for NoopComm {
     fn finalize(&self) -> Result<()> {
         Ok(())
     }
+    fn is_finalized(&self) -> bool {
+        false
+    }
 }
 
 /// One configuration of the group under measurement.

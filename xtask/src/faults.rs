@@ -4,8 +4,8 @@
 //! On the mock the scenarios are the very ones `cargo test` runs (`crates/pg-mock/tests/faults/matrix.rs`),
 //! with scenario 7 at its full 50,000 unwaited ops; after the table, scenario 1's flight-recorder
 //! dumps are analysed by `fr-analyze`.
-//! `--backend nccl` runs the GPU half (scenarios 1, 3, 6, 8 and 9) on two GPUs, one process per GPU
-//! (`gpu_faults.rs`).
+//! `--backend nccl` runs the GPU half (scenarios 1, 3, 6, 8 and 9) at `--world-size N` (default 2), one process
+//! per rank, ranks beyond the GPUs sharing them over NCCL's network transport (`gpu_faults.rs`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,10 +16,12 @@ use serde_json::json;
 mod matrix;
 
 const HELP: &str = "\
-cargo xtask faults [--backend mock|nccl] [--json PATH] [--dumps DIR] [--only ID] [--unwaited-ops N]
+cargo xtask faults [--backend mock|nccl] [--world-size N] [--json PATH] [--dumps DIR] [--only ID] [--unwaited-ops N]
 
 Runs the fault matrix and prints scenario | expected | observed | detection latency | pass.
-  --backend mock|nccl   the backend (default mock; nccl runs scenarios 1, 3, 6, 8 and 9 on two GPUs)
+  --backend mock|nccl   the backend (default mock; nccl runs scenarios 1, 3, 6, 8 and 9, one process per rank)
+  --world-size N        ranks of the nccl run (default 2; rank r on GPU r % GPUs, ranks sharing a GPU over
+                        NCCL's network transport); the last rank is the faulty one
   --json PATH           also write the rows as JSON
   --dumps DIR           where the scenarios' flight-recorder dumps go (default target/faults)
   --only ID             run one scenario (1, 1b, 2, ..., 9)
@@ -34,6 +36,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut dumps = PathBuf::from("target/faults");
     let mut only = None;
     let mut unwaited_ops = 50_000;
+    let mut world = 2;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().cloned().ok_or_else(|| format!("{name} needs a value"));
@@ -45,6 +48,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--backend" => backend = value("--backend")?,
             "--json" => json_path = Some(PathBuf::from(value("--json")?)),
             "--dumps" => dumps = PathBuf::from(value("--dumps")?),
+            "--world-size" => world = value("--world-size")?.parse().map_err(|e| format!("--world-size: {e}"))?,
             "--only" => only = Some(value("--only")?),
             "--unwaited-ops" => {
                 unwaited_ops = value("--unwaited-ops")?.parse().map_err(|e| format!("--unwaited-ops: {e}"))?;
@@ -54,7 +58,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     match backend.as_str() {
         "mock" => {}
-        "nccl" => return run_nccl(&dumps, json_path.as_deref()),
+        "nccl" => return run_nccl(&dumps, json_path.as_deref(), world),
         other => return Err(format!("unknown backend '{other}' (mock or nccl)")),
     }
     let scenarios: Vec<matrix::Scenario> =
@@ -127,10 +131,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
-/// The GPU half: scenarios 1, 3, 6, 8 and 9 on two GPUs, one process per GPU (`gpu_faults`).
-fn run_nccl(dumps: &Path, json_path: Option<&Path>) -> Result<(), String> {
-    let rows = crate::gpu_faults::run(dumps)?;
-    println!("fault matrix on 2 GPUs (NCCL; timeout 2 s, watchdog period 100 ms; latencies in real time)");
+/// The GPU half: scenarios 1, 3, 6, 8 and 9 at `world` ranks, one process per rank (`gpu_faults`).
+fn run_nccl(dumps: &Path, json_path: Option<&Path>, world: usize) -> Result<(), String> {
+    let rows = crate::gpu_faults::run(dumps, world)?;
+    let gpus = pg_nccl::available().unwrap_or(0);
+    let layout = pg_nccl::placement::describe(world, gpus);
+    println!("fault matrix, {layout} (NCCL; timeout 2 s, watchdog period 100 ms; latencies in real time)");
     println!("scenario | rank | expected | observed | detection latency | pass");
     println!("--- | --- | --- | --- | --- | ---");
     for row in &rows {
@@ -146,7 +152,8 @@ fn run_nccl(dumps: &Path, json_path: Option<&Path>) -> Result<(), String> {
     }
     analyse_scenario_1(&dumps.join("scenario-1"));
     if let Some(path) = json_path {
-        let doc = json!({ "backend": "nccl", "timeout_ms": 2000, "watchdog_period_ms": 100, "rows": rows });
+        let doc = json!({ "backend": "nccl", "world_size": world, "layout": layout, "timeout_ms": 2000,
+                          "watchdog_period_ms": 100, "rows": rows });
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         println!("wrote {}", path.display());

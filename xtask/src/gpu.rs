@@ -20,14 +20,16 @@ pub fn run_experiments(config: &ExperimentConfig) -> Result<Vec<RankResults>, St
     outputs.iter().map(|text| serde_json::from_str(text).map_err(|e| format!("a rank's results: {e}"))).collect()
 }
 
-/// Starts `world_size` copies of this executable running `task OUT_PATH PAYLOAD`, one per GPU, with torchrun's
+/// Starts `world_size` copies of this executable running `task OUT_PATH PAYLOAD`, rank r on GPU r % gpus
+/// (several ranks on a GPU over NCCL's network transport, [`pg_nccl::placement`]), with torchrun's
 /// environment on 127.0.0.1, waits for them, and returns what each wrote to its out path (empty for a rank in
 /// `may_die`, which is allowed to exit abnormally).
 pub fn launch(task: &str, payload: &str, world_size: usize, may_die: &[usize]) -> Result<Vec<String>, String> {
     let gpus = pg_nccl::available().map_err(|e| format!("the nccl backend cannot run here: {e}"))?;
-    if world_size > gpus {
-        return Err(format!("a world of {world_size} needs as many GPUs; this machine has {gpus}"));
+    if world_size == 0 {
+        return Err("a world of 0 ranks".into());
     }
+    println!("{}", pg_nccl::placement::describe(world_size, gpus));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map_err(|e| format!("finding a free port: {e}"))?
@@ -43,7 +45,8 @@ pub fn launch(task: &str, payload: &str, world_size: usize, may_die: &[usize]) -
             .arg(out_path(&dir, rank))
             .arg(payload)
             .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
+            // Rank r on GPU r % gpus; several ranks on one GPU each pose as a host of their own to NCCL.
+            .envs(pg_nccl::placement::place(rank, world_size, gpus).env)
             .env("WORLD_SIZE", world_size.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string());

@@ -1,5 +1,6 @@
-//! The fault matrix on real GPUs (scenarios 1, 3, 6, 8 and 9): two ranks, one process per GPU over env://,
-//! each scenario a function of the rank, with short timeouts.
+//! The fault matrix on real GPUs (scenarios 1, 3, 6, 8 and 9): a world of two or more ranks over env://
+//! (ranks beyond the GPUs share them over NCCL's network transport), each scenario a function of the rank, with
+//! short timeouts. The faulty rank of a scenario is the last one; every other rank reports what it saw.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -34,25 +35,30 @@ pub struct Row {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Plan {
     scenarios: Vec<String>,
+    world: usize,
     timeout_ms: u64,
     watchdog_ms: u64,
     dump_dir: String,
 }
 
-/// Runs scenarios 1, 3, 6 and 9 in one pair of processes, then 8 (which kills rank 1) in another.
-pub fn run(dump_dir: &Path) -> Result<Vec<Row>, String> {
+/// Runs scenarios 1, 3, 6 and 9 in one world of `world` processes, then 8 (which kills the last rank) in another.
+pub fn run(dump_dir: &Path, world: usize) -> Result<Vec<Row>, String> {
+    if world < 2 {
+        return Err(format!("the fault matrix needs two or more ranks, not {world}"));
+    }
     std::fs::create_dir_all(dump_dir).map_err(|e| format!("{}: {e}", dump_dir.display()))?;
     let dump_dir = std::fs::canonicalize(dump_dir).map_err(|e| e.to_string())?;
     let plan = |scenarios: &[&str]| Plan {
         scenarios: scenarios.iter().map(|s| (*s).to_owned()).collect(),
+        world,
         timeout_ms: 2000,
         watchdog_ms: 100,
         dump_dir: dump_dir.display().to_string(),
     };
     let mut rows = Vec::new();
-    for (scenarios, may_die) in [(&["1", "3", "6", "9"][..], &[][..]), (&["8"][..], &[1][..])] {
+    for (scenarios, may_die) in [(&["1", "3", "6", "9"][..], &[][..]), (&["8"][..], &[world - 1][..])] {
         let payload = serde_json::to_string(&plan(scenarios)).map_err(|e| e.to_string())?;
-        for text in super::gpu::launch(RANK_TASK, &payload, 2, may_die)? {
+        for text in super::gpu::launch(RANK_TASK, &payload, world, may_die)? {
             if !text.is_empty() {
                 rows.extend(serde_json::from_str::<Vec<Row>>(&text).map_err(|e| format!("a rank's rows: {e}"))?);
             }
@@ -118,6 +124,11 @@ impl Rank {
         Duration::from_millis(self.plan.watchdog_ms)
     }
 
+    /// The rank that causes each scenario's fault (it skips the op, or is killed): the last one.
+    fn faulty(&self) -> usize {
+        self.plan.world - 1
+    }
+
     fn group(&self, name: &str, options: OptionsBuilder) -> Result<ProcessGroup<Nccl>, String> {
         let store = Arc::new(PrefixStore::new(format!("{name}/"), Arc::clone(&self.store)));
         let dumps = Path::new(&self.plan.dump_dir).join(format!("scenario-{name}"));
@@ -129,7 +140,7 @@ impl Rank {
             .desync_debug(true)
             .group_name(name.to_owned())
             .build();
-        ProcessGroup::new(store, self.rank, 2, self.device.clone(), options).map_err(|e| e.to_string())
+        ProcessGroup::new(store, self.rank, self.plan.world, self.device.clone(), options).map_err(|e| e.to_string())
     }
 
     fn filled(&self, value: f64, numel: usize) -> Result<pg_nccl::Buffer, String> {
@@ -155,7 +166,7 @@ impl Rank {
             rank: self.rank,
             expected: expected.to_owned(),
             observed: match waited {
-                Ok(()) => "skipped the op (the faulty rank); rank 0 reported its error".to_owned(),
+                Ok(()) => "skipped the op (the faulty rank); the others reported their errors".to_owned(),
                 Err(e) => format!("rank 0 never reported: {e}"),
             },
             detection_ms: None,
@@ -184,29 +195,30 @@ impl Rank {
 
     fn skipped_collective(&self) -> Result<Row, String> {
         let expected = "work-timeout error within timeout + 2 watchdog periods; flight recorder dumped; desync \
-                        report names rank 1";
+                        report names the last rank";
         let group = self.group("1", Options::builder())?;
         self.warm_up(&group)?;
-        if self.rank == 1 {
+        if self.rank == self.faulty() {
             return self.skip_until_detected(&group, "1", expected);
         }
         let buffer = self.filled(1.0, 1 << 20)?;
         let work = group.all_reduce(&buffer, ReduceOp::Sum).map_err(|e| e.to_string())?;
         work.wait().map_err(|e| e.to_string())?;
         let (error, latency) = Self::poll(self.timeout() * 5, || work.exception());
-        let dump = Path::new(&self.plan.dump_dir).join("scenario-1/nccl_trace_rank_0");
+        let dump = Path::new(&self.plan.dump_dir).join(format!("scenario-1/nccl_trace_rank_{}", self.rank));
         // The watchdog sets the error, then writes the dump: give the write a moment.
         let dumped = Self::poll(Duration::from_secs(2), || dump.exists().then_some(())).0.is_some();
         let report = group.desync_report();
         self.detected("1", &group);
         let bound = self.timeout() + self.period() * 2;
-        let names_rank1 = report.as_ref().is_some_and(|r| format!("{r:?}").contains("rank: 1"));
+        let faulty = format!("rank: {}", self.faulty());
+        let names_faulty = report.as_ref().is_some_and(|r| format!("{r:?}").contains(&faulty));
         let pass = error.as_ref().is_some_and(|e| e.kind() == ErrorKind::WorkTimeout)
             && latency <= bound + Duration::from_millis(20)
             && dumped;
         Ok(Row {
             scenario: "1".to_owned(),
-            rank: 0,
+            rank: self.rank,
             expected: expected.to_owned(),
             observed: format!(
                 "{}; dump {}: {}; desync report: {}",
@@ -216,7 +228,7 @@ impl Rank {
                 report.map_or("none".to_owned(), |r| format!("{r:?}"))
             ),
             detection_ms: Some(ms(latency)),
-            pass: pass && names_rank1,
+            pass: pass && names_faulty,
         })
     }
 
@@ -224,7 +236,7 @@ impl Rank {
         let expected = "the caller gets the work-timeout error after the timeout; the communicator is aborted";
         let group = self.group("3", Options::builder().blocking_wait(true))?;
         self.warm_up(&group)?;
-        if self.rank == 1 {
+        if self.rank == self.faulty() {
             return self.skip_until_detected(&group, "3", expected);
         }
         let buffer = self.filled(1.0, 1 << 20)?;
@@ -240,7 +252,7 @@ impl Rank {
             && aborted >= 1;
         Ok(Row {
             scenario: "3".to_owned(),
-            rank: 0,
+            rank: self.rank,
             expected: expected.to_owned(),
             observed: format!(
                 "{}; aborted communicators: {aborted}",
@@ -255,7 +267,7 @@ impl Rank {
         let expected = "the blocked waiter returns the aborted error soon after abort()";
         let group = self.group("6", Options::builder().blocking_wait(true).timeout(Duration::from_secs(60)))?;
         self.warm_up(&group)?;
-        if self.rank == 1 {
+        if self.rank == self.faulty() {
             return self.skip_until_detected(&group, "6", expected);
         }
         let buffer = self.filled(1.0, 1 << 20)?;
@@ -281,7 +293,7 @@ impl Rank {
             && latency.is_some_and(|l| l <= Duration::from_secs(1));
         Ok(Row {
             scenario: "6".to_owned(),
-            rank: 0,
+            rank: self.rank,
             expected: expected.to_owned(),
             observed: result.err().as_ref().map_or("returned Ok".to_owned(), describe),
             detection_ms: latency.map(ms),
@@ -294,7 +306,8 @@ impl Rank {
         let buffer = self.filled((self.rank + 1) as f64, 1 << 20)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).map_err(|e| e.to_string())?;
         let bytes = self.device.copy_to_host(&buffer, &self.device.current_stream()).map_err(|e| e.to_string())?;
-        let correct = bytes.chunks_exact(4).all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) == 3.0);
+        let sum = (1..=self.plan.world).sum::<usize>() as f32;
+        let correct = bytes.chunks_exact(4).all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) == sum);
         group.shutdown().map_err(|e| e.to_string())?;
         Ok(Row {
             scenario: "9".to_owned(),
@@ -307,21 +320,21 @@ impl Rank {
     }
 
     fn peer_killed_during_a_large_all_reduce(&self) -> Result<Row, String> {
-        let expected = "rank 1 is killed with SIGKILL during a 1 GiB all_reduce: rank 0 errors within the timeout \
-                        + 2 watchdog periods";
+        let expected = "the last rank is killed with SIGKILL during a 1 GiB all_reduce: every other rank errors \
+                        within the timeout + 2 watchdog periods";
         let group = self.group("8", Options::builder())?;
         self.warm_up(&group)?;
         let buffer = self.filled(1.0, (1 << 30) / 4)?;
         self.device.synchronize().map_err(|e| e.to_string())?;
-        if self.rank == 1 {
-            // Rank 1 joins the op late (behind a sleep kernel) and is killed while rank 0's kernel is running.
+        if self.rank == self.faulty() {
+            // The last rank joins the op late (behind a sleep kernel) and is killed while the others' kernels run.
             let current = self.device.current_stream();
             self.device.sleep_kernel(&current, Duration::from_millis(200)).map_err(|e| e.to_string())?;
             let _work = group.all_reduce(&buffer, ReduceOp::Sum).map_err(|e| e.to_string())?;
             std::thread::sleep(Duration::from_millis(50));
             let pid = std::process::id().to_string();
             let _ = std::process::Command::new("kill").args(["-9", &pid]).status();
-            return Err("rank 1 survived its own SIGKILL".to_owned());
+            return Err("the last rank survived its own SIGKILL".to_owned());
         }
         let start = Instant::now();
         let work = group.all_reduce(&buffer, ReduceOp::Sum).map_err(|e| e.to_string())?;
@@ -332,7 +345,7 @@ impl Rank {
         let bound = self.timeout() + self.period() * 2 + Duration::from_millis(20);
         Ok(Row {
             scenario: "8".to_owned(),
-            rank: 0,
+            rank: self.rank,
             expected: expected.to_owned(),
             observed: error.as_ref().map_or("no error".to_owned(), describe),
             detection_ms: Some(ms(latency)),

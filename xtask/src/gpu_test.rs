@@ -55,7 +55,7 @@ pub fn find_gpus() -> Result<Vec<String>, String> {
     Ok(gpus)
 }
 
-const RUN_SH: &str = r#"#!/usr/bin/env bash
+const RUN_SH: &str = r###"#!/usr/bin/env bash
 # Runs pg's real-GPU suite from this bundle (no cargo needed): the conformance suite, the three experiments,
 # the interop task, the benchmarks (raw NCCL loop, pg's process group, PyTorch) on the same libnccl, and the
 # training example beside PyTorch DDP.
@@ -77,9 +77,13 @@ mkdir -p "$OUT"
 NPROC_ARGS=()
 if [ -n "${NPROC:-}" ]; then NPROC_ARGS=(--nproc "$NPROC"); fi
 { date -u; nvidia-smi; nvidia-smi topo -m; } > "$OUT/machine.txt" 2>&1
-NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
+GPUS="$(nvidia-smi -L | grep -c '^GPU ')"
+NP="${NPROC:-$GPUS}"
 GPU_TAG="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')"
-export PG_RUN_LABEL="$(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), commit $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown), libnccl ${PG_NCCL_LIBRARY:-default}"
+# "N ranks on G GPUs": ranks beyond the GPUs share them, each its own NCCL host over loopback sockets.
+LAYOUT="$NP rank(s) on $(( NP < GPUS ? NP : GPUS )) GPU(s)"
+if [ "$NP" -gt "$GPUS" ]; then LAYOUT="$LAYOUT, network transport (NCCL_HOSTID per rank, loopback sockets)"; fi
+export PG_RUN_LABEL="$(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $LAYOUT, commit $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown), libnccl ${PG_NCCL_LIBRARY:-default}"
 rc=0
 TASK_LIST="${TASKS:-conformance,experiments,interop}"
 "$HERE/pg-nccl-gpu" run --tasks "$TASK_LIST" --out "$OUT" "${NPROC_ARGS[@]}" || rc=1
@@ -91,6 +95,24 @@ if [ "${XTASK_EXPERIMENTS:-1}" = "1" ]; then
   "$HERE/pg-xtask" experiments --backend nccl --world-size "$NP" --json "$OUT/experiments-nccl.json" \
     > "$OUT/experiments-nccl.txt" 2>&1 || rc=1
   cat "$OUT/experiments-nccl.txt"
+  # PyTorch's ProcessGroupNCCL in the same three experiments, in the same run: blocking wait is process-wide
+  # there, so its config runs in a second launch.
+  if python3 -c 'import torch' 2>/dev/null; then
+    rm -f "$OUT/torch-experiments.jsonl"
+    torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_experiments.py" --out "$OUT" > "$OUT/torch-experiments.txt" 2>&1 || rc=1
+    TORCH_NCCL_BLOCKING_WAIT=1 torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_experiments.py" --out "$OUT" \
+      --blocking >> "$OUT/torch-experiments.txt" 2>&1 || rc=1
+    python3 "$HERE/torch_experiments.py" --out "$OUT" --report > /dev/null || rc=1
+  fi
+  { echo "# The seed's experiments on NCCL, world $NP"; echo; echo "$PG_RUN_LABEL; command: \`pg-xtask experiments --backend nccl --world-size $NP\` and torch_experiments.py (torchrun, same run)"; echo
+    echo "## pg"; echo; echo '```text'; cat "$OUT/experiments-nccl.txt"; echo '```'; echo
+    if [ -f "$OUT/experiments-torch.md" ]; then echo "## PyTorch"; echo; cat "$OUT/experiments-torch.md"; fi
+  } > "$OUT/experiments-nccl-$NP.md"
+  python3 -c 'import json, sys; pg = json.load(open(sys.argv[1])); t = sys.argv[2]
+try: torch = json.load(open(t))
+except OSError: torch = None
+json.dump({"machine": sys.argv[3], "world_size": int(sys.argv[4]), "pg": pg, "torch": torch}, open(sys.argv[5], "w"), indent=1)' \
+    "$OUT/experiments-nccl.json" "$OUT/experiments-torch.json" "$PG_RUN_LABEL" "$NP" "$OUT/experiments-nccl-$NP.json" || rc=1
 fi
 case "${BENCH:-1}" in
   1) BENCHES=all-reduce,all-to-all,p2p ;;
@@ -134,7 +156,6 @@ for op in all-to-all p2p; do
     --bench-trials "${BENCH_TRIALS:-5}" "${NPROC_ARGS[@]}" || rc=1
   rm -f "$OUT/torch-$op.json"
   if python3 -c 'import torch' 2>/dev/null; then
-    NP="${NPROC:-$(nvidia-smi -L | grep -c '^GPU ')}"
     torchrun --standalone --nproc-per-node "$NP" "$HERE/torch_exchange.py" --op "$op" --out "$OUT" \
       --max-bytes "${BENCH_MAX_BYTES:-1073741824}" --trials "${BENCH_TRIALS:-5}" || rc=1
   else
@@ -154,10 +175,13 @@ if [ "${TRAIN:-1}" = "1" ]; then
   if [ "$TN" = "1" ]; then
     "$HERE/ddp_mlp" "${TRAIN_ARGS[@]}" > "$OUT/train-pg.txt" 2>&1 || rc=1
   else
-    # One process per GPU, with torchrun's variables.
+    # One process per rank with torchrun's variables, rank r on GPU r % GPUS (ranks sharing a GPU each their
+    # own NCCL host over loopback sockets, as pg's launchers place them).
     PIDS=()
     for r in $(seq 0 $((TN - 1))); do
-      RANK=$r LOCAL_RANK=$r WORLD_SIZE=$TN MASTER_ADDR=127.0.0.1 MASTER_PORT="${TRAIN_PORT:-29531}" \
+      HOSTENV=()
+      if [ "$TN" -gt "$GPUS" ]; then HOSTENV=(NCCL_HOSTID="pg-rank-host-$r" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"); fi
+      env "${HOSTENV[@]}" RANK=$r LOCAL_RANK=$((r % GPUS)) WORLD_SIZE=$TN MASTER_ADDR=127.0.0.1 MASTER_PORT="${TRAIN_PORT:-29531}" \
         "$HERE/ddp_mlp" "${TRAIN_ARGS[@]}" > "$OUT/train-pg-rank$r.txt" 2>&1 & PIDS+=($!)
     done
     for p in "${PIDS[@]}"; do wait "$p" || rc=1; done
@@ -178,7 +202,7 @@ if [ "${TRAIN:-1}" = "1" ]; then
   fi
 fi
 exit $rc
-"#;
+"###;
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let mut bundle = None;
@@ -205,7 +229,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .map_err(|e| format!("copying the xtask binary: {e}"))?;
         std::fs::copy(root().join("target/release/examples/ddp_mlp"), dir.join("ddp_mlp"))
             .map_err(|e| format!("copying the training example: {e}"))?;
-        for script in ["torch_allreduce.py", "torch_exchange.py", "torch_ddp_mlp.py", "stream_pairs.py"] {
+        for script in [
+            "torch_allreduce.py",
+            "torch_exchange.py",
+            "torch_ddp_mlp.py",
+            "torch_experiments.py",
+            "torch_placement.py",
+            "stream_pairs.py",
+        ] {
             std::fs::copy(root().join("bench").join(script), dir.join(script))
                 .map_err(|e| format!("copying {script}: {e}"))?;
         }
@@ -215,7 +246,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         set_executable(&run_sh)?;
         println!(
             "bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, ddp_mlp, torch_allreduce.py, torch_exchange.py, \
-             torch_ddp_mlp.py, stream_pairs.py, COMMIT",
+             torch_ddp_mlp.py, torch_experiments.py, torch_placement.py, stream_pairs.py, COMMIT",
             dir.display()
         );
         return Ok(());

@@ -220,6 +220,9 @@ pub struct Rank<B: Backend> {
     pub store: Arc<dyn Store>,
     /// The world's capabilities.
     pub caps: Arc<dyn Capabilities<B>>,
+    /// The groups made through [`Rank::group`], let go only once every rank of the world has finished
+    /// ([`Rank::finish_world`]).
+    kept: Mutex<Vec<ProcessGroup<B>>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Rank<B> {
@@ -232,9 +235,30 @@ impl<B: Backend> std::fmt::Debug for Rank<B> {
 const READY_GROUP_CREATION: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl<B: Backend> Rank<B> {
+    /// Rank `rank` of a world of `size` on `device`, with the world's `store` and capabilities.
+    pub fn new(
+        rank: usize,
+        size: usize,
+        device: B::Device,
+        store: Arc<dyn Store>,
+        caps: Arc<dyn Capabilities<B>>,
+    ) -> Self {
+        Self { rank, size, device, store, caps, kept: Mutex::new(Vec::new()) }
+    }
+
     /// A group of every rank named `name`, whose store keys live under `name/` (groups never read each other's
-    /// ids).
+    /// ids). The rank keeps a handle until every rank of the world has finished ([`Rank::finish_world`]): a
+    /// rank that finishes first must not abort a communicator its peers still use (on NCCL's network transport
+    /// a peer's pending traffic then fails with "connection closed").
     pub fn group(&self, name: &str, options: OptionsBuilder) -> Check<ProcessGroup<B>> {
+        let group = self.own_group(name, options)?;
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner).push(group.clone());
+        Ok(group)
+    }
+
+    /// [`Rank::group`] without the rank's handle: dropping the returned group (and its clones) drops it, for
+    /// cases about what dropping a group does.
+    pub fn own_group(&self, name: &str, options: OptionsBuilder) -> Check<ProcessGroup<B>> {
         let store = Arc::new(PrefixStore::new(format!("{name}/"), Arc::clone(&self.store)));
         let options = options.group_name(name.to_owned()).build();
         ProcessGroup::new(store, self.rank, self.size, self.device.clone(), options).ctx("creating a group")
@@ -244,11 +268,35 @@ impl<B: Backend> Rank<B> {
     /// on get the timeout `options` asked for: a short op timeout must not also bound the communicator's
     /// creation, which the group timeout does.
     pub fn ready_group(&self, name: &str, options: OptionsBuilder) -> Check<ProcessGroup<B>> {
-        let op_timeout = options.clone().build().timeout;
-        let group = self.group(name, options.timeout(op_timeout.max(READY_GROUP_CREATION)))?;
-        group.barrier_sync().ctx("barrier")?;
-        group.set_timeout(op_timeout);
+        let group = self.ready(self.group(name, Self::for_creation(&options))?, &options)?;
         Ok(group)
+    }
+
+    /// [`Rank::ready_group`] without the rank's handle (see [`Rank::own_group`]).
+    pub fn own_ready_group(&self, name: &str, options: OptionsBuilder) -> Check<ProcessGroup<B>> {
+        self.ready(self.own_group(name, Self::for_creation(&options))?, &options)
+    }
+
+    /// `options` with a timeout long enough for a communicator's creation.
+    fn for_creation(options: &OptionsBuilder) -> OptionsBuilder {
+        let op_timeout = options.clone().build().timeout;
+        options.clone().timeout(op_timeout.max(READY_GROUP_CREATION))
+    }
+
+    /// Creates `group`'s communicator (a barrier), then gives its later ops the timeout `options` asked for.
+    fn ready(&self, group: ProcessGroup<B>, options: &OptionsBuilder) -> Check<ProcessGroup<B>> {
+        group.barrier_sync().ctx("barrier")?;
+        group.set_timeout(options.clone().build().timeout);
+        Ok(group)
+    }
+
+    /// Ends this rank's part of a world: waits until every rank of the world has got here (a store barrier,
+    /// at most `timeout`), then lets go of the groups made with [`Rank::group`]. A harness calls it after a case's
+    /// body; a rank whose peers never arrive lets go after the timeout.
+    pub fn finish_world(&self, timeout: Duration) -> Check {
+        let waited = self.store.barrier("pg_conformance/world_end", self.size as i64, Some(timeout));
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        waited.map_err(|e| format!("rank {}: the end-of-world barrier: {e}", self.rank))
     }
 
     /// `numel` f32 elements set to `value` on the current stream.

@@ -99,9 +99,8 @@ impl Harness for MockHarness {
         });
         let caps = capabilities(&world);
         let store = world.store();
-        let results = world.run(n, |rank, device| {
-            body(&Rank { rank, size: n, device, store: Arc::clone(&store), caps: Arc::clone(&caps) })
-        });
+        let results =
+            world.run(n, |rank, device| body(&Rank::new(rank, n, device, Arc::clone(&store), Arc::clone(&caps))));
         Ok(Ran { results: results.into_iter().enumerate().collect(), caps })
     }
 }

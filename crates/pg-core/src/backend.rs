@@ -225,6 +225,17 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
         let _ = buffer;
         Err(unsupported_on::<Self::B>("stream capture"))
     }
+
+    /// Keeps `comm`, whose ops the capture this stream takes part in recorded, for as long as the graph exists:
+    /// the communicator is not destroyed while the graph can replay its ops, and a launch after the
+    /// communicator was aborted or finalized fails with [`crate::Error::Aborted`] instead of running them on
+    /// released resources. Fails with [`crate::Error::InvalidArgument`] when the stream is not capturing.
+    ///
+    /// The default refuses with [`crate::Error::Unsupported`].
+    fn capture_keep_communicator(&self, comm: &std::sync::Arc<<Self::B as Backend>::Communicator>) -> Result<()> {
+        let _ = comm;
+        Err(unsupported_on::<Self::B>("stream capture"))
+    }
 }
 
 /// The work one stream capture recorded (an instantiated CUDA graph): launching it on a stream runs the
@@ -508,8 +519,13 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     /// Whether [`Communicator::abort`] was called.
     fn is_aborted(&self) -> bool;
 
-    /// Flushes pending operations before destruction (NCCL's `ncclCommFinalize`).
+    /// Flushes pending operations before destruction (NCCL's `ncclCommFinalize`). Nothing may be issued on the
+    /// communicator afterwards: later calls, and launches of graphs that captured its ops, fail with
+    /// [`crate::Error::Aborted`].
     fn finalize(&self) -> Result<()>;
+
+    /// Whether [`Communicator::finalize`] was called.
+    fn is_finalized(&self) -> bool;
 }
 
 /// The error of a primitive `B` does not implement: `what` on the `B` backend.

@@ -2,10 +2,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::backend::Device as _;
-use crate::Backend;
+use crate::{Backend, Communicator as _, Error};
 
 /// Which communicator an op needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +55,61 @@ pub(crate) struct CommShared<B: Backend> {
     /// The key's reusable input-ready events (PyTorch's `ncclEvents_[key]`, which is one), recorded in turn;
     /// the mutex keeps one op's record and wait together.
     pub(crate) input_ready: Mutex<InputReady<B>>,
+    /// Set before the communicator is aborted through [`CommShared::abort`]: an op whose Work is made after
+    /// this may have been drained by the abort without running, so the enqueue path fails it.
+    pub(crate) aborting: AtomicBool,
+    /// The group that owns the communicator, which settles its Works around an abort.
+    owner: Weak<dyn CommOwner<B>>,
+}
+
+/// What aborting one communicator needs from its group: an aborted stream drains past the ops still queued on
+/// it without running them (NCCL's kernels exit; the simulated backend models it), so the end event of such an
+/// op passes although its output was never computed. The group fails every Work on the communicator whose end
+/// event it had not seen pass before the abort.
+pub(crate) trait CommOwner<B: Backend>: Send + Sync {
+    /// Fails the unfinished Works on `entry` with `error` (those not seen finished before the abort) and
+    /// aborts its communicator.
+    fn abort_comm(&self, entry: &CommShared<B>, error: &Error);
+}
+
+impl<B: Backend> CommShared<B> {
+    /// A ready communicator of the group `owner`, with its stream and `input_ready_events` input-ready events.
+    pub(crate) fn new(
+        device: &B::Device,
+        comm: Arc<B::Communicator>,
+        stream: B::Stream,
+        input_ready_events: usize,
+        owner: Weak<dyn CommOwner<B>>,
+    ) -> Self {
+        Self {
+            device: device.clone(),
+            comm,
+            stream,
+            input_ready: Mutex::new(InputReady::new(device, input_ready_events)),
+            aborting: AtomicBool::new(false),
+            owner,
+        }
+    }
+
+    /// Aborts the communicator after a failure seen on it (`error`): its group first fails the Works on it that
+    /// had not finished, so no Work reports the success of an op the abort drained. With the group gone, the
+    /// communicator is aborted alone (its Works then hold no group to be settled by).
+    pub(crate) fn abort(&self, error: &Error) {
+        self.aborting.store(true, Ordering::SeqCst);
+        match self.owner.upgrade() {
+            Some(owner) => owner.abort_comm(self, error),
+            None => {
+                if let Err(abort_error) = self.comm.abort(&error.to_string()) {
+                    tracing::warn!(target: "pg", %abort_error, "aborting a communicator failed");
+                }
+            }
+        }
+    }
+
+    /// Whether an abort of the communicator has begun (through the group or the backend).
+    pub(crate) fn is_aborting(&self) -> bool {
+        self.aborting.load(Ordering::SeqCst) || self.comm.is_aborted()
+    }
 }
 
 /// The input-ready events of one communicator, used in turn (`Options::input_ready_events`).

@@ -71,6 +71,28 @@ impl<B: Backend> InFlight<B> {
         }
     }
 
+    /// The Works on the list for which `on` holds and whose end event has passed. Taken before an abort, this
+    /// is what the abort cannot have drained: after it, an end event that passes says nothing about the op.
+    pub(crate) fn finished(&self, on: impl Fn(&WorkState<B>) -> bool) -> Vec<Arc<WorkState<B>>> {
+        let works = self.lock();
+        works.iter().filter(|work| on(work) && work.end_event.query().unwrap_or(false)).cloned().collect()
+    }
+
+    /// Sets `error` on every Work on the list for which `on` holds, except those in `finished` (see
+    /// [`InFlight::finished`]), leaving them on the list.
+    pub(crate) fn fail_unfinished(
+        &self,
+        on: impl Fn(&WorkState<B>) -> bool,
+        finished: &[Arc<WorkState<B>>],
+        error: &Error,
+    ) {
+        for work in self.lock().iter() {
+            if on(work) && !finished.iter().any(|done| Arc::ptr_eq(done, work)) {
+                work.set_exception(error.clone());
+            }
+        }
+    }
+
     /// Takes every Work off the list.
     pub(crate) fn take_all(&self) -> Vec<Arc<WorkState<B>>> {
         std::mem::take(&mut *self.lock())

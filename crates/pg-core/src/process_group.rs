@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pg_store::Store;
 
-use crate::cache::{CommCache, CommEntry, CommShared, InputReady};
+use crate::cache::{CommCache, CommEntry, CommShared};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
@@ -284,8 +284,7 @@ impl<B: Backend> ProcessGroup<B> {
             )));
         }
         let stream = inner.device.stream_from_pool(inner.options.high_priority_stream)?;
-        let input_ready = Mutex::new(InputReady::new(&inner.device, inner.options.input_ready_events));
-        let entry = Arc::new(CommShared { device: inner.device.clone(), comm: Arc::new(comm), stream, input_ready });
+        let entry = Arc::new(self.comm_entry(Arc::new(comm), stream));
         let _ = inner.collective.set(entry.clone());
         self.lock_cache().ready.insert(self.collective_key().cache_key(), entry);
         inner.comms_created.fetch_add(1, Ordering::Relaxed);
@@ -473,8 +472,7 @@ impl<B: Backend> ProcessGroup<B> {
     pub fn abort(&self, reason: &str) {
         let error = Error::Aborted { reason: format!("rank {}: {reason}", self.inner.rank) };
         self.inner.tear_down(error.clone());
-        self.inner.fail_in_flight(&error);
-        self.inner.abort_comms(reason);
+        self.inner.abort_all_and_settle(reason, &error);
         self.inner.signals.stop(&self.inner.device);
     }
 
@@ -485,7 +483,11 @@ impl<B: Backend> ProcessGroup<B> {
         let finalized = comms.iter().try_for_each(|comm| comm.finalize());
         // Then destroy: the watchdog is stopped, the in-flight list released, and the communicators dropped.
         self.inner.stop_threads();
-        self.inner.fail_in_flight(&Error::Aborted { reason: "the process group was shut down".to_owned() });
+        // Finalizing ran every op to its end (or failed): a Work whose op did not finish fails.
+        let finished = self.inner.in_flight.finished(|_| true);
+        let error = Error::Aborted { reason: "the process group was shut down".to_owned() };
+        self.inner.in_flight.fail_unfinished(|_| true, &finished, &error);
+        self.inner.retire_in_flight();
         let mut cache = self.lock_cache();
         cache.ready.clear();
         cache.initializing.clear();
@@ -618,6 +620,10 @@ impl<B: Backend> ProcessGroup<B> {
                 false => device.record_stream(buffer, &entry.stream)?,
             }
         }
+        if captured {
+            // The graph holds the communicator and refuses to launch once it is aborted or finalized.
+            current.capture_keep_communicator(&entry.comm)?;
+        }
         timer.lap(EnqueueStep::RecordStream);
 
         // Desync debugging needs to tell a started op from a scheduled one, as PyTorch's timing events do.
@@ -694,9 +700,14 @@ impl<B: Backend> ProcessGroup<B> {
             true => self.inner.record_captured(&work.state),
             false => self.inner.track(&work.state, options.enable_watchdog),
         }
-        // An abort that ran while this op was being enqueued did not see it on the in-flight list.
+        // An abort that ran while this op was being enqueued did not see it on the in-flight list: the abort may
+        // have drained the op unrun.
         if let Some(error) = self.error() {
             work.state.set_exception(error);
+        } else if entry.aborting.load(Ordering::SeqCst) {
+            work.state.set_exception(Error::Aborted {
+                reason: format!("{} (seq {seq}) was enqueued while its communicator was being aborted", spec.op),
+            });
         }
         timer.lap(EnqueueStep::Track);
         Ok(work)
@@ -826,8 +837,13 @@ impl<B: Backend> ProcessGroup<B> {
             high_priority = stream.is_high_priority(),
             "created communicator"
         );
-        let input_ready = Mutex::new(InputReady::new(&inner.device, inner.options.input_ready_events));
-        Ok(Arc::new(CommShared { device: inner.device.clone(), comm, stream, input_ready }))
+        Ok(Arc::new(self.comm_entry(comm, stream)))
+    }
+
+    /// The cache entry of a ready communicator of this group, on `stream`.
+    fn comm_entry(&self, comm: Arc<B::Communicator>, stream: B::Stream) -> CommShared<B> {
+        let owner: std::sync::Weak<Shared<B>> = Arc::downgrade(&self.inner);
+        CommShared::new(&self.inner.device, comm, stream, self.inner.options.input_ready_events, owner)
     }
 
     /// S6: rank 0 of the communicator creates the unique id and publishes it under `store_key`; the others read

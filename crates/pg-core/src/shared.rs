@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pg_store::Store;
 
-use crate::cache::{CommCache, CommEntry};
+use crate::cache::{CommCache, CommEntry, CommOwner, CommShared};
 use crate::flight_recorder::{FlightRecorder, NewEntry};
 use crate::in_flight::InFlight;
 use crate::reuse::WorkPool;
@@ -150,7 +150,21 @@ impl<B: Backend> Shared<B> {
         ready.chain(cache.initializing.values().flatten().cloned()).collect()
     }
 
-    /// Aborts every communicator of the group.
+    /// Aborts every communicator of the group and fails, with `error`, every Work in flight whose op had not
+    /// been seen finished before the abort (an aborted stream drains past such an op without running it), then
+    /// takes them all off the in-flight list. What `abort()`, `shutdown()` and dropping the group do.
+    pub(crate) fn abort_all_and_settle(&self, reason: &str, error: &Error) {
+        for entry in self.lock_cache().ready.values() {
+            entry.aborting.store(true, Ordering::SeqCst);
+        }
+        let finished = self.in_flight.finished(|_| true);
+        self.abort_comms(reason);
+        self.in_flight.fail_unfinished(|_| true, &finished, error);
+        self.retire_in_flight();
+    }
+
+    /// Aborts every communicator of the group (their Works are not settled: see
+    /// [`Shared::abort_all_and_settle`]).
     pub(crate) fn abort_comms(&self, reason: &str) {
         for comm in self.all_comms() {
             if let Err(error) = comm.abort(reason) {
@@ -226,10 +240,15 @@ impl<B: Backend> Shared<B> {
 
     /// Sets `error` on every in-flight Work and stops tracking them (abort and tear down).
     pub(crate) fn fail_in_flight(&self, error: &Error) {
+        self.in_flight.set_exception_all(error);
+        self.retire_in_flight();
+    }
+
+    /// Stops tracking every in-flight Work (the group stops) and lets the pooled ones go.
+    pub(crate) fn retire_in_flight(&self) {
         // Pooled Works hold the group's communicators: a stopping group lets them go.
         self.reuse.clear();
         for work in self.in_flight.take_all() {
-            work.set_exception(error.clone());
             if let Some(id) = work.fr_id() {
                 self.recorder.retire(id, None);
             }
@@ -271,9 +290,28 @@ impl<B: Backend> Drop for Shared<B> {
                 rank = self.rank,
                 "process group dropped without shutdown(); aborting its communicators"
             );
-            self.abort_comms("the process group was dropped without shutdown()");
+            // The Works a caller still holds fail unless their op had finished: the abort drains the rest.
+            let reason = "the process group was dropped without shutdown()";
+            self.abort_all_and_settle(reason, &Error::Aborted { reason: format!("rank {}: {reason}", self.rank) });
         }
         self.stop_threads();
+    }
+}
+
+impl<B: Backend> CommOwner<B> for Shared<B> {
+    fn abort_comm(&self, entry: &CommShared<B>, error: &Error) {
+        let on = |work: &WorkState<B>| std::ptr::eq(Arc::as_ptr(&work.entry), entry);
+        let finished = self.in_flight.finished(on);
+        if let Err(abort_error) = entry.comm.abort(&error.to_string()) {
+            tracing::warn!(target: "pg", pg_id = self.local_id, %abort_error, "aborting a communicator failed");
+        }
+        let drained = Error::Aborted {
+            reason: format!(
+                "rank {}: the communicator was aborted after an op on it failed ({error}) before this op had run",
+                self.rank
+            ),
+        };
+        self.in_flight.fail_unfinished(on, &finished, &drained);
     }
 }
 

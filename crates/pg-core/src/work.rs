@@ -197,9 +197,10 @@ impl<B: Backend> WorkState<B> {
         match self.exception() {
             None => Ok(()),
             Some(error) => {
-                // As PyTorch: the failed Work's communicator is aborted before the error reaches the caller.
-                if let Err(abort_error) = self.entry.comm.abort(&error.to_string()) {
-                    tracing::warn!(target: "pg", %abort_error, "abort after a failed wait also failed");
+                // As PyTorch: the failed Work's communicator is aborted before the error reaches the caller. The
+                // group first fails the other Works on it that had not finished: the abort drains them unrun.
+                if !self.entry.is_aborting() {
+                    self.entry.abort(&error);
                 }
                 Err(error)
             }

@@ -141,6 +141,11 @@ impl Graph {
     pub fn node_count(&self) -> usize {
         self.nodes
     }
+
+    /// The handles the graph keeps alive ([`Stream::capture_keep_alive`]), for a caller to find its own among.
+    pub fn kept(&self) -> impl Iterator<Item = &(dyn Any + Send + Sync)> {
+        self.kept.iter().map(|item| &**item)
+    }
 }
 
 impl Drop for Graph {

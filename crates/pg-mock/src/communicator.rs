@@ -780,6 +780,11 @@ impl MockCommunicator {
             if let Some(reason) = &g.ranks[self.rank].aborted {
                 return Err(Error::Aborted { reason: format!("{name} on an aborted communicator: {reason}") });
             }
+            if g.ranks[self.rank].finalized {
+                return Err(Error::Aborted {
+                    reason: format!("{name} on a finalized communicator (its group was shut down)"),
+                });
+            }
             if g.ranks[self.rank].joined.is_none() {
                 return Err(Error::communicator(format!(
                     "{name}: this rank never joined communicator {} (injected fault)",
@@ -1140,8 +1145,13 @@ impl pg_core::Communicator for MockCommunicator {
                 state.unpin(*op);
             }
         }
+        state.comms.groups[self.group].ranks[self.rank].finalized = true;
         self.inner.raise(state);
         Ok(())
+    }
+
+    fn is_finalized(&self) -> bool {
+        self.inner.lock().comms.groups[self.group].ranks[self.rank].finalized
     }
 }
 

@@ -472,6 +472,8 @@ pub(crate) struct RankComm {
     /// How many splits this rank has made of the communicator.
     pub(crate) splits: u64,
     pub(crate) aborted: Option<String>,
+    /// Whether the rank finalized its communicator: nothing may be issued on it afterwards.
+    pub(crate) finalized: bool,
     /// An injected abort and the time it happens ([`Fault::AbortDuringOp`]).
     pub(crate) scheduled_abort: Option<(Time, String)>,
     /// The asynchronous error and the time from which it is visible.

@@ -477,6 +477,16 @@ impl pg_core::Stream for MockStream {
         let kept = Kept { block: buffer.block(), _alive: Box::new(buffer.clone()) };
         self.inner.captures().keep(self.index, kept, &self.label())
     }
+
+    /// Nothing to hold: a simulated communicator's state lives in the world, and a replayed op on it is issued
+    /// again, so a launch after the communicator was aborted or finalized fails as an eager op would. Refused,
+    /// as on CUDA, when the stream is not capturing.
+    fn capture_keep_communicator(&self, _comm: &Arc<<crate::Mock as pg_core::Backend>::Communicator>) -> Result<()> {
+        match self.inner.captures().is_capturing(self.index) {
+            true => Ok(()),
+            false => Err(Error::invalid(format!("capture_keep_communicator: {} is not capturing", self.label()))),
+        }
+    }
 }
 
 /// What a capture on a simulated stream recorded: launching it re-issues every recorded operation, event record

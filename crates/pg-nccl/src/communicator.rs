@@ -45,6 +45,8 @@ pub struct Communicator {
     issue: Mutex<()>,
     ready: AtomicBool,
     aborted: AtomicBool,
+    /// Set once `ncclCommFinalize` ran: nothing may be issued afterwards (graphs that captured its ops check it).
+    finalized: AtomicBool,
     abort_reason: Mutex<Option<String>>,
 }
 
@@ -129,6 +131,7 @@ impl Communicator {
             issue: Mutex::new(()),
             ready: AtomicBool::new(status.is_success()),
             aborted: AtomicBool::new(false),
+            finalized: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
         })
     }
@@ -647,6 +650,7 @@ impl pg_core::Communicator for Communicator {
             issue: Mutex::new(()),
             ready: AtomicBool::new(status.is_success()),
             aborted: AtomicBool::new(false),
+            finalized: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
         };
         // SAFETY: `handle` is the live communicator NCCL just made, used by this thread only; a failure drops
@@ -726,10 +730,15 @@ impl pg_core::Communicator for Communicator {
         self.device.bind_to_thread().map_err(cuda_error)?;
         // SAFETY: the handle is live and the issue mutex is held.
         let status = unsafe { self.library.comm_finalize(comm.0) }.map_err(nccl_error)?;
+        self.finalized.store(true, Ordering::Release);
         if status.is_in_progress() {
             self.wait_while_in_progress()?;
         }
         Ok(())
+    }
+
+    fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
     }
 }
 

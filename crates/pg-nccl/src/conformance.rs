@@ -44,6 +44,9 @@ impl Capabilities<Nccl> for NcclCapabilities {
     }
 }
 
+/// How long a rank waits at the end of a world for its peers before it lets go of the world's groups.
+const WORLD_END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// This process's rank of a job of `world_size` processes, one GPU each.
 pub struct NcclHarness {
     rank: usize,
@@ -107,9 +110,14 @@ impl Harness for NcclHarness {
         pg_core::Device::poison(&self.device).clear();
         if self.rank < n {
             let store = Arc::new(PrefixStore::new(format!("conformance/{case}/{world}"), Arc::clone(&self.store)));
-            let rank =
-                Rank { rank: self.rank, size: n, device: self.device.clone(), store, caps: Arc::clone(&self.caps) };
-            results.push((self.rank, body(&rank)));
+            let rank = Rank::new(self.rank, n, self.device.clone(), store, Arc::clone(&self.caps));
+            let result = body(&rank);
+            // The world's groups go only once every rank is done with them; a barrier that fails is logged,
+            // the case's own result stands.
+            if let Err(error) = rank.finish_world(WORLD_END_TIMEOUT) {
+                tracing::warn!(target: "pg", case = %case, "{error}");
+            }
+            results.push((self.rank, result));
         }
         Ok(Ran { results, caps: Arc::clone(&self.caps) })
     }

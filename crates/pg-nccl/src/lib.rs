@@ -23,6 +23,7 @@ mod exchange;
 mod foreign;
 #[cfg(feature = "testing")]
 pub mod launches;
+pub mod placement;
 mod premul;
 #[cfg(feature = "testing")]
 pub mod raw;

@@ -1,8 +1,13 @@
 //! `Stream`, `Event` and `Graph`: pg-core's stream, event and graph concepts on a CUDA stream, a lazily created,
 //! recycled CUDA event and an instantiated CUDA graph (one file: each names another in its trait impl).
 
+use std::sync::Arc;
+
 use crate::conv::cuda_error;
 use crate::Nccl;
+
+/// The backend's communicator, named through the backend (the communicator's file names this one's types).
+type Communicator = <Nccl as pg_core::Backend>::Communicator;
 
 /// A CUDA stream of one device. Cloning gives another handle to the same stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,18 +69,26 @@ impl pg_core::Stream for Stream {
     }
 
     fn end_capture(&self) -> pg_core::Result<Graph> {
-        self.0.end_capture().map(Graph).map_err(cuda_error)
+        let graph = self.0.end_capture().map_err(cuda_error)?;
+        let comms = graph.kept().filter_map(|item| item.downcast_ref::<Arc<Communicator>>()).cloned().collect();
+        Ok(Graph(graph, comms))
     }
 
     fn capture_keep_alive(&self, buffer: &crate::Buffer) -> pg_core::Result<()> {
         self.0.capture_keep_alive(Box::new(buffer.clone())).map_err(cuda_error)
     }
+
+    fn capture_keep_communicator(&self, comm: &Arc<Communicator>) -> pg_core::Result<()> {
+        self.0.capture_keep_alive(Box::new(Arc::clone(comm))).map_err(cuda_error)
+    }
 }
 
 /// An instantiated CUDA graph: what a stream capture recorded (NCCL collectives included: an NCCL call on a
-/// capturing stream becomes graph nodes), with the buffers the process group kept alive for it.
+/// capturing stream becomes graph nodes), with the buffers and communicators the process group kept alive for
+/// it. The second field lists those communicators: a launch once one is aborted or finalized is refused, since
+/// its captured kernels would run on released NCCL resources.
 #[derive(Debug)]
-pub struct Graph(pub(crate) pg_cuda::Graph);
+pub struct Graph(pub(crate) pg_cuda::Graph, Vec<Arc<Communicator>>);
 
 impl Graph {
     /// The pg-cuda graph.
@@ -88,6 +101,17 @@ impl pg_core::Graph for Graph {
     type B = Nccl;
 
     fn launch(&self, stream: &Stream) -> pg_core::Result<()> {
+        use pg_core::Communicator as _;
+        if let Some(comm) = self.1.iter().find(|comm| comm.is_aborted() || comm.is_finalized()) {
+            let state = if comm.is_aborted() { "aborted" } else { "finalized (its group was shut down)" };
+            return Err(pg_core::Error::Aborted {
+                reason: format!(
+                    "Graph::launch: the graph holds ops of NCCL communicator rank {} of {}, which was {state}",
+                    comm.rank(),
+                    comm.size()
+                ),
+            });
+        }
         self.0.launch(&stream.0).map_err(cuda_error)
     }
 

@@ -25,6 +25,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(creating_a_communicator_under_capture_is_refused, 1),
         case!(captured_works_are_not_watched_and_the_flight_recorder_marks_them, 1),
         case!(a_graph_keeps_the_buffers_of_its_ops_alive, 1),
+        case!(a_graph_launched_after_its_group_shut_down_is_refused_as_aborted, 1),
     ]
 }
 
@@ -342,6 +343,42 @@ fn a_graph_keeps_the_buffers_of_its_ops_alive<H: Harness>(h: &H) -> Check<Outcom
                 .map_err(|e| format!("launch {launch} wrote memory the caller's buffer no longer owned: {e}"))?;
         }
         drop(graph);
+        Ok(())
+    })
+}
+
+/// A graph holds the communicators of the ops it captured: once the group is shut down (its communicators
+/// finalized), also after the group's last handle went, a launch fails with `Aborted` instead of replaying the
+/// collectives on a finalized (and on NCCL destroyed) communicator; before that, launches run.
+fn a_graph_launched_after_its_group_shut_down_is_refused_as_aborted<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_capturing_rank(h, |r, stream| {
+        for dropped in [false, true] {
+            let what = if dropped { "shut down and dropped" } else { "shut down" };
+            let name = if dropped { "dropped" } else { "kept" };
+            let group = if dropped {
+                r.own_ready_group(name, Options::builder())?
+            } else {
+                r.ready_group(name, Options::builder())?
+            };
+            let b = r.filled((r.rank + 1) as f64, 64)?;
+            stream.synchronize().ctx("synchronize")?;
+            begin::<H::B>(stream)?;
+            group.all_reduce(&b, ReduceOp::Sum).ctx("all_reduce under capture")?.wait().ctx("wait")?;
+            let graph = stream.end_capture().ctx("end_capture")?;
+            graph.launch(stream).ctx("launch while the group is live")?;
+            all_equal(&r.read_on(&b, stream)?, triangle(r.size)).map_err(|e| format!("{what}: the launch: {e}"))?;
+            group.shutdown().ctx("shutdown")?;
+            if dropped {
+                drop(group);
+            }
+            let error = graph.launch(stream).err().ok_or_else(|| format!("{what}: the graph launched its ops"))?;
+            ensure_eq!(error.kind(), ErrorKind::Aborted, "{what}: the launch's error: {error}");
+            ensure!(
+                error.to_string().contains("finalized"),
+                "{what}: the error does not say the communicator was finalized: {error}"
+            );
+            stream.synchronize().ctx("synchronize after the refused launch")?;
+        }
         Ok(())
     })
 }

@@ -27,6 +27,8 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(every_call_after_abort_returns_aborted, 1),
         case!(every_call_after_shutdown_returns_aborted, 1),
         case!(dropping_a_group_without_shutdown_aborts_its_communicators, 2),
+        case!(dropping_a_group_fails_every_work_whose_op_never_ran, 2),
+        case!(a_failed_wait_fails_every_unfinished_work_of_its_communicator_in_every_mode, 2),
         case!(abort_aborts_every_communicator_of_the_group, 1),
         case!(clean_up_after_a_timeout_aborts_every_communicator_of_the_group, 1),
         case!(an_async_error_with_nothing_in_flight_fails_the_group, 1),
@@ -258,7 +260,7 @@ fn every_call_after_shutdown_returns_aborted<H: Harness>(h: &H) -> Check<Outcome
 /// never joins ends, and the stream it held runs again.
 fn dropping_a_group_without_shutdown_aborts_its_communicators<H: Harness>(h: &H) -> Check<Outcome> {
     on_each_rank(h, 2, |r| {
-        let group = r.ready_group("0", Options::builder())?;
+        let group = r.own_ready_group("0", Options::builder())?;
         let buffer = r.filled(1.0, 4)?;
         if r.rank == 0 {
             // Rank 1 never joins this all_reduce.
@@ -269,6 +271,77 @@ fn dropping_a_group_without_shutdown_aborts_its_communicators<H: Harness>(h: &H)
         let _ = r.device.synchronize();
         let after = r.filled(2.0, 4)?;
         all_equal(&r.read(&after)?, 2.0).map_err(|e| format!("the device after the drop: {e}"))
+    })
+}
+
+/// Checks that `work`, whose op never ran, failed, whichever way it is asked: exception, completion, `wait()`,
+/// awaiting it.
+fn check_never_ran<B: pg_core::Backend>(work: &WorkHandle<B>, what: &str) -> Check {
+    let error = work.exception().ok_or_else(|| format!("{what}: the Work has no error"))?;
+    ensure!(
+        matches!(error.kind(), ErrorKind::Aborted | ErrorKind::WorkTimeout | ErrorKind::Communicator),
+        "{what}: the error is neither the abort nor its cause: {error}"
+    );
+    ensure!(work.is_completed() && !work.is_success(), "{what}: a failed Work is completed, not successful");
+    ensure!(work.wait().is_err(), "{what}: wait() returned Ok");
+    let awaited = futures::executor::block_on(std::future::IntoFuture::into_future(work));
+    ensure!(awaited.is_err(), "{what}: awaiting the Work gave Ok");
+    Ok(())
+}
+
+/// A group dropped without `shutdown()` aborts its communicators, which drains the ops still queued without
+/// running them: their Works fail (an op a peer never joined; ops of every rank queued behind a long kernel).
+fn dropping_a_group_fails_every_work_whose_op_never_ran<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, 2, |r| {
+        let group = r.own_ready_group("alone", Options::builder())?;
+        let buffer = r.filled(1.0, 4)?;
+        // Rank 1 never joins this all_reduce.
+        let alone = match r.rank {
+            0 => Some(group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?),
+            _ => None,
+        };
+        drop(group);
+        if let Some(work) = &alone {
+            check_never_ran(work, "an op its peer never joined, after the drop")?;
+        }
+        let group = r.own_ready_group("behind", Options::builder())?;
+        let buffer = r.filled(1.0, 4)?;
+        r.sleep_current(SLEEP)?;
+        let behind = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        drop(group);
+        check_never_ran(&behind, "an op queued behind a long kernel, after the drop")?;
+        // The device finishes its work: the aborted stream drained.
+        let _ = r.device.synchronize();
+        Ok(())
+    })
+}
+
+/// A `wait_timeout` that fails aborts the Work's communicator (as PyTorch's); every other Work of that
+/// communicator whose op had not finished fails at once, in every error-handling mode, instead of completing
+/// with data the drained op never wrote.
+fn a_failed_wait_fails_every_unfinished_work_of_its_communicator_in_every_mode<H: Harness>(h: &H) -> Check<Outcome> {
+    let modes =
+        [ErrorHandling::NoHandling, ErrorHandling::CleanUpOnly, ErrorHandling::TearDown, ErrorHandling::SkipCleanUp];
+    on_each_rank(h, 2, |r| {
+        for mode in modes {
+            let name = format!("{mode:?}");
+            // The watchdog's timeout is long: only the failed wait acts.
+            let group = r.ready_group(&name, Options::builder().error_handling(mode))?;
+            if r.rank == 1 {
+                // Rank 1 never joins the two ops.
+                continue;
+            }
+            let first = r.filled(1.0, 4)?;
+            let second = r.filled(1.0, 4)?;
+            let a = group.all_reduce(&first, ReduceOp::Sum).ctx("first all_reduce")?;
+            let b = group.all_reduce(&second, ReduceOp::Sum).ctx("second all_reduce")?;
+            ensure!(a.wait_timeout(SLEEP).is_err(), "{name}: a wait_timeout of an op no peer joined returned Ok");
+            let _ = r.device.synchronize();
+            check_never_ran(&b, &format!("{name}: the second Work after the first one's failed wait"))?;
+            // The watchdog saw the failed Work and recorded it on the device; the next mode starts healthy.
+            let _ = r.device.poison().clear();
+        }
+        Ok(())
     })
 }
 

@@ -139,11 +139,15 @@ fn main() -> ExitCode {
 fn launch(settings: &Settings) -> Result<(), String> {
     let gpus = pg_nccl::available().map_err(|err| format!("no GPU to test on: {err}"))?;
     let nproc = settings.nproc.unwrap_or(gpus);
-    if nproc == 0 || nproc > gpus {
-        return Err(format!("--nproc {nproc} but {gpus} GPU(s) here"));
+    if nproc == 0 {
+        return Err("--nproc 0: a job needs at least one rank".into());
     }
     std::fs::create_dir_all(&settings.out).map_err(|e| format!("{}: {e}", settings.out.display()))?;
-    println!("Found {gpus} GPU(s); running {nproc} rank(s) per task: {}", settings.tasks.join(", "));
+    println!(
+        "Found {gpus} GPU(s); {}; tasks: {}",
+        pg_nccl::placement::describe(nproc, gpus),
+        settings.tasks.join(", ")
+    );
     let mut failed = Vec::new();
     for task in &settings.tasks {
         let started = Instant::now();
@@ -181,17 +185,19 @@ fn launch(settings: &Settings) -> Result<(), String> {
 fn launch_task(settings: &Settings, task: &str, nproc: usize) -> Result<Vec<Value>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let port = free_port()?;
+    let gpus = pg_nccl::available().map_err(|err| format!("no GPU to test on: {err}"))?;
     let mut children: Vec<Child> = Vec::new();
     for rank in 0..nproc {
+        // Rank r on GPU r % gpus; several ranks on one GPU each pose as a host of their own to NCCL.
+        let placement = pg_nccl::placement::place(rank, nproc, gpus);
         let child = Command::new(&exe)
             .args(["rank", "--task", task, "--out"])
             .arg(&settings.out)
             .args(["--bench-max-bytes", &settings.bench_max_bytes.to_string()])
             .args(["--bench-trials", &settings.bench_trials.to_string()])
             .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
+            .envs(placement.env)
             .env("WORLD_SIZE", nproc.to_string())
-            .env("LOCAL_WORLD_SIZE", nproc.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("NCCL_NVLS_ENABLE", "0")

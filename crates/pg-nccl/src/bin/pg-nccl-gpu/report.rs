@@ -10,8 +10,12 @@ use crate::Settings;
 pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, String> {
     if task == "conformance" {
         // The suite's own JSON schema: {"backend", "world_size", "cases": [{"name", "result", "detail"}]}.
-        let (ok, markdown, merged) = crate::conformance::merge(ranks)?;
+        let (ok, markdown, mut merged) = crate::conformance::merge(ranks)?;
         print!("{markdown}");
+        // The machine line: date, GPU, driver, how many ranks on how many GPUs, commit, libnccl.
+        let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
+        let markdown = format!("# Conformance on NCCL, {} rank(s)\n\n{label}\n{markdown}", ranks.len());
+        merged["machine"] = json!(label);
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
     if task == "interop" {
