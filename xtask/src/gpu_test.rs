@@ -13,7 +13,7 @@ the three experiments and the interop task, one process per GPU over loopback; r
 bench/results/gpu-test). Without GPUs it says so and fails.
 With --bundle DIR: builds everything (release, stripped) into DIR with run.sh, to run where cargo is not: the
 suite, the interop task, the benchmarks and the training example (ddp_mlp) with the PyTorch scripts.
-run.sh [OUT_DIR] reads TASKS (default conformance,experiments,interop), BENCH (1 = every benchmark, the default;
+run.sh [OUT_DIR] reads TASKS (default conformance,experiments,interop; none for none), BENCH (1 = every benchmark, the default;
 0 = none; or a list of all-reduce, all-to-all, p2p), BENCH_MAX_BYTES, BENCH_TRIALS, NPROC, TRAIN (1 = run the
 training example, the default), TRAIN_NPROC, TRAIN_STEPS and CUBLAS_DIR; the benchmarks write
 OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
@@ -86,7 +86,9 @@ if [ "$NP" -gt "$GPUS" ]; then LAYOUT="$LAYOUT, network transport (NCCL_HOSTID p
 export PG_RUN_LABEL="$(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $LAYOUT, commit $(cat "$HERE/COMMIT" 2>/dev/null || echo unknown), libnccl ${PG_NCCL_LIBRARY:-default}"
 rc=0
 TASK_LIST="${TASKS:-conformance,experiments,interop}"
-"$HERE/pg-nccl-gpu" run --tasks "$TASK_LIST" --out "$OUT" "${NPROC_ARGS[@]}" || rc=1
+if [ "$TASK_LIST" != none ]; then
+  "$HERE/pg-nccl-gpu" run --tasks "$TASK_LIST" --out "$OUT" "${NPROC_ARGS[@]}" || rc=1
+fi
 if [ -f "$OUT/interop.json" ]; then
   cp "$OUT/interop.json" "$OUT/interop-nccl-$NP.json"; cp "$OUT/interop.md" "$OUT/interop-nccl-$NP.md"
 fi
