@@ -13,7 +13,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
     vec![
         case!(every_dtype_moves_through_broadcast_and_all_gather, 1),
         case!(every_dtype_but_fp8_all_reduces_with_real_values, 1),
-        case!(fp8_all_reduce_rounds_as_pytorch_or_is_refused_with_the_version, 1),
+        case!(fp8_all_reduce_rounds_and_saturates_as_nccl_or_is_refused_with_the_version, 1),
         case!(pre_mul_sum_scales_each_rank_by_its_host_or_device_factor, 1),
         case!(pre_mul_sum_refuses_bad_dtypes_and_factors, 1),
     ]
@@ -28,10 +28,16 @@ fn values(rank: usize, dtype: DType) -> Vec<f64> {
     vec![rank as f64 + 1.0, fraction, (rank % 2) as f64, 3.0]
 }
 
+/// Whether two read values are the same, NaN included.
+fn same(got: f64, want: f64) -> bool {
+    got == want || (got.is_nan() && want.is_nan())
+}
+
 /// Reads `buffer` and checks it is `want` exactly.
 fn expect<B: Backend>(r: &Rank<B>, what: &str, buffer: &B::Buffer, want: &[f64]) -> Check {
     let got = r.read(buffer)?;
-    ensure!(got == want, "{what}: got {got:?}, want {want:?}");
+    let equal = got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| same(g, w));
+    ensure!(equal, "{what}: got {got:?}, want {want:?}");
     Ok(())
 }
 
@@ -104,14 +110,46 @@ fn refused_fp8(error: &Error) -> Option<String> {
     (error.kind() == ErrorKind::Unsupported).then(|| error.to_string())
 }
 
-fn fp8_all_reduce_rounds_as_pytorch_or_is_refused_with_the_version<H: Harness>(h: &H) -> Check<Outcome> {
+/// What rank `rank` of `n` adds in the fp8 sums of `dtype`, and the sums NCCL's arithmetic gives. NCCL adds fp8 in
+/// half and converts each partial sum back with CUDA's saturating conversion: to nearest, ties to even, past the
+/// largest finite value (448 for e4m3fn, 57344 for e5m2) that value, NaN kept. Every sum here is the same in any
+/// order of the additions and at any world size: at most 8 ranks add non-zero values whose partial sums are fp8
+/// values, two ranks add the pairs that round, and the overflowing sums stay at the saturated value.
+fn fp8_summands(rank: usize, n: usize, dtype: DType) -> (Vec<f64>, Vec<f64>) {
+    let (max, ties_up, ties_down) = match dtype {
+        DType::F8E4M3 => (448.0, 0.1875, 0.0625),
+        _ => (57344.0, 0.375, 0.125),
+    };
+    let first8 = if rank < 8 { 1.0 } else { 0.0 };
+    let sign = if rank % 2 == 0 { 1.0 } else { -1.0 };
+    let second = |value: f64| if rank == 1 { value } else { 0.0 };
+    let nan = if rank == 0 { f64::NAN } else { 1.0 };
+    let held = vec![
+        first8,
+        0.25 * sign * first8,
+        if rank == 0 { 1.0 } else { second(ties_up) },
+        if rank == 0 { 1.0 } else { second(ties_down) },
+        max,
+        -max,
+        nan,
+    ];
+    let m = n.min(8);
+    let rounded_up = match (dtype, n) {
+        (_, 1) => 1.0,
+        (DType::F8E4M3, _) => 1.25,
+        _ => 1.5,
+    };
+    let want = vec![m as f64, 0.25 * (m % 2) as f64, rounded_up, 1.0, max, -max, f64::NAN];
+    (held, want)
+}
+
+fn fp8_all_reduce_rounds_and_saturates_as_nccl_or_is_refused_with_the_version<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let nf = n as f64;
     let ran = h.run(n, |r| -> Check<Option<String>> {
         let group = r.group("fp8_reduce", Options::builder())?;
         for dtype in [DType::F8E4M3, DType::F8E5M2] {
-            // Every partial sum of these is an fp8 value for up to 8 ranks, whatever the order.
-            let buffer = r.holding(dtype, &[1.0, 0.25, 2.0 * (r.rank % 2) as f64])?;
+            let (held, want) = fp8_summands(r.rank, n, dtype);
+            let buffer = r.holding(dtype, &held)?;
             match group.all_reduce(&buffer, ReduceOp::Sum) {
                 Ok(work) => work.wait().ctx(&format!("SUM of {dtype}"))?,
                 Err(error) => match refused_fp8(&error) {
@@ -122,13 +160,9 @@ fn fp8_all_reduce_rounds_as_pytorch_or_is_refused_with_the_version<H: Harness>(h
                     None => return Err(format!("SUM of {dtype}: {error}")),
                 },
             }
-            expect(r, &format!("SUM of {dtype}"), &buffer, &[nf, 0.25 * nf, 2.0 * (n / 2) as f64])?;
-            // A sum past the format's range: NaN for e4m3fn (no infinities), infinity for e5m2, as PyTorch.
-            let big = r.holding(dtype, &[if dtype == DType::F8E4M3 { 448.0 } else { 57344.0 }])?;
-            group.all_reduce_sync(&big, ReduceOp::Sum).ctx(&format!("overflowing SUM of {dtype}"))?;
-            let got = r.read(&big)?[0];
-            let overflowed = if dtype == DType::F8E4M3 { got.is_nan() } else { got == f64::INFINITY };
-            ensure!(n == 1 || overflowed, "{dtype}: {n} x max summed to {got}");
+            // In order: ones from the first 8 ranks, +-0.25 from them, 1 + a second rank's value that ties up
+            // to even, one that ties down, n x max and n x -max (saturated), and a NaN that stays NaN.
+            expect(r, &format!("SUM of {dtype} (n x max saturates at max, as NCCL)"), &buffer, &want)?;
         }
         Ok(None)
     })?;
