@@ -349,13 +349,25 @@ pub(crate) fn fill(dtype: DType, value: f64, out: &mut [u8]) {
     dispatch!(dtype, fill_typed, value, out);
 }
 
+/// `value` rounded to an element of `T` and back.
+fn in_dtype<T: Elem>(value: f64) -> f64 {
+    let mut bytes = [0u8; 8];
+    T::from_f64(value).write(&mut bytes[..T::SIZE]);
+    T::read(&bytes[..T::SIZE]).to_f64()
+}
+
 fn scale_typed<T: Elem>(factor: f64, bytes: &mut [u8]) {
+    let factor = in_dtype::<T>(factor);
     for chunk in bytes.chunks_exact_mut(T::SIZE) {
+        // The product of two f16, bf16 or f32 elements is exact in f64, so rounding it once to the dtype is the
+        // dtype's own multiplication (and f64's is f64's).
         T::from_f64(T::read(chunk).to_f64() * factor).write(chunk);
     }
 }
 
-/// Multiplies every element of `bytes` (of `dtype`) by `factor`, rounding to the dtype (`PREMUL_SUM`'s step).
+/// Multiplies every element of `bytes` (of `dtype`) by `factor` as `PREMUL_SUM`'s step does: the factor is first
+/// an element of `dtype` (PyTorch casts a host factor to the input's dtype and NCCL's op holds it as one, so
+/// f16 x 1e6 is an infinity), then each product is rounded to the dtype.
 pub(crate) fn scale(dtype: DType, factor: f64, bytes: &mut [u8]) {
     dispatch!(dtype, scale_typed, factor, bytes);
 }
@@ -430,6 +442,22 @@ mod tests {
         let mut filled = [0u8; 2];
         fill(DType::F8E4M3, f64::INFINITY, &mut filled);
         assert_eq!(filled, [0x7e, 0x7e]);
+    }
+
+    #[test]
+    fn a_pre_mul_sum_factor_is_cast_to_the_dtype_first() {
+        let scaled = |dtype: DType, value: f64, factor: f64| {
+            let mut bytes = encode(dtype, &[value, -value]);
+            scale(dtype, factor, &mut bytes);
+            decode(dtype, &bytes)
+        };
+        assert_eq!(scaled(DType::F16, 2f64.powi(-12), 1e6), [f64::INFINITY, f64::NEG_INFINITY], "1e6 is inf in f16");
+        assert_eq!(scaled(DType::F32, 2f64.powi(-100), 1e39), [f64::INFINITY, f64::NEG_INFINITY]);
+        assert_eq!(scaled(DType::BF16, 2f64.powi(-100), 1e39), [f64::INFINITY, f64::NEG_INFINITY]);
+        assert_eq!(scaled(DType::F64, 1.0, 1e39), [1e39, -1e39]);
+        // 0.1 in f16 is 0.0999755859375; 3 x that, 0.2999267578125, ties to the even f16 0.2998046875 (3 x 0.1
+        // rounded once would be 0.300048828125).
+        assert_eq!(scaled(DType::F16, 3.0, 0.1), [0.2998046875, -0.2998046875]);
     }
 
     /// FNV-1a of the results of `op` on every pair of `dtype` codes (first operand in the high byte), NaNs

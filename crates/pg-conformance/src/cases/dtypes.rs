@@ -15,6 +15,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(every_dtype_but_fp8_all_reduces_with_real_values, 1),
         case!(fp8_all_reduce_rounds_and_saturates_as_nccl_or_is_refused_with_the_version, 1),
         case!(pre_mul_sum_scales_each_rank_by_its_host_or_device_factor, 1),
+        case!(pre_mul_sum_casts_a_host_factor_to_the_dtype_first, 1),
         case!(pre_mul_sum_refuses_bad_dtypes_and_factors, 1),
     ]
 }
@@ -208,6 +209,52 @@ fn pre_mul_sum_scales_each_rank_by_its_host_or_device_factor<H: Harness>(h: &H) 
         let work = group.reduce_scatter_pre_mul_sum(&input, &output, &factor).ctx("reduce_scatter, device factor")?;
         work.wait().ctx("wait")?;
         expect(r, "reduce_scatter with a device PREMUL_SUM factor", &output, &[squares])?;
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    pass()
+}
+
+/// `value` as the backend stores it in `dtype`: written to a buffer and read back.
+fn stored<B: Backend>(r: &Rank<B>, dtype: DType, value: f64) -> Check<f64> {
+    Ok(r.read(&r.holding(dtype, &[value])?)?[0])
+}
+
+fn pre_mul_sum_casts_a_host_factor_to_the_dtype_first<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let ran = h.run(n, |r| -> Check {
+        let group = r.group("premul_cast", Options::builder())?;
+        // A factor past the dtype's range is an infinity in it (PyTorch casts a host factor to the input's dtype,
+        // and NCCL's op holds it as one), even where each product would fit: +-tiny x factor is +-infinity.
+        for (dtype, factor, tiny) in [(DType::F16, 1e6, 2f64.powi(-12)), (DType::BF16, 1e39, 2f64.powi(-100))]
+            .into_iter()
+            .chain([(DType::F32, 1e39, 2f64.powi(-100))])
+        {
+            let buffer = r.holding(dtype, &[tiny, -tiny])?;
+            group
+                .all_reduce_sync(&buffer, ReduceOp::PreMulSum(factor))
+                .ctx(&format!("PREMUL_SUM {dtype} x {factor}"))?;
+            let want = [f64::INFINITY, f64::NEG_INFINITY];
+            expect(r, &format!("all_reduce, PREMUL_SUM of {dtype} x {factor:e}"), &buffer, &want)?;
+            let input = r.holding(dtype, &vec![tiny; n])?;
+            let output = r.device.alloc(dtype, 1).ctx("alloc")?;
+            let work = group.reduce_scatter(&input, &output, ReduceOp::PreMulSum(factor));
+            work.and_then(|w| w.wait()).ctx(&format!("reduce_scatter, PREMUL_SUM {dtype}"))?;
+            expect(r, &format!("reduce_scatter, PREMUL_SUM of {dtype} x {factor:e}"), &output, &[f64::INFINITY])?;
+        }
+        // f64 holds such a factor: n x (1 x 2^200), exact.
+        let buffer = r.holding(DType::F64, &[1.0])?;
+        group.all_reduce_sync(&buffer, ReduceOp::PreMulSum(2f64.powi(200))).ctx("PREMUL_SUM Double x 2^200")?;
+        expect(r, "PREMUL_SUM of Double x 2^200", &buffer, &[n as f64 * 2f64.powi(200)])?;
+        // A factor inside the range rounds to the dtype first: rank 0's 3 x 0.1 is 3 x (0.1 in the dtype),
+        // rounded to the dtype (f16: 0.2998046875, where 3 x 0.1 rounded once would be 0.300048828125).
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let buffer = r.holding(dtype, &[if r.rank == 0 { 3.0 } else { 0.0 }])?;
+            group.all_reduce_sync(&buffer, ReduceOp::PreMulSum(0.1)).ctx(&format!("PREMUL_SUM {dtype} x 0.1"))?;
+            let want = stored(r, dtype, 3.0 * stored(r, dtype, 0.1)?)?;
+            expect(r, &format!("PREMUL_SUM of {dtype} x 0.1"), &buffer, &[want])?;
+        }
         Ok(())
     })?;
     ran.no_hazards()?;
