@@ -1,5 +1,8 @@
 //! Every dtype through the group's ops (unsigned and fp8 included) and `PREMUL_SUM` with host and device
 //! factors.
+//!
+//! Every case holds at any world size: its values fit the dtype whatever the number of ranks and whatever order
+//! the backend adds them in, or its expectation is computed in the dtype's own arithmetic (integer sums wrap).
 
 use pg_core::{Backend, DType, Device as _, Error, ErrorKind, Options, ProcessGroup, ReduceOp};
 
@@ -20,13 +23,14 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
     ]
 }
 
-/// What rank `rank` holds: values every dtype stores exactly (no negatives, as unsigned and bool take them).
+/// What rank `rank` holds: values every dtype stores exactly, fp8 included, at any rank (no negatives, as unsigned
+/// and bool take them); the first and third element tell 64 ranks apart.
 fn values(rank: usize, dtype: DType) -> Vec<f64> {
     if dtype == DType::Bool {
         return vec![1.0, 0.0, (rank % 2) as f64, 1.0];
     }
     let fraction = if dtype.is_float() { 0.5 } else { 0.0 };
-    vec![rank as f64 + 1.0, fraction, (rank % 2) as f64, 3.0]
+    vec![(rank % 8) as f64 + 1.0, fraction, ((rank / 8) % 8) as f64, 3.0]
 }
 
 /// Whether two read values are the same, NaN included.
@@ -64,6 +68,32 @@ fn every_dtype_moves_through_broadcast_and_all_gather<H: Harness>(h: &H) -> Chec
     pass()
 }
 
+/// The integer sum `sum` as the dtype's own (wrapping) arithmetic leaves it, as NCCL and PyTorch add integers.
+fn wrapped(dtype: DType, sum: i128) -> f64 {
+    match dtype {
+        DType::I8 => f64::from(sum as i8),
+        DType::U8 => f64::from(sum as u8),
+        DType::I32 => f64::from(sum as i32),
+        DType::U32 => f64::from(sum as u32),
+        DType::I64 => sum as i64 as f64,
+        DType::U64 => sum as u64 as f64,
+        _ => sum as f64,
+    }
+}
+
+/// What rank `rank` adds in the all_reduce of `dtype`. Integers: values up to 100 on every rank, summed with
+/// wrapping. Floats: only the first 8 ranks hold non-zero values, so every partial sum (at most 36) is exact in
+/// every float dtype whatever the order of the additions.
+fn summands(rank: usize, dtype: DType) -> Vec<f64> {
+    if dtype.is_float() {
+        return match rank < 8 {
+            true => vec![rank as f64 + 1.0, 0.5, (rank % 2) as f64, 3.0],
+            false => vec![0.0; 4],
+        };
+    }
+    vec![(rank % 100) as f64 + 1.0, 0.0, (rank % 2) as f64, 3.0]
+}
+
 fn every_dtype_but_fp8_all_reduces_with_real_values<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     let nf = n as f64;
@@ -71,17 +101,24 @@ fn every_dtype_but_fp8_all_reduces_with_real_values<H: Harness>(h: &H) -> Check<
         let group = r.group("dtypes_reduce", Options::builder())?;
         let rank = r.rank as f64;
         for dtype in DType::ALL.into_iter().filter(|d| !d.is_fp8()) {
-            let buffer = r.holding(dtype, &values(r.rank, dtype))?;
             let op = if dtype == DType::Bool { ReduceOp::Max } else { ReduceOp::Sum };
+            let held = if dtype == DType::Bool { values(r.rank, dtype) } else { summands(r.rank, dtype) };
+            let buffer = r.holding(dtype, &held)?;
             group.all_reduce_sync(&buffer, op).ctx(&format!("all_reduce of {dtype}"))?;
             let want = match dtype {
                 DType::Bool => vec![1.0, 0.0, f64::from(u8::from(n > 1)), 1.0],
-                _ => {
-                    let fraction = if dtype.is_float() { 0.5 * nf } else { 0.0 };
-                    vec![nf * (nf + 1.0) / 2.0, fraction, (n / 2) as f64, 3.0 * nf]
+                dtype if dtype.is_float() => {
+                    let m = n.min(8);
+                    vec![(m * (m + 1) / 2) as f64, 0.5 * m as f64, (m / 2) as f64, 3.0 * m as f64]
                 }
+                dtype => (0..4)
+                    .map(|i| {
+                        let sum = (0..n).map(|k| summands(k, dtype)[i] as i128).sum();
+                        wrapped(dtype, sum)
+                    })
+                    .collect(),
             };
-            expect(r, &format!("SUM of {dtype}"), &buffer, &want)?;
+            expect(r, &format!("{op:?} of {dtype}"), &buffer, &want)?;
         }
         // Values past the signed range: unsigned types must not read them as negative.
         let big32 = 3_000_000_000.0;
@@ -185,25 +222,29 @@ fn pre_mul_sum_scales_each_rank_by_its_host_or_device_factor<H: Harness>(h: &H) 
     let ran = h.run(n, |r| -> Check {
         let group = r.group("premul", Options::builder())?;
         let k = r.rank as f64 + 1.0;
-        let squares: f64 = (1..=n).map(|j| (j * j) as f64).sum();
+        // Only the first 8 ranks hold non-zero data, so that every partial sum (at most 240) is exact in bf16
+        // whatever the order of the additions; every rank still scales by its own factor.
+        let data = if r.rank < 8 { 1.0 } else { 0.0 };
+        let m = n.min(8);
+        let squares: f64 = (1..=m).map(|j| (j * j) as f64).sum();
+        let ones: f64 = (1..=m).map(|j| j as f64).sum();
         for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
             // Host factor: rank k-1 contributes k * (k / 2).
-            let buffer = r.holding(dtype, &[k, 2.0])?;
+            let buffer = r.holding(dtype, &[k * data, 2.0 * data])?;
             group.all_reduce_sync(&buffer, ReduceOp::PreMulSum(k / 2.0)).ctx(&format!("host PREMUL_SUM {dtype}"))?;
-            let want = [squares / 2.0, (1..=n).map(|j| j as f64).sum()];
-            expect(r, &format!("host PREMUL_SUM of {dtype}"), &buffer, &want)?;
+            expect(r, &format!("host PREMUL_SUM of {dtype}"), &buffer, &[squares / 2.0, ones])?;
             // Device factor: rank k-1 contributes k * (k + 1), its factor read from device memory.
-            let buffer = r.holding(dtype, &[k, 1.0])?;
+            let buffer = r.holding(dtype, &[k * data, data])?;
             let factor = r.holding(dtype, &[k + 1.0])?;
             device_factor(&group, &buffer, &factor)?;
-            let want = [squares + (1..=n).map(|j| j as f64).sum::<f64>(), (2..=n + 1).map(|j| j as f64).sum()];
+            let want = [squares + ones, (2..=m + 1).map(|j| j as f64).sum()];
             expect(r, &format!("device PREMUL_SUM of {dtype}"), &buffer, &want)?;
         }
         // The host form also reduces-scatters: every block is the factor-weighted sum.
-        let input = r.holding(DType::F32, &vec![k; n])?;
+        let input = r.holding(DType::F32, &vec![k * data; n])?;
         let output = r.device.alloc(DType::F32, 1).ctx("alloc")?;
         group.reduce_scatter(&input, &output, ReduceOp::PreMulSum(0.5)).and_then(|w| w.wait()).ctx("reduce_scatter")?;
-        expect(r, "reduce_scatter with PREMUL_SUM", &output, &[(1..=n).map(|j| j as f64).sum::<f64>() / 2.0])?;
+        expect(r, "reduce_scatter with PREMUL_SUM", &output, &[ones / 2.0])?;
         // And with a device factor: rank k-1 scales by k, so every block is the sum of squares.
         let factor = r.holding(DType::F32, &[k])?;
         let work = group.reduce_scatter_pre_mul_sum(&input, &output, &factor).ctx("reduce_scatter, device factor")?;
