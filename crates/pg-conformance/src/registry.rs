@@ -93,6 +93,12 @@ pub fn collective_cases<H: Harness>() -> Vec<Case<H>> {
     crate::cases::collectives::cases::<H>()
 }
 
+/// The cases of every dtype and `PREMUL_SUM`, whose expectations must hold in the dtypes' own arithmetic at any
+/// world size: cheap enough to run at a large one.
+pub fn dtype_cases<H: Harness>() -> Vec<Case<H>> {
+    crate::cases::dtypes::cases::<H>()
+}
+
 /// Runs one case: not applicable if the world is too small, a failure if it panics.
 pub fn run_case<H: Harness>(harness: &H, case: &Case<H>) -> CaseReport {
     let outcome = if harness.world_size() < case.min_ranks {

@@ -1,29 +1,47 @@
-//! The two 8-bit float formats as PyTorch converts them (`float8_e4m3fn`, `float8_e5m2`): rounding to nearest,
-//! ties to even, with PyTorch's overflow rules.
+//! The two 8-bit float formats (`float8_e4m3fn`, `float8_e5m2`): PyTorch's conversions from f32, rounding to
+//! nearest, ties to even, and the saturating conversion CUDA's fp8 types make (what NCCL's reductions round with).
 //!
-//! e4m3fn has no infinities: a magnitude that rounds past its largest finite value (448), an infinity or a NaN
-//! becomes NaN (`0x7f` with the sign), as PyTorch's cast does. e5m2 is IEEE-like: a magnitude that rounds past
-//! 57344 becomes an infinity, a NaN stays NaN.
+//! PyTorch (2.15) converts to e4m3fn saturating: a magnitude that rounds past its largest finite value (448) and
+//! an infinity become 448 with the sign (`0x7e`/`0xfe`); a NaN stays NaN (`0x7f` with the sign), as e4m3fn has no
+//! infinities. e5m2 is IEEE-like in PyTorch's conversion: a magnitude that rounds past 57344 becomes an infinity,
+//! a NaN stays NaN.
+//!
+//! CUDA's `__NV_SATFINITE` conversion (the one `__nv_fp8_e4m3(__half)` and `__nv_fp8_e5m2(__half)` make, which
+//! NCCL's fp8 kernels round every step with) clamps an overflow or an infinity to the largest finite value in both
+//! formats and keeps NaN: [`to_e4m3fn`] is that conversion for e4m3fn, [`to_e5m2_satfinite`] for e5m2.
 
 /// One 8-bit float layout: exponent bias and mantissa width.
 #[derive(Clone, Copy)]
 struct Format {
     bias: i32,
     mantissa_bits: u32,
-    /// The largest magnitude code: NaN for e4m3fn (`0x7f`), infinity for e5m2 (`0x7c`).
+    /// The code above the largest finite one: NaN for e4m3fn (`0x7f`), infinity for e5m2 (`0x7c`).
     overflow: u8,
 }
 
 const E4M3FN: Format = Format { bias: 7, mantissa_bits: 3, overflow: 0x7f };
 const E5M2: Format = Format { bias: 15, mantissa_bits: 2, overflow: 0x7c };
 
-fn encode(format: Format, value: f32) -> u8 {
+/// What a conversion makes of a magnitude past the largest finite value (an infinity included).
+#[derive(Clone, Copy, PartialEq)]
+enum Overflow {
+    /// The format's overflow code (NaN for e4m3fn, infinity for e5m2).
+    Special,
+    /// The largest finite value, with the sign.
+    Saturate,
+}
+
+fn encode(format: Format, value: f32, overflow: Overflow) -> u8 {
     let sign = if value.is_sign_negative() { 0x80 } else { 0 };
+    let limit = match overflow {
+        Overflow::Special => format.overflow,
+        Overflow::Saturate => format.overflow - 1,
+    };
     if value.is_nan() {
         return sign | 0x7f;
     }
     if value.is_infinite() {
-        return sign | format.overflow;
+        return sign | limit;
     }
     let magnitude = f64::from(value.abs());
     if magnitude == 0.0 {
@@ -45,7 +63,7 @@ fn encode(format: Format, value: f32) -> u8 {
         let base = biased.saturating_mul(1 << format.mantissa_bits);
         base.saturating_add(steps_to_code(scaled).saturating_sub(1 << format.mantissa_bits))
     };
-    sign | u8::try_from(code.min(u32::from(format.overflow))).unwrap_or(format.overflow)
+    sign | u8::try_from(code.min(u32::from(limit))).unwrap_or(limit)
 }
 
 /// An exactly integral, non-negative f64 below 2^32 as u32 (larger values saturate, which the caller clamps).
@@ -88,9 +106,9 @@ fn decode(format: Format, code: u8) -> f32 {
     }
 }
 
-/// `value` as `float8_e4m3fn` bits.
+/// `value` as `float8_e4m3fn` bits, as PyTorch converts it: saturating to +-448, NaN kept.
 pub fn to_e4m3fn(value: f32) -> u8 {
-    encode(E4M3FN, value)
+    encode(E4M3FN, value, Overflow::Saturate)
 }
 
 /// The value of `float8_e4m3fn` bits.
@@ -98,9 +116,14 @@ pub fn from_e4m3fn(bits: u8) -> f32 {
     decode(E4M3FN, bits)
 }
 
-/// `value` as `float8_e5m2` bits.
+/// `value` as `float8_e5m2` bits, as PyTorch converts it: past 57344 an infinity, NaN kept.
 pub fn to_e5m2(value: f32) -> u8 {
-    encode(E5M2, value)
+    encode(E5M2, value, Overflow::Special)
+}
+
+/// `value` as `float8_e5m2` bits with CUDA's `__NV_SATFINITE`: past 57344, infinities included, +-57344; NaN kept.
+pub fn to_e5m2_satfinite(value: f32) -> u8 {
+    encode(E5M2, value, Overflow::Saturate)
 }
 
 /// The value of `float8_e5m2` bits.
@@ -118,10 +141,6 @@ mod tests {
         assert_eq!(to_e4m3fn(-2.0), 0xc0);
         assert_eq!(to_e4m3fn(448.0), 0x7e, "largest finite");
         assert_eq!(to_e4m3fn(464.0), 0x7e, "halfway to NaN, ties to the even 448");
-        assert_eq!(to_e4m3fn(470.0), 0x7f, "rounds past 448: NaN, as PyTorch");
-        assert_eq!(to_e4m3fn(1e6), 0x7f);
-        assert_eq!(to_e4m3fn(f32::INFINITY), 0x7f);
-        assert_eq!(to_e4m3fn(f32::NEG_INFINITY), 0xff);
         assert_eq!(to_e4m3fn(2f32.powi(-9)), 0x01, "smallest subnormal");
         assert_eq!(to_e4m3fn(2f32.powi(-10)), 0x00, "half the smallest subnormal ties to even zero");
         assert_eq!(to_e4m3fn(3.0 * 2f32.powi(-10)), 0x02, "1.5 steps ties to the even 2");
@@ -133,6 +152,39 @@ mod tests {
         assert_eq!(from_e4m3fn(0x7e), 448.0);
         assert_eq!(from_e4m3fn(0x01), 2f32.powi(-9));
         assert_eq!(from_e4m3fn(0xc0), -2.0);
+    }
+
+    #[test]
+    fn e4m3fn_saturates_past_448_and_keeps_nan_as_pytorch_2_15() {
+        assert_eq!(to_e4m3fn(449.0), 0x7e, "rounds down to 448 anyway");
+        assert_eq!(to_e4m3fn(464.0), 0x7e, "halfway ties to the even 448");
+        assert_eq!(to_e4m3fn(464.5), 0x7e, "rounds past 448: saturates");
+        assert_eq!(to_e4m3fn(470.0), 0x7e);
+        assert_eq!(to_e4m3fn(-470.0), 0xfe);
+        assert_eq!(to_e4m3fn(1e6), 0x7e);
+        assert_eq!(to_e4m3fn(f32::MAX), 0x7e);
+        assert_eq!(to_e4m3fn(f32::INFINITY), 0x7e, "+inf saturates");
+        assert_eq!(to_e4m3fn(f32::NEG_INFINITY), 0xfe, "-inf saturates");
+        assert_eq!(to_e4m3fn(f32::NAN), 0x7f, "NaN stays NaN");
+        assert_eq!(to_e4m3fn(-f32::NAN), 0xff, "with its sign");
+        assert_eq!(from_e4m3fn(to_e4m3fn(-1e6)), -448.0);
+    }
+
+    #[test]
+    fn e5m2_satfinite_saturates_past_57344_and_keeps_nan() {
+        assert_eq!(to_e5m2_satfinite(57344.0), 0x7b);
+        assert_eq!(to_e5m2_satfinite(61440.0), 0x7b, "halfway: the infinity it would tie to saturates");
+        assert_eq!(to_e5m2_satfinite(1e9), 0x7b);
+        assert_eq!(to_e5m2_satfinite(-1e9), 0xfb);
+        assert_eq!(to_e5m2_satfinite(f32::INFINITY), 0x7b);
+        assert_eq!(to_e5m2_satfinite(f32::NEG_INFINITY), 0xfb);
+        assert!(from_e5m2(to_e5m2_satfinite(f32::NAN)).is_nan());
+        for code in 0..=255u8 {
+            let value = from_e5m2(code);
+            if value.is_finite() {
+                assert_eq!(to_e5m2_satfinite(value), code, "finite values convert as PyTorch's {code:#04x}");
+            }
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! The whole conformance suite on the simulated backend, at world sizes 1, 2, 4 and 8, and the collective cases
-//! also at 3: each test fails listing every case that failed; a case that does not apply must say why, and at
-//! these sizes only cases that need more ranks than the world has may be not applicable.
+//! The whole conformance suite on the simulated backend, at world sizes 1, 2, 4 and 8, the collective cases also
+//! at 3, and the cases whose values depend on the world size (the dtype cases, the Work-reuse case's n^42) also
+//! at 16: each test fails listing every case that failed; a case that does not apply must say why, and at these
+//! sizes only cases that need more ranks than the world has may be not applicable.
 
 use pg_conformance::mock::MockHarness;
-use pg_conformance::{collective_cases, run_all, Outcome};
+use pg_conformance::{cases, collective_cases, dtype_cases, run_all, Outcome};
 
 fn conformance_at(world_size: usize) {
     conformance_of(world_size, |_| true);
@@ -12,6 +13,15 @@ fn conformance_at(world_size: usize) {
 /// Runs the collective cases alone at `world_size`.
 fn collectives_at(world_size: usize) {
     let names: Vec<&str> = collective_cases::<MockHarness>().iter().map(|c| c.name).collect();
+    conformance_of(world_size, |name| names.contains(&name));
+}
+
+/// Runs the dtype cases and the Work-reuse case, whose sums grow with the world, at `world_size`.
+fn arithmetic_at(world_size: usize) {
+    let reuse = "completed_works_nobody_holds_are_reused_and_held_ones_never_are";
+    assert!(cases::<MockHarness>().iter().any(|c| c.name == reuse), "no case {reuse}");
+    let mut names: Vec<&str> = dtype_cases::<MockHarness>().iter().map(|c| c.name).collect();
+    names.push(reuse);
     conformance_of(world_size, |name| names.contains(&name));
 }
 
@@ -53,4 +63,9 @@ fn collectives_world_3() {
 #[test]
 fn conformance_world_8() {
     conformance_at(8);
+}
+
+#[test]
+fn arithmetic_world_16() {
+    arithmetic_at(16);
 }

@@ -1,5 +1,8 @@
 //! Every dtype through the group's ops (unsigned and fp8 included) and `PREMUL_SUM` with host and device
 //! factors.
+//!
+//! Every case holds at any world size: its values fit the dtype whatever the number of ranks and whatever order
+//! the backend adds them in, or its expectation is computed in the dtype's own arithmetic (integer sums wrap).
 
 use pg_core::{Backend, DType, Device as _, Error, ErrorKind, Options, ProcessGroup, ReduceOp};
 
@@ -13,25 +16,33 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
     vec![
         case!(every_dtype_moves_through_broadcast_and_all_gather, 1),
         case!(every_dtype_but_fp8_all_reduces_with_real_values, 1),
-        case!(fp8_all_reduce_rounds_as_pytorch_or_is_refused_with_the_version, 1),
+        case!(fp8_all_reduce_rounds_and_saturates_as_nccl_or_is_refused_with_the_version, 1),
         case!(pre_mul_sum_scales_each_rank_by_its_host_or_device_factor, 1),
+        case!(pre_mul_sum_casts_a_host_factor_to_the_dtype_first, 1),
         case!(pre_mul_sum_refuses_bad_dtypes_and_factors, 1),
     ]
 }
 
-/// What rank `rank` holds: values every dtype stores exactly (no negatives, as unsigned and bool take them).
+/// What rank `rank` holds: values every dtype stores exactly, fp8 included, at any rank (no negatives, as unsigned
+/// and bool take them); the first and third element tell 64 ranks apart.
 fn values(rank: usize, dtype: DType) -> Vec<f64> {
     if dtype == DType::Bool {
         return vec![1.0, 0.0, (rank % 2) as f64, 1.0];
     }
     let fraction = if dtype.is_float() { 0.5 } else { 0.0 };
-    vec![rank as f64 + 1.0, fraction, (rank % 2) as f64, 3.0]
+    vec![(rank % 8) as f64 + 1.0, fraction, ((rank / 8) % 8) as f64, 3.0]
+}
+
+/// Whether two read values are the same, NaN included.
+fn same(got: f64, want: f64) -> bool {
+    got == want || (got.is_nan() && want.is_nan())
 }
 
 /// Reads `buffer` and checks it is `want` exactly.
 fn expect<B: Backend>(r: &Rank<B>, what: &str, buffer: &B::Buffer, want: &[f64]) -> Check {
     let got = r.read(buffer)?;
-    ensure!(got == want, "{what}: got {got:?}, want {want:?}");
+    let equal = got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| same(g, w));
+    ensure!(equal, "{what}: got {got:?}, want {want:?}");
     Ok(())
 }
 
@@ -57,6 +68,32 @@ fn every_dtype_moves_through_broadcast_and_all_gather<H: Harness>(h: &H) -> Chec
     pass()
 }
 
+/// The integer sum `sum` as the dtype's own (wrapping) arithmetic leaves it, as NCCL and PyTorch add integers.
+fn wrapped(dtype: DType, sum: i128) -> f64 {
+    match dtype {
+        DType::I8 => f64::from(sum as i8),
+        DType::U8 => f64::from(sum as u8),
+        DType::I32 => f64::from(sum as i32),
+        DType::U32 => f64::from(sum as u32),
+        DType::I64 => sum as i64 as f64,
+        DType::U64 => sum as u64 as f64,
+        _ => sum as f64,
+    }
+}
+
+/// What rank `rank` adds in the all_reduce of `dtype`. Integers: values up to 100 on every rank, summed with
+/// wrapping. Floats: only the first 8 ranks hold non-zero values, so every partial sum (at most 36) is exact in
+/// every float dtype whatever the order of the additions.
+fn summands(rank: usize, dtype: DType) -> Vec<f64> {
+    if dtype.is_float() {
+        return match rank < 8 {
+            true => vec![rank as f64 + 1.0, 0.5, (rank % 2) as f64, 3.0],
+            false => vec![0.0; 4],
+        };
+    }
+    vec![(rank % 100) as f64 + 1.0, 0.0, (rank % 2) as f64, 3.0]
+}
+
 fn every_dtype_but_fp8_all_reduces_with_real_values<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     let nf = n as f64;
@@ -64,17 +101,24 @@ fn every_dtype_but_fp8_all_reduces_with_real_values<H: Harness>(h: &H) -> Check<
         let group = r.group("dtypes_reduce", Options::builder())?;
         let rank = r.rank as f64;
         for dtype in DType::ALL.into_iter().filter(|d| !d.is_fp8()) {
-            let buffer = r.holding(dtype, &values(r.rank, dtype))?;
             let op = if dtype == DType::Bool { ReduceOp::Max } else { ReduceOp::Sum };
+            let held = if dtype == DType::Bool { values(r.rank, dtype) } else { summands(r.rank, dtype) };
+            let buffer = r.holding(dtype, &held)?;
             group.all_reduce_sync(&buffer, op).ctx(&format!("all_reduce of {dtype}"))?;
             let want = match dtype {
                 DType::Bool => vec![1.0, 0.0, f64::from(u8::from(n > 1)), 1.0],
-                _ => {
-                    let fraction = if dtype.is_float() { 0.5 * nf } else { 0.0 };
-                    vec![nf * (nf + 1.0) / 2.0, fraction, (n / 2) as f64, 3.0 * nf]
+                dtype if dtype.is_float() => {
+                    let m = n.min(8);
+                    vec![(m * (m + 1) / 2) as f64, 0.5 * m as f64, (m / 2) as f64, 3.0 * m as f64]
                 }
+                dtype => (0..4)
+                    .map(|i| {
+                        let sum = (0..n).map(|k| summands(k, dtype)[i] as i128).sum();
+                        wrapped(dtype, sum)
+                    })
+                    .collect(),
             };
-            expect(r, &format!("SUM of {dtype}"), &buffer, &want)?;
+            expect(r, &format!("{op:?} of {dtype}"), &buffer, &want)?;
         }
         // Values past the signed range: unsigned types must not read them as negative.
         let big32 = 3_000_000_000.0;
@@ -104,14 +148,46 @@ fn refused_fp8(error: &Error) -> Option<String> {
     (error.kind() == ErrorKind::Unsupported).then(|| error.to_string())
 }
 
-fn fp8_all_reduce_rounds_as_pytorch_or_is_refused_with_the_version<H: Harness>(h: &H) -> Check<Outcome> {
+/// What rank `rank` of `n` adds in the fp8 sums of `dtype`, and the sums NCCL's arithmetic gives. NCCL adds fp8 in
+/// half and converts each partial sum back with CUDA's saturating conversion: to nearest, ties to even, past the
+/// largest finite value (448 for e4m3fn, 57344 for e5m2) that value, NaN kept. Every sum here is the same in any
+/// order of the additions and at any world size: at most 8 ranks add non-zero values whose partial sums are fp8
+/// values, two ranks add the pairs that round, and the overflowing sums stay at the saturated value.
+fn fp8_summands(rank: usize, n: usize, dtype: DType) -> (Vec<f64>, Vec<f64>) {
+    let (max, ties_up, ties_down) = match dtype {
+        DType::F8E4M3 => (448.0, 0.1875, 0.0625),
+        _ => (57344.0, 0.375, 0.125),
+    };
+    let first8 = if rank < 8 { 1.0 } else { 0.0 };
+    let sign = if rank % 2 == 0 { 1.0 } else { -1.0 };
+    let second = |value: f64| if rank == 1 { value } else { 0.0 };
+    let nan = if rank == 0 { f64::NAN } else { 1.0 };
+    let held = vec![
+        first8,
+        0.25 * sign * first8,
+        if rank == 0 { 1.0 } else { second(ties_up) },
+        if rank == 0 { 1.0 } else { second(ties_down) },
+        max,
+        -max,
+        nan,
+    ];
+    let m = n.min(8);
+    let rounded_up = match (dtype, n) {
+        (_, 1) => 1.0,
+        (DType::F8E4M3, _) => 1.25,
+        _ => 1.5,
+    };
+    let want = vec![m as f64, 0.25 * (m % 2) as f64, rounded_up, 1.0, max, -max, f64::NAN];
+    (held, want)
+}
+
+fn fp8_all_reduce_rounds_and_saturates_as_nccl_or_is_refused_with_the_version<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
-    let nf = n as f64;
     let ran = h.run(n, |r| -> Check<Option<String>> {
         let group = r.group("fp8_reduce", Options::builder())?;
         for dtype in [DType::F8E4M3, DType::F8E5M2] {
-            // Every partial sum of these is an fp8 value for up to 8 ranks, whatever the order.
-            let buffer = r.holding(dtype, &[1.0, 0.25, 2.0 * (r.rank % 2) as f64])?;
+            let (held, want) = fp8_summands(r.rank, n, dtype);
+            let buffer = r.holding(dtype, &held)?;
             match group.all_reduce(&buffer, ReduceOp::Sum) {
                 Ok(work) => work.wait().ctx(&format!("SUM of {dtype}"))?,
                 Err(error) => match refused_fp8(&error) {
@@ -122,13 +198,9 @@ fn fp8_all_reduce_rounds_as_pytorch_or_is_refused_with_the_version<H: Harness>(h
                     None => return Err(format!("SUM of {dtype}: {error}")),
                 },
             }
-            expect(r, &format!("SUM of {dtype}"), &buffer, &[nf, 0.25 * nf, 2.0 * (n / 2) as f64])?;
-            // A sum past the format's range: NaN for e4m3fn (no infinities), infinity for e5m2, as PyTorch.
-            let big = r.holding(dtype, &[if dtype == DType::F8E4M3 { 448.0 } else { 57344.0 }])?;
-            group.all_reduce_sync(&big, ReduceOp::Sum).ctx(&format!("overflowing SUM of {dtype}"))?;
-            let got = r.read(&big)?[0];
-            let overflowed = if dtype == DType::F8E4M3 { got.is_nan() } else { got == f64::INFINITY };
-            ensure!(n == 1 || overflowed, "{dtype}: {n} x max summed to {got}");
+            // In order: ones from the first 8 ranks, +-0.25 from them, 1 + a second rank's value that ties up
+            // to even, one that ties down, n x max and n x -max (saturated), and a NaN that stays NaN.
+            expect(r, &format!("SUM of {dtype} (n x max saturates at max, as NCCL)"), &buffer, &want)?;
         }
         Ok(None)
     })?;
@@ -150,30 +222,80 @@ fn pre_mul_sum_scales_each_rank_by_its_host_or_device_factor<H: Harness>(h: &H) 
     let ran = h.run(n, |r| -> Check {
         let group = r.group("premul", Options::builder())?;
         let k = r.rank as f64 + 1.0;
-        let squares: f64 = (1..=n).map(|j| (j * j) as f64).sum();
+        // Only the first 8 ranks hold non-zero data, so that every partial sum (at most 240) is exact in bf16
+        // whatever the order of the additions; every rank still scales by its own factor.
+        let data = if r.rank < 8 { 1.0 } else { 0.0 };
+        let m = n.min(8);
+        let squares: f64 = (1..=m).map(|j| (j * j) as f64).sum();
+        let ones: f64 = (1..=m).map(|j| j as f64).sum();
         for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
             // Host factor: rank k-1 contributes k * (k / 2).
-            let buffer = r.holding(dtype, &[k, 2.0])?;
+            let buffer = r.holding(dtype, &[k * data, 2.0 * data])?;
             group.all_reduce_sync(&buffer, ReduceOp::PreMulSum(k / 2.0)).ctx(&format!("host PREMUL_SUM {dtype}"))?;
-            let want = [squares / 2.0, (1..=n).map(|j| j as f64).sum()];
-            expect(r, &format!("host PREMUL_SUM of {dtype}"), &buffer, &want)?;
+            expect(r, &format!("host PREMUL_SUM of {dtype}"), &buffer, &[squares / 2.0, ones])?;
             // Device factor: rank k-1 contributes k * (k + 1), its factor read from device memory.
-            let buffer = r.holding(dtype, &[k, 1.0])?;
+            let buffer = r.holding(dtype, &[k * data, data])?;
             let factor = r.holding(dtype, &[k + 1.0])?;
             device_factor(&group, &buffer, &factor)?;
-            let want = [squares + (1..=n).map(|j| j as f64).sum::<f64>(), (2..=n + 1).map(|j| j as f64).sum()];
+            let want = [squares + ones, (2..=m + 1).map(|j| j as f64).sum()];
             expect(r, &format!("device PREMUL_SUM of {dtype}"), &buffer, &want)?;
         }
         // The host form also reduces-scatters: every block is the factor-weighted sum.
-        let input = r.holding(DType::F32, &vec![k; n])?;
+        let input = r.holding(DType::F32, &vec![k * data; n])?;
         let output = r.device.alloc(DType::F32, 1).ctx("alloc")?;
         group.reduce_scatter(&input, &output, ReduceOp::PreMulSum(0.5)).and_then(|w| w.wait()).ctx("reduce_scatter")?;
-        expect(r, "reduce_scatter with PREMUL_SUM", &output, &[(1..=n).map(|j| j as f64).sum::<f64>() / 2.0])?;
+        expect(r, "reduce_scatter with PREMUL_SUM", &output, &[ones / 2.0])?;
         // And with a device factor: rank k-1 scales by k, so every block is the sum of squares.
         let factor = r.holding(DType::F32, &[k])?;
         let work = group.reduce_scatter_pre_mul_sum(&input, &output, &factor).ctx("reduce_scatter, device factor")?;
         work.wait().ctx("wait")?;
         expect(r, "reduce_scatter with a device PREMUL_SUM factor", &output, &[squares])?;
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    pass()
+}
+
+/// `value` as the backend stores it in `dtype`: written to a buffer and read back.
+fn stored<B: Backend>(r: &Rank<B>, dtype: DType, value: f64) -> Check<f64> {
+    Ok(r.read(&r.holding(dtype, &[value])?)?[0])
+}
+
+fn pre_mul_sum_casts_a_host_factor_to_the_dtype_first<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let ran = h.run(n, |r| -> Check {
+        let group = r.group("premul_cast", Options::builder())?;
+        // A factor past the dtype's range is an infinity in it (PyTorch casts a host factor to the input's dtype,
+        // and NCCL's op holds it as one), even where each product would fit: +-tiny x factor is +-infinity.
+        for (dtype, factor, tiny) in [(DType::F16, 1e6, 2f64.powi(-12)), (DType::BF16, 1e39, 2f64.powi(-100))]
+            .into_iter()
+            .chain([(DType::F32, 1e39, 2f64.powi(-100))])
+        {
+            let buffer = r.holding(dtype, &[tiny, -tiny])?;
+            group
+                .all_reduce_sync(&buffer, ReduceOp::PreMulSum(factor))
+                .ctx(&format!("PREMUL_SUM {dtype} x {factor}"))?;
+            let want = [f64::INFINITY, f64::NEG_INFINITY];
+            expect(r, &format!("all_reduce, PREMUL_SUM of {dtype} x {factor:e}"), &buffer, &want)?;
+            let input = r.holding(dtype, &vec![tiny; n])?;
+            let output = r.device.alloc(dtype, 1).ctx("alloc")?;
+            let work = group.reduce_scatter(&input, &output, ReduceOp::PreMulSum(factor));
+            work.and_then(|w| w.wait()).ctx(&format!("reduce_scatter, PREMUL_SUM {dtype}"))?;
+            expect(r, &format!("reduce_scatter, PREMUL_SUM of {dtype} x {factor:e}"), &output, &[f64::INFINITY])?;
+        }
+        // f64 holds such a factor: n x (1 x 2^200), exact.
+        let buffer = r.holding(DType::F64, &[1.0])?;
+        group.all_reduce_sync(&buffer, ReduceOp::PreMulSum(2f64.powi(200))).ctx("PREMUL_SUM Double x 2^200")?;
+        expect(r, "PREMUL_SUM of Double x 2^200", &buffer, &[n as f64 * 2f64.powi(200)])?;
+        // A factor inside the range rounds to the dtype first: rank 0's 3 x 0.1 is 3 x (0.1 in the dtype),
+        // rounded to the dtype (f16: 0.2998046875, where 3 x 0.1 rounded once would be 0.300048828125).
+        for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let buffer = r.holding(dtype, &[if r.rank == 0 { 3.0 } else { 0.0 }])?;
+            group.all_reduce_sync(&buffer, ReduceOp::PreMulSum(0.1)).ctx(&format!("PREMUL_SUM {dtype} x 0.1"))?;
+            let want = stored(r, dtype, 3.0 * stored(r, dtype, 0.1)?)?;
+            expect(r, &format!("PREMUL_SUM of {dtype} x 0.1"), &buffer, &[want])?;
+        }
         Ok(())
     })?;
     ran.no_hazards()?;
