@@ -1,17 +1,18 @@
-//! The whole conformance suite on the simulated backend, at world sizes 1, 2, 4 and 8, and the collective cases
-//! also at 3: each test fails listing every case that failed; a case that does not apply must say why, and at
+//! The whole conformance suite on the simulated backend, at world sizes 1, 2, 4 and 8, the collective cases also
+//! at 3, and the subgroup cases also at 3 and 5 (odd worlds leave a rank without a neighbour of the other
+//! parity): each test fails listing every case that failed; a case that does not apply must say why, and at
 //! these sizes only cases that need more ranks than the world has may be not applicable.
 
 use pg_conformance::mock::MockHarness;
-use pg_conformance::{collective_cases, run_all, Outcome};
+use pg_conformance::{collective_cases, run_all, subgroup_cases, Case, Outcome};
 
 fn conformance_at(world_size: usize) {
     conformance_of(world_size, |_| true);
 }
 
-/// Runs the collective cases alone at `world_size`.
-fn collectives_at(world_size: usize) {
-    let names: Vec<&str> = collective_cases::<MockHarness>().iter().map(|c| c.name).collect();
+/// Runs `cases` alone at `world_size`.
+fn only_at(world_size: usize, cases: Vec<Case<MockHarness>>) {
+    let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
     conformance_of(world_size, |name| names.contains(&name));
 }
 
@@ -47,7 +48,17 @@ fn conformance_world_4() {
 
 #[test]
 fn collectives_world_3() {
-    collectives_at(3);
+    only_at(3, collective_cases());
+}
+
+#[test]
+fn subgroups_world_3() {
+    only_at(3, subgroup_cases());
+}
+
+#[test]
+fn subgroups_world_5() {
+    only_at(5, subgroup_cases());
 }
 
 #[test]
