@@ -173,18 +173,28 @@ impl Library {
         Ok((comm, status))
     }
 
-    /// `ncclCommSplit` (NCCL 2.18 and later).
+    /// `ncclCommSplit` (NCCL 2.18 and later). NCCL writes the new communicator (null for no color) to `newcomm`
+    /// once the split has finished: before returning when `comm` is blocking; later, from NCCL's own thread, when
+    /// `comm` is non-blocking, whose split returns in-progress and whose async state (`comm_get_async_error` of
+    /// `comm`) stays in-progress until then.
     ///
     /// # Safety
-    /// `comm` must be live and used by no other thread during the call.
-    pub unsafe fn comm_split(&self, comm: Comm, color: i32, key: i32, config: &mut Config) -> Result<(Comm, Status)> {
+    /// `comm` must be live and used by no other thread during the call. `newcomm` must stay valid for writes until
+    /// the split has finished, or until `comm` was aborted (NCCL's abort of a non-blocking communicator waits
+    /// for the split's thread).
+    pub unsafe fn comm_split(
+        &self,
+        comm: Comm,
+        color: i32,
+        key: i32,
+        newcomm: *mut Comm,
+        config: &mut Config,
+    ) -> Result<Status> {
         let split = self.fns.comm_split.ok_or(Error::Unavailable { call: "ncclCommSplit", version: self.version })?;
-        let mut new: Comm = std::ptr::null_mut();
-        // SAFETY: the caller guarantees `comm`; `new` and `config` are valid.
-        let raw = unsafe { split(comm, color, key, &mut new, config) };
+        // SAFETY: the caller guarantees `comm` and `newcomm`; `config` is valid.
+        let raw = unsafe { split(comm, color, key, newcomm, config) };
         // SAFETY: `comm` is live.
-        let status = unsafe { self.check("ncclCommSplit", raw, comm) }?;
-        Ok((new, status))
+        unsafe { self.check("ncclCommSplit", raw, comm) }
     }
 
     /// `ncclCommGetAsyncError`: the communicator's asynchronous state (success, in-progress or an error code).

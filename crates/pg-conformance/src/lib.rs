@@ -27,5 +27,7 @@ pub use harness::{
     Capabilities, Clock, Fault, Harness, Hazard, HazardKind, HostThread, KernelKind, KernelLaunch, NoCapabilities,
     Offers, Ran, Rank,
 };
-pub use registry::{cases, collective_cases, dtype_cases, run_all, run_case, Case, CaseReport, Outcome};
+pub use registry::{
+    cases, collective_cases, dtype_cases, run_all, run_case, subgroup_cases, Case, CaseReport, Outcome,
+};
 pub use values::{decode, encode};

@@ -99,6 +99,11 @@ pub fn dtype_cases<H: Harness>() -> Vec<Case<H>> {
     crate::cases::dtypes::cases::<H>()
 }
 
+/// The subgroup cases alone (`new_group`, `split_by_color`, `DeviceMesh` and their failures).
+pub fn subgroup_cases<H: Harness>() -> Vec<Case<H>> {
+    crate::cases::subgroups::cases::<H>()
+}
+
 /// Runs one case: not applicable if the world is too small, a failure if it panics.
 pub fn run_case<H: Harness>(harness: &H, case: &Case<H>) -> CaseReport {
     let outcome = if harness.world_size() < case.min_ranks {

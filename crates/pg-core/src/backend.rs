@@ -494,7 +494,16 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     /// Splits this communicator (NCCL's `ncclCommSplit`): every rank of it calls, ranks passing the same
     /// `Some(color)` form one new communicator, ordered by `key` then by rank here; a rank passing `None` joins
     /// none and gets `None`. Blocks until every rank has called; the new communicator is ready on return.
-    fn split(&self, _color: Option<u32>, _key: usize) -> Result<Option<<Self::B as Backend>::Communicator>>
+    ///
+    /// `config.description` names the new communicator. With `config.timeout`, a split that not every rank has
+    /// joined by then fails with [`crate::Error::InitTimeout`] and leaves this communicator aborted (NCCL can
+    /// abandon a split only by aborting the communicator it splits); `config.nonblocking` is not used.
+    fn split(
+        &self,
+        _color: Option<u32>,
+        _key: usize,
+        _config: &CommConfig,
+    ) -> Result<Option<<Self::B as Backend>::Communicator>>
     where
         Self: Sized,
     {

@@ -111,6 +111,29 @@ pub enum Error {
         /// What was found there.
         detail: String,
     },
+    /// The ranks of a group made different subgroup calls at the same place in their order: one called
+    /// `new_group` with other ranks than another, or `new_group` where another called `split_by_color`. A rank's
+    /// n-th subgroup call names the subgroup on every rank, so ranks that disagree would pair with the wrong
+    /// peers; no data moves.
+    #[error(
+        "subgroup call {call} of group '{group}' differs between ranks: rank {rank} called {mine}, but rank {peer} \
+         called {theirs}; every rank must call new_group and split_by_color in the same order, with the same \
+         ranks (as in torch.distributed)"
+    )]
+    SubgroupMismatch {
+        /// The parent group's name.
+        group: String,
+        /// The call's number among the parent's subgroup calls (from 0).
+        call: u64,
+        /// This rank, in the parent group.
+        rank: usize,
+        /// What this rank called.
+        mine: String,
+        /// The first rank (in the parent group) whose call differs.
+        peer: usize,
+        /// What that rank called.
+        theirs: String,
+    },
     /// The caller passed something wrong: a size, a dtype, a rank, an environment value.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -150,6 +173,8 @@ pub enum ErrorKind {
     StoreNetwork,
     /// [`Error::PrefixCollision`].
     PrefixCollision,
+    /// [`Error::SubgroupMismatch`].
+    SubgroupMismatch,
     /// [`Error::InvalidArgument`].
     InvalidArgument,
     /// [`Error::Unsupported`].
@@ -174,6 +199,7 @@ impl Error {
             Error::Rendezvous { source, .. } if source.is_timeout() => ErrorKind::StoreTimeout,
             Error::Store(_) | Error::Rendezvous { .. } => ErrorKind::StoreNetwork,
             Error::PrefixCollision { .. } => ErrorKind::PrefixCollision,
+            Error::SubgroupMismatch { .. } => ErrorKind::SubgroupMismatch,
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Backend(_) => ErrorKind::Backend,

@@ -29,6 +29,7 @@ mod shared;
 mod signals;
 mod status;
 mod stream_guard;
+mod subgroup_call;
 mod subgroups;
 mod torch_compat;
 mod types;

@@ -538,7 +538,7 @@ impl<B: Backend> ProcessGroup<B> {
 
     // ===== the template =====
 
-    fn collective_key(&self) -> CommKey {
+    pub(crate) fn collective_key(&self) -> CommKey {
         CommKey::Collective(vec![self.inner.device.index()])
     }
 
@@ -766,8 +766,8 @@ impl<B: Backend> ProcessGroup<B> {
         let created = self.create_comm(key, &cache_key, &store_key);
         let mut cache = self.lock_cache();
         cache.initializing.remove(&cache_key);
-        if let Err(error @ Error::PrefixCollision { .. }) = &created {
-            // Every later op of this group would read keys of the other group: the group is unusable.
+        if let Err(error @ (Error::PrefixCollision { .. } | Error::SubgroupMismatch { .. })) = &created {
+            // Every later op of this group would read keys of another group: the group is unusable.
             self.inner.tear_down(error.clone());
         }
         let entry = created?;
@@ -789,6 +789,11 @@ impl<B: Backend> ProcessGroup<B> {
         let timeout = inner.timeout();
         let deadline = inner.device.now().saturating_add(timeout);
         let init_timeout = |what: String| Error::InitTimeout { cache_key: cache_key.to_owned(), timeout, what };
+        if let Some(call) = inner.membership.as_ref().and_then(|membership| membership.call.as_ref()) {
+            // A subgroup made by a rendezvous: every rank of the parent must have made the same subgroup call,
+            // else its members would meet ranks of another group under this group's keys.
+            call.check(&inner.device, deadline, &init_timeout)?;
+        }
         let id = self.exchange_unique_id(comm_rank, cache_key, store_key, deadline, &init_timeout)?;
         let remaining = deadline.saturating_sub(inner.device.now());
         let config = CommConfig {

@@ -14,6 +14,7 @@ use crate::in_flight::InFlight;
 use crate::reuse::WorkPool;
 use crate::signals::{Signals, StoreLink, Threads};
 use crate::status::{ErrorState, GroupStatus};
+use crate::subgroup_call::SubgroupCall;
 use crate::work::WorkState;
 use crate::{Backend, Communicator, Error, Options};
 
@@ -21,6 +22,9 @@ use crate::{Backend, Communicator, Error, Options};
 pub(crate) struct Membership {
     /// The subgroup's members as ranks of the world, in group-rank order.
     pub(crate) global_ranks: Arc<[usize]>,
+    /// The parent's subgroup call that made it, when the ranks' views of that call are still to be compared
+    /// (before the subgroup's first communicator is created).
+    pub(crate) call: Option<SubgroupCall>,
 }
 
 /// What a group is and what it has done, for its handles and its threads.

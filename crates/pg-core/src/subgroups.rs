@@ -4,76 +4,89 @@
 //!
 //! A subgroup is a process group of its own, with its own communicator cache, store prefix and sequence
 //! numbers. Making one is collective over the parent: every rank of the parent makes the same calls in the
-//! same order (as PyTorch requires), members get the group and the others `None`. Each call takes the next
-//! number of the parent's subgroup counter, which names the subgroup's store prefix (`group.{n}` under the
-//! parent's store), so ranks that made the same calls agree on the keys without talking.
+//! same order, with the same ranks (as PyTorch requires), members get the group and the others `None`. Each
+//! call takes the next number of the parent's subgroup counter, which names the subgroup's store prefix
+//! (`group.{n}` under the parent's store), so ranks that made the same calls agree on the keys without talking.
 //!
-//! When the parent's collective communicator exists and is not aborted, every rank of the parent splits it
-//! ([`crate::Communicator::split`], NCCL's `ncclCommSplit`; non-members pass no color) and the subgroup adopts
-//! its part as its collective communicator: no unique-id exchange. Otherwise the subgroup's first op creates
-//! one by a fresh rendezvous under its store prefix. The prefix is the same either way. Ranks decide alike
-//! when they ran the same ops on the parent, as the collective-call rule already requires; a backend without
-//! a split falls back to the rendezvous on every rank.
+//! Ranks that broke the rule would meet under one prefix with different members, so each call is checked:
+//! every rank of the parent publishes what its call `n` was (`subgroup.{n}/{rank}` under the parent's store:
+//! `new_group` and its ranks, or `split_by_color`), and before any communicator of the subgroup is made the
+//! ranks that take part read every rank's and fail with [`Error::SubgroupMismatch`] if one differs, so no data
+//! moves. A rank that never makes the call makes the others fail with [`Error::InitTimeout`] at the new group's
+//! timeout.
+//!
+//! When the parent's collective communicator exists and is not aborted, every rank of the parent checks the
+//! call, then splits it ([`crate::Communicator::split`], NCCL's `ncclCommSplit`; non-members pass no color,
+//! and the split gives up at the new group's timeout) and the subgroup adopts its part as its collective
+//! communicator: no unique-id exchange. Otherwise the members check the call when the subgroup's first
+//! communicator is created, and that one is made by a fresh rendezvous under the subgroup's store prefix. The
+//! prefix is the same either way. Ranks decide alike when they ran the same ops on the parent, as the
+//! collective-call rule already requires; a backend without a split falls back to the rendezvous on every rank.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pg_store::{PrefixStore, Store};
 
 use crate::process_group::Kind;
 use crate::shared::Membership;
-use crate::{Backend, Communicator as _, Error, Options, ProcessGroup, Result};
+use crate::subgroup_call::{color_of, ranks_text, split_view, SubgroupCall};
+use crate::{Backend, CommConfig, Communicator as _, Device as _, Error, Options, ProcessGroup, Result};
 
 impl<B: Backend> ProcessGroup<B> {
     /// A group of the parent's ranks `ranks` (PyTorch's `dist.new_group(ranks)`); every rank of the parent
-    /// calls it with the same `ranks`, members get `Some(group)`, the others `None`.
+    /// calls it with the same `ranks`, in the same order among its `new_group` and `split_by_color` calls;
+    /// members get `Some(group)`, the others `None`.
     ///
     /// Ranks are this group's ranks, in any order, without repeats; a member's rank in the new group is its
     /// position among them in ascending order, as in PyTorch. Options whose `group_name` is the default get the
     /// name `{parent}.{n}`, `n` counting the subgroups made from this parent. Like every group, it creates no
-    /// communicator before its first op unless `options.eager_init`.
+    /// communicator before its first op unless `options.eager_init` or the parent's communicator is split.
+    ///
+    /// A rank whose call differs from another rank's (other ranks, or a `split_by_color` there) gets
+    /// [`Error::SubgroupMismatch`] from the call when the parent's communicator is split, else from the
+    /// subgroup's first op; a rank that never makes the call makes the others fail with
+    /// [`Error::InitTimeout`] at `options.timeout`.
     pub fn new_group(&self, ranks: &[usize], options: Options) -> Result<Option<ProcessGroup<B>>> {
         let members = self.checked_members("new_group", ranks)?;
-        let index = self.next_subgroup_index();
-        self.make_subgroup(index, None, &members, options)
+        let deadline = self.device().now().saturating_add(options.timeout);
+        let call = self.subgroup_call(format!("new_group(ranks {})", ranks_text(&members)))?;
+        self.make_subgroup(call, None, &members, options, deadline)
     }
 
     /// Splits this group by color (NCCL's `ncclCommSplit`, PyTorch's `split_group`): every rank of this group
-    /// calls it, ranks that pass the same `Some(color)` form one new group, in the order of this group's ranks;
-    /// a rank that passes `None` joins no group and gets `None`.
+    /// calls it, in the same order among its `new_group` and `split_by_color` calls; ranks that pass the same
+    /// `Some(color)` form one new group, in the order of this group's ranks; a rank that passes `None` joins no
+    /// group and gets `None`.
     ///
     /// The colors are exchanged through the store, so the call returns once every rank of this group has made
-    /// it (or fails with the store's timeout naming the rank that did not).
+    /// it, or fails with [`Error::InitTimeout`] at `options.timeout` naming the ranks that did not; a rank that
+    /// made `new_group` as this call is an [`Error::SubgroupMismatch`].
     pub fn split_by_color(&self, color: Option<u32>, options: Options) -> Result<Option<ProcessGroup<B>>> {
-        let index = self.next_subgroup_index();
-        let store = self.store();
-        let key = |rank: usize| format!("split.{index}/color/{rank}");
-        let mine = match color {
-            Some(color) => color.to_string(),
-            None => "none".to_owned(),
-        };
-        store.set(&key(self.rank()), mine.as_bytes())?;
-        let Some(color) = color else {
-            return self.make_subgroup(index, None, &[], options);
-        };
+        let deadline = self.device().now().saturating_add(options.timeout);
+        let call = self.subgroup_call(split_view(color))?;
+        let views = call.views(self.device(), deadline, &|what| self.subgroup_timeout(&options, what))?;
         let mut members = Vec::new();
-        for rank in 0..self.size() {
-            let value = match rank == self.rank() {
-                true => mine.clone().into_bytes(),
-                false => store.get(&key(rank))?,
-            };
-            let theirs = String::from_utf8_lossy(&value);
-            if theirs == color.to_string() {
-                members.push(rank);
-            } else if theirs != "none" && theirs.parse::<u32>().is_err() {
-                return Err(Error::invalid(format!(
-                    "split_by_color: rank {rank} published color '{theirs}' under '{}': not a color; is another \
-                     program using this store prefix?",
-                    key(rank)
-                )));
+        for (rank, view) in views.iter().enumerate() {
+            match color_of(view) {
+                Some(theirs) => {
+                    if color.is_some() && theirs == color {
+                        members.push(rank);
+                    }
+                }
+                None if view.starts_with("new_group(") => return Err(call.mismatch(rank, view)),
+                None => {
+                    return Err(Error::invalid(format!(
+                        "split_by_color: rank {rank} published '{view}' under '{}': not a subgroup call; is another \
+                         program using this store prefix?",
+                        call.key(rank)
+                    )))
+                }
             }
         }
-        self.make_subgroup(index, Some(color), &members, options)
+        call.mark_checked();
+        self.make_subgroup(call, color, &members, options, deadline)
     }
 
     /// This group's rank of the world rank `global`, or `None` when `global` is not a member (PyTorch's
@@ -126,18 +139,32 @@ impl<B: Backend> ProcessGroup<B> {
         Ok(seen.into_iter().collect())
     }
 
-    /// Makes subgroup number `index` of these members (this group's ranks, ascending or in split order), under
-    /// the store prefix `group.{index}`, or `group.{index}.{color}` for one color of a split: the groups of one
-    /// split exchange their unique ids under keys of their own.
+    /// Takes the number of this group's next subgroup call and publishes this rank's `view` of it.
+    fn subgroup_call(&self, view: String) -> Result<SubgroupCall> {
+        let (parent, number) = (self.options().group_name.clone(), self.next_subgroup_index());
+        SubgroupCall::publish(Arc::clone(self.store()), parent, (self.rank(), self.size()), number, view)
+    }
+
+    /// The [`Error::InitTimeout`] of a subgroup made with `options` that waited for `what`.
+    fn subgroup_timeout(&self, options: &Options, what: String) -> Error {
+        Error::InitTimeout { cache_key: self.collective_key().cache_key(), timeout: options.timeout, what }
+    }
+
+    /// Makes the subgroup of `call` with these members (this group's ranks, ascending or in split order), under
+    /// the store prefix `group.{n}`, or `group.{n}.{color}` for one color of a split: the groups of one split
+    /// exchange their unique ids under keys of their own. A split of the parent gives up at `deadline` (the
+    /// device's clock).
     fn make_subgroup(
         &self,
-        index: u64,
+        call: SubgroupCall,
         color: Option<u32>,
         members: &[usize],
         mut options: Options,
+        deadline: Duration,
     ) -> Result<Option<ProcessGroup<B>>> {
+        let index = call.number();
         let position = members.iter().position(|&rank| rank == self.rank());
-        let child = self.split_parent(position.map(|_| color.unwrap_or(0)))?;
+        let child = self.split_parent(&call, position.map(|_| color.unwrap_or(0)), &options, deadline)?;
         let Some(group_rank) = position else {
             return Ok(None);
         };
@@ -150,20 +177,45 @@ impl<B: Backend> ProcessGroup<B> {
             None => format!("group.{index}"),
         };
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix, Arc::clone(self.store())));
-        let membership = Membership { global_ranks };
+        // A call not checked yet is checked when the subgroup's first communicator is created.
+        let unchecked = !call.is_checked();
+        let membership = Membership { global_ranks, call: unchecked.then_some(call) };
         let kind = Kind::Subgroup(membership);
         ProcessGroup::build(store, (group_rank, members.len()), self.device().clone(), options, kind, child).map(Some)
     }
 
     /// Splits the parent's collective communicator if it is live, this rank joining `color`'s part (ordered by
-    /// this group's rank); `None` when there is nothing to split or the backend has no split.
-    fn split_parent(&self, color: Option<u32>) -> Result<Option<B::Communicator>> {
+    /// this group's rank), once every rank's view of `call` agrees; `None` when there is nothing to split or the
+    /// backend has no split. Every wait ends by `deadline`.
+    fn split_parent(
+        &self,
+        call: &SubgroupCall,
+        color: Option<u32>,
+        options: &Options,
+        deadline: Duration,
+    ) -> Result<Option<B::Communicator>> {
         let Some(parent) = self.live_collective() else {
             return Ok(None);
         };
-        match parent.split(color, self.rank()) {
+        let timed_out = |what| self.subgroup_timeout(options, what);
+        // Every rank of the parent takes part in a split: ranks whose calls differ stop here, before any of them
+        // joins it.
+        call.check(self.device(), deadline, &timed_out)?;
+        let config = CommConfig {
+            nonblocking: false,
+            description: format!(
+                "{}:{} subgroup {}",
+                self.options().group_desc,
+                self.options().group_name,
+                call.number()
+            ),
+            timeout: Some(deadline.saturating_sub(self.device().now())),
+        };
+        match parent.split(color, self.rank(), &config) {
             Ok(child) => Ok(child),
             Err(Error::Unsupported(_)) => Ok(None),
+            // The backend names the split by its description; the subgroup's key is its collective key.
+            Err(Error::InitTimeout { what, .. }) => Err(timed_out(what)),
             Err(error) => Err(error),
         }
     }
@@ -174,7 +226,8 @@ impl<B: Backend> ProcessGroup<B> {
 /// its row and its `dp` group the 2 ranks of its column.
 ///
 /// Every rank of the world makes the mesh with the same shape; it makes every slice's group in the same order on
-/// every rank (ranks outside a slice take part in naming it only), so creation costs no communication.
+/// every rank (ranks outside a slice take part in naming it only), so creation costs one store write per slice
+/// and waits for no other rank (unless the world's communicator exists and is split).
 pub struct DeviceMesh<B: Backend> {
     names: Vec<String>,
     shape: Vec<usize>,

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use pg_core::{Buffer as _, Error, ReduceOp, Result};
+use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, Result};
 
 use crate::buffer::{MockBuffer, WeakBuffer};
-use crate::clock::{transfer, Cond, OpRef, Time};
+use crate::clock::{ns, transfer, Cond, OpRef, Time, Wake};
 use crate::fault::Fault;
 use crate::hazard::{Accessor, Mode};
 use crate::sched::Inner;
@@ -934,7 +934,7 @@ impl pg_core::Communicator for MockCommunicator {
         self.enqueue_scaled(kind, input, output, Some(scalar), stream, (true, true))
     }
 
-    fn split(&self, color: Option<u32>, key: usize) -> Result<Option<MockCommunicator>> {
+    fn split(&self, color: Option<u32>, key: usize, config: &CommConfig) -> Result<Option<MockCommunicator>> {
         let tid = self.inner.require("split");
         let mut state = self.inner.lock();
         state.apply_scheduled_abort(self.group, self.rank);
@@ -944,7 +944,20 @@ impl pg_core::Communicator for MockCommunicator {
         let time = state.local(Some(tid));
         let n = state.split_part(self.group, self.rank, (color, key, self.device), time)?;
         let what = format!("splitting communicator {} (split {n}, color {color:?})", state.comm_number(self.group));
-        let (state, _) = self.inner.park(state, tid, Cond::SplitDone(self.group, n), None, None, what);
+        let deadline = config.timeout.map(|timeout| time.saturating_add(ns(timeout)));
+        let (mut state, woke) = self.inner.park(state, tid, Cond::SplitDone(self.group, n), deadline, None, what);
+        if woke == Wake::Deadline {
+            // Not every rank called in time: this rank leaves the split as NCCL does, by aborting the parent.
+            let waiting = state.split_status(self.group, n);
+            let time = state.local(Some(tid));
+            state.abort_rank(self.group, self.rank, "a split of this communicator timed out", time);
+            self.inner.raise(state);
+            return Err(Error::InitTimeout {
+                cache_key: config.description.clone(),
+                timeout: config.timeout.unwrap_or_default(),
+                what: format!("{waiting}; the parent communicator was aborted"),
+            });
+        }
         let child = state.comms.splits.get(&(self.group, n)).and_then(|round| round.children.get(&self.rank).copied());
         self.inner.raise(state);
         Ok(child.map(|(group, rank, size)| MockCommunicator {

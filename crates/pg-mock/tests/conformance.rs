@@ -1,18 +1,19 @@
 //! The whole conformance suite on the simulated backend, at world sizes 1, 2, 4 and 8, the collective cases also
-//! at 3, and the cases whose values depend on the world size (the dtype cases, the Work-reuse case's n^42) also
-//! at 16: each test fails listing every case that failed; a case that does not apply must say why, and at these
-//! sizes only cases that need more ranks than the world has may be not applicable.
+//! at 3, the subgroup cases also at 3 and 5 (odd worlds leave a rank without a neighbour of the other parity),
+//! and the cases whose values depend on the world size (the dtype cases, the Work-reuse case's n^42) also at 16:
+//! each test fails listing every case that failed; a case that does not apply must say why, and at these sizes
+//! only cases that need more ranks than the world has may be not applicable.
 
 use pg_conformance::mock::MockHarness;
-use pg_conformance::{cases, collective_cases, dtype_cases, run_all, Outcome};
+use pg_conformance::{cases, collective_cases, dtype_cases, run_all, subgroup_cases, Case, Outcome};
 
 fn conformance_at(world_size: usize) {
     conformance_of(world_size, |_| true);
 }
 
-/// Runs the collective cases alone at `world_size`.
-fn collectives_at(world_size: usize) {
-    let names: Vec<&str> = collective_cases::<MockHarness>().iter().map(|c| c.name).collect();
+/// Runs `cases` alone at `world_size`.
+fn only_at(world_size: usize, cases: Vec<Case<MockHarness>>) {
+    let names: Vec<&str> = cases.iter().map(|c| c.name).collect();
     conformance_of(world_size, |name| names.contains(&name));
 }
 
@@ -57,7 +58,17 @@ fn conformance_world_4() {
 
 #[test]
 fn collectives_world_3() {
-    collectives_at(3);
+    only_at(3, collective_cases());
+}
+
+#[test]
+fn subgroups_world_3() {
+    only_at(3, subgroup_cases());
+}
+
+#[test]
+fn subgroups_world_5() {
+    only_at(5, subgroup_cases());
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn split_orders_each_color_by_key_and_leaves_no_color_out() {
         let parent = device.create_communicator(&id, 4, rank, &Default::default()).expect("communicator");
         // Ranks 0, 1 and 3 share a color; rank 2 has none. Keys run backwards, so the child's order is 3, 1, 0.
         let color = (rank != 2).then_some(9);
-        let child = parent.split(color, 10 - rank).expect("split");
+        let child = parent.split(color, 10 - rank, &Default::default()).expect("split");
         let stream = device.current_stream();
         // The parent still works after the split, on every rank.
         let one = device.alloc(DType::F32, 1).expect("alloc");

@@ -10,24 +10,15 @@ use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
 use crate::exchange::{self, Call};
+use crate::handle::RawComm;
 #[cfg(feature = "testing")]
 use crate::launches::{self, KernelKind};
 use crate::premul::{self, OpPlan};
+use crate::split::{self, Ended, SplitCall};
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
 const ABORT_LOCK_WAIT: Duration = Duration::from_millis(100);
-
-/// An `ncclComm_t` that may move between threads.
-#[derive(Clone, Copy)]
-struct RawComm(nccl_sys::Comm);
-
-// SAFETY: an NCCL communicator is not tied to the thread that made it; NCCL only requires that calls on it
-// are not issued by two threads at once, which `Communicator` enforces with its issue mutex (and the handle
-// lock for the calls NCCL allows from any thread: async-error query and abort).
-unsafe impl Send for RawComm {}
-// SAFETY: as above: shared references only reach the handle through `Communicator`'s locks.
-unsafe impl Sync for RawComm {}
 
 /// One NCCL communicator of this process: a rank of `size`, on one device.
 ///
@@ -149,6 +140,17 @@ impl Communicator {
     fn aborted_error(&self) -> Error {
         let reason = self.abort_reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Error::Aborted { reason: reason.unwrap_or_else(|| "the communicator was aborted".into()) }
+    }
+
+    /// Marks the communicator aborted for `reason` and takes its handle out, without calling NCCL: whoever
+    /// holds the handle now (a split that did not finish) aborts it once NCCL lets go of it.
+    /// Returns whether it took the handle (`false`: an abort had taken it already).
+    fn retire(&self, reason: &str) -> bool {
+        self.abort_reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.to_owned());
+        self.aborted.store(true, Ordering::Release);
+        let taken = self.handle.write().unwrap_or_else(|e| e.into_inner()).take();
+        tracing::warn!(rank = self.rank, size = self.size, reason, "retiring NCCL communicator");
+        taken.is_some()
     }
 
     /// The live handle, or the aborted error.
@@ -620,7 +622,7 @@ impl pg_core::Communicator for Communicator {
         Ok(())
     }
 
-    fn split(&self, color: Option<u32>, key: usize) -> pg_core::Result<Option<Self>> {
+    fn split(&self, color: Option<u32>, key: usize, config: &CommConfig) -> pg_core::Result<Option<Self>> {
         let nccl_color = match color {
             Some(color) => i32::try_from(color)
                 .map_err(|_| Error::invalid(format!("split color {color} is above NCCL's int range")))?,
@@ -630,13 +632,38 @@ impl pg_core::Communicator for Communicator {
             i32::try_from(key).map_err(|_| Error::invalid(format!("split key {key} is above NCCL's int range")))?;
         let _issuing = self.lock_issue();
         let comm = self.live()?;
-        self.device.bind_to_thread().map_err(cuda_error)?;
-        let mut config = self.library.config(true);
-        // SAFETY: the handle is live and no other thread issues on it (the issue mutex is held); the device's
-        // context is current, so the child lives on the same device.
-        let (handle, status) =
-            unsafe { self.library.comm_split(comm.0, nccl_color, nccl_key, &mut config) }.map_err(nccl_error)?;
-        if handle.is_null() {
+        let call = SplitCall {
+            library: self.library,
+            device: self.device.clone(),
+            parent: comm,
+            color: nccl_color,
+            key: nccl_key,
+        };
+        let reason = "a split of this communicator timed out";
+        let ended = match self.nonblocking {
+            false => split::split_bounded(call, config.timeout, || self.retire(reason))?,
+            true => {
+                let deadline = config.timeout.map(|timeout| Instant::now() + timeout);
+                // The abort waits briefly for the issue mutex, which this thread holds, then aborts under it.
+                let abort = || pg_core::Communicator::abort(self, reason);
+                split::split_nonblocking(&call, deadline, || self.async_state(), abort, |s| self.state_error(s))?
+            }
+        };
+        let handle = match ended {
+            Ended::Finished(result) => result?,
+            Ended::TimedOut => {
+                return Err(Error::InitTimeout {
+                    cache_key: config.description.clone(),
+                    timeout: config.timeout.unwrap_or_default(),
+                    what: format!(
+                        "rank {} of {} called ncclCommSplit, which did not finish in time (not every rank of the \
+                         parent called it); the parent communicator was aborted",
+                        self.rank, self.size
+                    ),
+                })
+            }
+        };
+        if handle.0.is_null() {
             return Ok(None);
         }
         let mut child = Self {
@@ -645,19 +672,22 @@ impl pg_core::Communicator for Communicator {
             rank: 0,
             size: 0,
             nonblocking: false,
-            description: format!("{} split color {nccl_color}", self.description),
-            handle: RwLock::new(Some(RawComm(handle))),
+            description: match config.description.is_empty() {
+                true => format!("{} split color {nccl_color}", self.description),
+                false => config.description.clone(),
+            },
+            handle: RwLock::new(Some(handle)),
             issue: Mutex::new(()),
-            ready: AtomicBool::new(status.is_success()),
+            ready: AtomicBool::new(true),
             aborted: AtomicBool::new(false),
             finalized: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
         };
         // SAFETY: `handle` is the live communicator NCCL just made, used by this thread only; a failure drops
         // `child`, which destroys it.
-        child.rank = unsafe { self.library.comm_user_rank(handle) }.map_err(nccl_error)?;
+        child.rank = unsafe { self.library.comm_user_rank(handle.0) }.map_err(nccl_error)?;
         // SAFETY: as above.
-        child.size = unsafe { self.library.comm_count(handle) }.map_err(nccl_error)?;
+        child.size = unsafe { self.library.comm_count(handle.0) }.map_err(nccl_error)?;
         tracing::debug!(rank = child.rank, size = child.size, color = nccl_color, key, "NCCL communicator split");
         Ok(Some(child))
     }

@@ -12,6 +12,10 @@
 //! [`pg_core::Communicator::abort`] marks the communicator aborted, takes the handle out under the write lock
 //! (so no later call can reach it), waits briefly for the issue mutex, and calls `ncclCommAbort` with the
 //! mutex if it got it, or without it if a thread is blocked inside NCCL (the case NCCL allows it for).
+//! [`pg_core::Communicator::split`] of a blocking communicator issues `ncclCommSplit` from a helper thread while
+//! the caller holds the issue mutex, so that the caller can give up at the split's timeout; one that gives up
+//! retires the communicator (aborted, handle taken out, no NCCL call) and leaves the abort to the helper
+//! (`split.rs`).
 
 mod buffer;
 mod communicator;
@@ -21,12 +25,14 @@ mod conv;
 mod device;
 mod exchange;
 mod foreign;
+mod handle;
 #[cfg(feature = "testing")]
 pub mod launches;
 pub mod placement;
 mod premul;
 #[cfg(feature = "testing")]
 pub mod raw;
+mod split;
 mod stream;
 
 pub use buffer::Buffer;

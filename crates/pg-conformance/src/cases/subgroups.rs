@@ -1,9 +1,13 @@
 //! Subgroups: `new_group`, `split_by_color`, the rank maps and `DeviceMesh`, each made both ways (split from the
-//! parent's live communicator, and by a fresh rendezvous when the parent has none) and checked with real data.
+//! parent's live communicator, and by a fresh rendezvous when the parent has none) and checked with real data;
+//! subgroup calls that differ between ranks or that a rank never makes, and a split a rank never joins.
 
-use pg_core::{Backend, DType, DeviceMesh, ErrorKind, Options, ProcessGroup, ReduceOp};
+use std::time::Duration;
 
-use super::case;
+use pg_core::{Backend, CommConfig, Communicator as _, DType, Device as _, DeviceMesh, ErrorKind, Options};
+use pg_core::{ProcessGroup, ReduceOp};
+
+use super::{case, communicator, need, needs_virtual_clock};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
 use crate::registry::{pass, Case, Outcome};
@@ -16,6 +20,9 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(a_subgroup_of_a_subgroup_maps_to_world_ranks, 4),
         case!(every_group_of_2x4_4x2_and_2x2x2_meshes_reduces_over_its_slice, 8),
         case!(bad_subgroup_arguments_are_refused_by_name, 1),
+        case!(new_group_called_in_different_orders_fails_on_every_rank_split_or_rendezvous, 4),
+        case!(a_new_group_call_a_rank_never_makes_times_out_split_or_rendezvous, 2),
+        case!(a_split_a_rank_never_joins_times_out_and_aborts_the_parent, 2),
     ]
 }
 
@@ -75,7 +82,11 @@ fn new_group_gives_members_a_group_and_non_members_none_split_or_rendezvous<H: H
             ensure_eq!(mine.rank(), r.rank / 2, "{path:?}: group rank = position among the sorted members");
             ensure_eq!(mine.global_rank(mine.rank()).ctx("global_rank")?, r.rank, "{path:?}: global_rank");
             ensure_eq!(mine.group_rank(r.rank), Some(r.rank / 2), "{path:?}: group_rank");
-            ensure_eq!(mine.group_rank((r.rank + 1) % n), None, "{path:?}: group_rank of the other parity");
+            // A neighbour of the other parity, where the world has one.
+            let other = if r.rank % 2 == 0 { r.rank + 1 } else { r.rank - 1 };
+            if other < n {
+                ensure_eq!(mine.group_rank(other), None, "{path:?}: group_rank of the other parity");
+            }
             ensure_eq!(mine.global_ranks(), parity, "{path:?}: global_ranks");
             ensure!(mine.options().group_name != world.options().group_name, "a subgroup gets a name of its own");
             sums_over_members(r, &mine, &format!("the {path:?} subgroup"))?;
@@ -223,4 +234,139 @@ fn bad_subgroup_arguments_are_refused_by_name<H: Harness>(h: &H) -> Check<Outcom
     ran.no_hazards()?;
     ran.all_ok()?;
     pass()
+}
+
+/// Checks that `result` is a [`ErrorKind::SubgroupMismatch`] naming `new_group` and the order rule.
+fn mismatched<T>(what: &str, result: pg_core::Result<T>) -> Check {
+    match result {
+        Ok(_) => Err(format!("{what}: succeeded")),
+        Err(error) => {
+            let text = error.to_string();
+            ensure_eq!(error.kind(), ErrorKind::SubgroupMismatch, "{what}: {error}");
+            ensure!(
+                text.contains("new_group") && text.contains("same order") && text.contains("same ranks"),
+                "{what}: the error does not name new_group and the order rule: {text}"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Ranks 0 and 1 make `new_group([0, 1])` then `new_group([2, 3])`, ranks 2 and 3 the other order (the others
+/// the first order): every rank that takes part in a group gets a `SubgroupMismatch`, and no data moves. On the
+/// split path the calls themselves fail on every rank, before any rank splits; on the rendezvous path the
+/// groups' first ops do, and the error sticks to the group.
+fn new_group_called_in_different_orders_fails_on_every_rank_split_or_rendezvous<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let ran = h.run(n, |r| -> Check {
+        for path in PATHS {
+            let world = parent(r, &format!("order_{path:?}"), path)?;
+            let options = || Options::builder().timeout(Duration::from_secs(30)).build();
+            let order: [&[usize]; 2] = match r.rank {
+                2 | 3 => [&[2, 3], &[0, 1]],
+                _ => [&[0, 1], &[2, 3]],
+            };
+            if let Path::Split = path {
+                mismatched(&format!("{path:?}: the first new_group"), world.new_group(order[0], options()))?;
+                sums_over_members(r, &world, "the parent after the refused split")?;
+                continue;
+            }
+            let first = world.new_group(order[0], options()).ctx("the first new_group")?;
+            let second = world.new_group(order[1], options()).ctx("the second new_group")?;
+            ensure!(second.is_none(), "{path:?}: rank {} is a member of its second group", r.rank);
+            if let Some(group) = first {
+                let buffer = r.holding(DType::F32, &[1000.0 + r.rank as f64; 4])?;
+                mismatched(
+                    &format!("{path:?}: all_reduce in {:?}", group.global_ranks()),
+                    group.all_reduce(&buffer, ReduceOp::Sum),
+                )?;
+                mismatched(&format!("{path:?}: a second all_reduce"), group.all_reduce(&buffer, ReduceOp::Sum))?;
+                ensure_eq!(group.counters().comms_created, 0, "{path:?}: communicators of the refused group");
+                let got = r.read(&buffer)?;
+                ensure!(got == [1000.0 + r.rank as f64; 4], "{path:?}: the refused all_reduce moved data: {got:?}");
+            }
+            sums_over_members(r, &world, "the parent beside the refused group")?;
+        }
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    pass()
+}
+
+/// Every rank but 1 makes `new_group([0, 1])` with a short timeout; rank 1 never does. Where the parent's
+/// communicator exists every caller waits for rank 1's call and fails with `InitTimeout` at the timeout; on the
+/// rendezvous path rank 0 gets its group and its first op fails so. The parent still works afterwards.
+fn a_new_group_call_a_rank_never_makes_times_out_split_or_rendezvous<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_virtual_clock(h));
+    let n = h.world_size();
+    let timeout = Duration::from_secs(3);
+    let ran = h.run(n, |r| -> Check {
+        for path in PATHS {
+            let world = parent(r, &format!("absent_{path:?}"), path)?;
+            if r.rank != 1 {
+                gives_up_without_rank_1(r, &world, path, timeout)?;
+            }
+            sums_over_members(r, &world, "the parent after the timed-out subgroup")?;
+        }
+        Ok(())
+    })?;
+    ran.no_hazards()?;
+    ran.all_ok()?;
+    pass()
+}
+
+/// On the backend's communicator: rank 0 splits with a timeout and no other rank ever calls the split. The split
+/// fails with `InitTimeout` at the timeout and leaves the parent aborted.
+fn a_split_a_rank_never_joins_times_out_and_aborts_the_parent<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_virtual_clock(h));
+    let n = h.world_size();
+    let timeout = Duration::from_secs(2);
+    let ran = h.run(n, |r| -> Check {
+        let parent = communicator(r, "split_alone")?;
+        if r.rank != 0 {
+            return Ok(());
+        }
+        let config =
+            CommConfig { description: "lonely split".to_owned(), timeout: Some(timeout), ..Default::default() };
+        let start = r.device.now();
+        let result = parent.split(Some(0), 0, &config);
+        let took = r.device.now() - start;
+        match result {
+            Ok(_) => return Err("the split returned without the other ranks".into()),
+            Err(error) => ensure_eq!(error.kind(), ErrorKind::InitTimeout, "the split's error: {error}"),
+        }
+        ensure!(took >= timeout && took < timeout * 2, "gave up after {took:?}, not {timeout:?}");
+        ensure!(parent.is_aborted(), "the parent of a split that timed out is not aborted");
+        Ok(())
+    })?;
+    ran.all_ok()?;
+    pass()
+}
+
+/// Rank `r`'s part of [`a_new_group_call_a_rank_never_makes_times_out_split_or_rendezvous`]: `new_group([0, 1])`
+/// and, on the rendezvous path, the group's first op, end in `InitTimeout` at `timeout` naming rank 1 (a
+/// non-member on the rendezvous path just gets `None`).
+fn gives_up_without_rank_1<B: Backend>(r: &Rank<B>, world: &ProcessGroup<B>, path: Path, timeout: Duration) -> Check {
+    let start = r.device.now();
+    let result = match world.new_group(&[0, 1], Options::builder().timeout(timeout).build()) {
+        Ok(Some(group)) => {
+            let buffer = r.holding(DType::F32, &[1.0; 4])?;
+            group.all_reduce(&buffer, ReduceOp::Sum).map(|_| ())
+        }
+        Ok(None) => {
+            ensure!(r.rank > 1 && matches!(path, Path::Rendezvous), "{path:?}: rank {} got no group", r.rank);
+            return Ok(());
+        }
+        Err(error) => Err(error),
+    };
+    let took = r.device.now() - start;
+    let error = match result {
+        Ok(()) => return Err(format!("{path:?}: rank {} went on without rank 1", r.rank)),
+        Err(error) => error,
+    };
+    ensure_eq!(error.kind(), ErrorKind::InitTimeout, "{path:?}: {error}");
+    ensure!(error.to_string().contains("rank(s) 1 "), "{path:?}: the error does not name rank 1: {error}");
+    ensure!(took >= timeout && took < timeout * 2, "{path:?}: gave up after {took:?}, not {timeout:?}");
+    Ok(())
 }
