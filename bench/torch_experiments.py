@@ -131,11 +131,13 @@ def streams(device, sleep_cycles):
         events = json.load(f)["traceEvents"]
     os.unlink(trace)
     kernels = [e for e in events if e.get("cat") == "kernel"]
-    sleep_streams = {e["args"].get("stream") for e in kernels if "sleep" in e["name"].lower()}
+    # torch.cuda._sleep's kernel is "spin_kernel" in PyTorch 2.x.
+    is_sleep = lambda e: "sleep" in e["name"].lower() or "spin" in e["name"].lower()
+    sleep_streams = {e["args"].get("stream") for e in kernels if is_sleep(e)}
     comm_streams = [e["args"].get("stream") for e in kernels if "nccl" in e["name"].lower()]
     current = next(iter(sleep_streams), None)
     return {"current_stream": current, "comm_streams": sorted(set(comm_streams)), "comm_kernels": len(comm_streams),
-            "sleep_kernels": sum(1 for e in kernels if "sleep" in e["name"].lower()),
+            "sleep_kernels": sum(1 for e in kernels if is_sleep(e)),
             "comm_kernels_on_current": sum(1 for s in comm_streams if s == current),
             "disjoint": current is not None and len(comm_streams) > 0 and current not in comm_streams}
 

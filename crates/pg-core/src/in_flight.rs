@@ -72,7 +72,8 @@ impl<B: Backend> InFlight<B> {
     }
 
     /// The Works on the list for which `on` holds and whose end event has passed. Taken before an abort, this
-    /// is what the abort cannot have drained: after it, an end event that passes says nothing about the op.
+    /// is what the abort cannot drain: after it, an end event that passes says nothing about the op. (An op that
+    /// ends between this look and the abort is failed with the rest: a false failure, never a false success.)
     pub(crate) fn finished(&self, on: impl Fn(&WorkState<B>) -> bool) -> Vec<Arc<WorkState<B>>> {
         let works = self.lock();
         works.iter().filter(|work| on(work) && work.end_event.query().unwrap_or(false)).cloned().collect()

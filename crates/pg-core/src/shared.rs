@@ -161,9 +161,11 @@ impl<B: Backend> Shared<B> {
         for entry in self.lock_cache().ready.values() {
             entry.aborting.store(true, Ordering::SeqCst);
         }
+        // The Works fail before the abort: once it runs, an awaiting task woken as the stream drains must find
+        // the error, not an end event that passed.
         let finished = self.in_flight.finished(|_| true);
-        self.abort_comms(reason);
         self.in_flight.fail_unfinished(|_| true, &finished, error);
+        self.abort_comms(reason);
         self.retire_in_flight();
     }
 
@@ -306,16 +308,17 @@ impl<B: Backend> CommOwner<B> for Shared<B> {
     fn abort_comm(&self, entry: &CommShared<B>, error: &Error) {
         let on = |work: &WorkState<B>| std::ptr::eq(Arc::as_ptr(&work.entry), entry);
         let finished = self.in_flight.finished(on);
-        if let Err(abort_error) = entry.comm.abort(&error.to_string()) {
-            tracing::warn!(target: "pg", pg_id = self.local_id, %abort_error, "aborting a communicator failed");
-        }
         let drained = Error::Aborted {
             reason: format!(
                 "rank {}: the communicator was aborted after an op on it failed ({error}) before this op had run",
                 self.rank
             ),
         };
+        // Failed before the abort, so that nothing woken by the draining stream sees a passed end event alone.
         self.in_flight.fail_unfinished(on, &finished, &drained);
+        if let Err(abort_error) = entry.comm.abort(&error.to_string()) {
+            tracing::warn!(target: "pg", pg_id = self.local_id, %abort_error, "aborting a communicator failed");
+        }
     }
 }
 

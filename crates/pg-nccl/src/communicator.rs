@@ -1,7 +1,7 @@
 //! `Communicator`: one NCCL communicator, owned, with NCCL's threading rules enforced (see the crate docs).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -36,8 +36,13 @@ pub struct Communicator {
     issue: Mutex<()>,
     ready: AtomicBool,
     aborted: AtomicBool,
-    /// Set once `ncclCommFinalize` ran: nothing may be issued afterwards (graphs that captured its ops check it).
+    /// Set once the communicator was finalized (`ncclCommFinalize`, or deferred while graphs hold it): nothing
+    /// may be issued afterwards (graphs that captured its ops check it).
     finalized: AtomicBool,
+    /// How many live CUDA graphs hold captured ops of this communicator ([`crate::Graph`]). NCCL's finalize,
+    /// abort and destroy wait until every such graph is destroyed, so while one lives a finalize is deferred to
+    /// the destroy and an abort runs on a thread of its own.
+    graphs: AtomicUsize,
     abort_reason: Mutex<Option<String>>,
 }
 
@@ -123,6 +128,7 @@ impl Communicator {
             ready: AtomicBool::new(status.is_success()),
             aborted: AtomicBool::new(false),
             finalized: AtomicBool::new(false),
+            graphs: AtomicUsize::new(0),
             abort_reason: Mutex::new(None),
         })
     }
@@ -135,6 +141,16 @@ impl Communicator {
     /// Whether the communicator was created non-blocking.
     pub fn is_nonblocking(&self) -> bool {
         self.nonblocking
+    }
+
+    /// Counts a live graph that holds captured ops of this communicator ([`crate::Graph`]).
+    pub(crate) fn graph_created(&self) {
+        self.graphs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Uncounts a graph once it is destroyed.
+    pub(crate) fn graph_destroyed(&self) {
+        self.graphs.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn aborted_error(&self) -> Error {
@@ -681,6 +697,7 @@ impl pg_core::Communicator for Communicator {
             ready: AtomicBool::new(true),
             aborted: AtomicBool::new(false),
             finalized: AtomicBool::new(false),
+            graphs: AtomicUsize::new(0),
             abort_reason: Mutex::new(None),
         };
         // SAFETY: `handle` is the live communicator NCCL just made, used by this thread only; a failure drops
@@ -742,6 +759,22 @@ impl pg_core::Communicator for Communicator {
             }
         };
         tracing::warn!(rank = self.rank, size = self.size, reason, "aborting NCCL communicator");
+        if self.graphs.load(Ordering::Acquire) > 0 {
+            // NCCL's abort stops the kernels at once but returns only once every graph holding captured ops of the
+            // communicator is destroyed: a thread of its own waits for that, so the caller never blocks on a graph
+            // the program keeps (the graph refuses to launch: the communicator is marked aborted).
+            let (library, device) = (self.library, self.device.clone());
+            let spawned = std::thread::Builder::new().name("pg-nccl abort".into()).spawn(move || {
+                // The whole handle moves here (it may cross threads), not its raw pointer alone.
+                let comm = comm;
+                let _ = device.bind_to_thread();
+                // SAFETY: as below: the handle was taken out of the communicator, so no new call can reach it.
+                if let Err(error) = unsafe { library.comm_abort(comm.0) } {
+                    tracing::warn!(%error, "ncclCommAbort (waiting for the graphs) failed");
+                }
+            });
+            return spawned.map(drop).map_err(|e| Error::Backend(format!("cannot start the abort thread: {e}")));
+        }
         // Bind the device so NCCL's teardown runs in the right context; a failure here does not stop the abort.
         let _ = self.device.bind_to_thread();
         // SAFETY: `comm` was live and is now out of the handle, so no new call can reach it; a thread already
@@ -757,6 +790,13 @@ impl pg_core::Communicator for Communicator {
     fn finalize(&self) -> pg_core::Result<()> {
         let _issuing = self.lock_issue();
         let comm = self.live()?;
+        if self.graphs.load(Ordering::Acquire) > 0 {
+            // NCCL's finalize would wait for the graphs to be destroyed: the communicator is marked finalized (no
+            // op and no launch of those graphs runs on it), and the destroy that follows the last graph finalizes.
+            self.finalized.store(true, Ordering::Release);
+            tracing::info!(rank = self.rank, "finalize deferred to the destroy: CUDA graphs hold the communicator");
+            return Ok(());
+        }
         self.device.bind_to_thread().map_err(cuda_error)?;
         // SAFETY: the handle is live and the issue mutex is held.
         let status = unsafe { self.library.comm_finalize(comm.0) }.map_err(nccl_error)?;

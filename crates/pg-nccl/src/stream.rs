@@ -70,8 +70,12 @@ impl pg_core::Stream for Stream {
 
     fn end_capture(&self) -> pg_core::Result<Graph> {
         let graph = self.0.end_capture().map_err(cuda_error)?;
-        let comms = graph.kept().filter_map(|item| item.downcast_ref::<Arc<Communicator>>()).cloned().collect();
-        Ok(Graph(graph, comms))
+        let comms: Vec<Arc<Communicator>> =
+            graph.kept().filter_map(|item| item.downcast_ref::<Arc<Communicator>>()).cloned().collect();
+        for comm in &comms {
+            comm.graph_created();
+        }
+        Ok(Graph { cuda: Some(graph), comms })
     }
 
     fn capture_keep_alive(&self, buffer: &crate::Buffer) -> pg_core::Result<()> {
@@ -88,12 +92,28 @@ impl pg_core::Stream for Stream {
 /// it. The second field lists those communicators: a launch once one is aborted or finalized is refused, since
 /// its captured kernels would run on released NCCL resources.
 #[derive(Debug)]
-pub struct Graph(pub(crate) pg_cuda::Graph, Vec<Arc<Communicator>>);
+pub struct Graph {
+    /// The instantiated graph (`None` only while it is dropped).
+    cuda: Option<pg_cuda::Graph>,
+    /// The communicators of its captured ops, which it holds and counts ([`Communicator::graph_created`]).
+    comms: Vec<Arc<Communicator>>,
+}
 
 impl Graph {
     /// The pg-cuda graph.
     pub fn cuda(&self) -> &pg_cuda::Graph {
-        &self.0
+        self.cuda.as_ref().expect("a graph holds its CUDA graph until it is dropped")
+    }
+}
+
+impl Drop for Graph {
+    /// Destroys the CUDA graph first (NCCL's teardown of the communicators waits for that), then uncounts it on
+    /// the communicators and lets them go: the last handle of one destroys it.
+    fn drop(&mut self) {
+        drop(self.cuda.take());
+        for comm in &self.comms {
+            comm.graph_destroyed();
+        }
     }
 }
 
@@ -102,7 +122,7 @@ impl pg_core::Graph for Graph {
 
     fn launch(&self, stream: &Stream) -> pg_core::Result<()> {
         use pg_core::Communicator as _;
-        if let Some(comm) = self.1.iter().find(|comm| comm.is_aborted() || comm.is_finalized()) {
+        if let Some(comm) = self.comms.iter().find(|comm| comm.is_aborted() || comm.is_finalized()) {
             let state = if comm.is_aborted() { "aborted" } else { "finalized (its group was shut down)" };
             return Err(pg_core::Error::Aborted {
                 reason: format!(
@@ -112,11 +132,11 @@ impl pg_core::Graph for Graph {
                 ),
             });
         }
-        self.0.launch(&stream.0).map_err(cuda_error)
+        self.cuda().launch(&stream.0).map_err(cuda_error)
     }
 
     fn node_count(&self) -> usize {
-        self.0.node_count()
+        self.cuda().node_count()
     }
 }
 
