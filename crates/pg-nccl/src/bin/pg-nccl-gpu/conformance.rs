@@ -20,7 +20,12 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         }
         harness.begin_case(case.name);
         let report = pg_conformance::run_case(&harness, &case);
-        eprintln!("rank {}: {} {}", ctx.rank, report.name, report.outcome.word());
+        match &report.outcome {
+            pg_conformance::Outcome::Fail(detail) => {
+                eprintln!("rank {}: {} {}: {detail}", ctx.rank, report.name, report.outcome.word())
+            }
+            outcome => eprintln!("rank {}: {} {}", ctx.rank, report.name, outcome.word()),
+        }
         reports.push(report);
     }
     Ok(report::json("nccl", ctx.world, &reports))
