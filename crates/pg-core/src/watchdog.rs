@@ -122,6 +122,12 @@ fn pass<B: Backend>(group: &Shared<B>) {
                 "failure detected by watchdog at work sequence id: {}",
                 work.seq
             );
+            // An `Aborted` Work failed because its communicator was aborted on purpose (abort(), shutdown(), the
+            // group's drop, a failed wait, an earlier error's clean-up): that abort already did what an error
+            // calls for, so it is no new failure of the group (handling it would poison the device again).
+            if error.kind() == crate::ErrorKind::Aborted {
+                continue;
+            }
             // A dump on the error shows the completions seen so far.
             retire_completed(&mut completed);
             on_error(group, error, timed_out.then_some(work.as_ref()), Some(&work.entry.comm));
