@@ -284,6 +284,25 @@ fn worker_counting_matches_pytorch() {
     assert_eq!(master.add_raw("init/", 0).unwrap(), 3);
 }
 
+/// A process joining a store that a PyTorch rank hosts counts itself as a worker with `connect_as_worker`, so the
+/// host's wait for its clients ends; a plain `connect` does not count.
+#[test]
+fn connect_as_worker_counts_itself_where_connect_does_not() {
+    let hosting =
+        TcpStoreOptions { is_server: true, num_workers: Some(2), timeout: TIMEOUT, ..TcpStoreOptions::default() };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let host = std::thread::spawn(move || TcpStore::with_listener("127.0.0.1", listener, hosting));
+    let plain = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+    let worker = TcpStore::connect_as_worker("127.0.0.1", port, 2, TIMEOUT).unwrap();
+    let host = host.join().unwrap().expect("the host's wait for 2 workers ends");
+    assert_eq!(plain.add_raw("init/", 0).unwrap(), 2, "the host and the worker joined; the plain client did not");
+    worker.set("k", b"v").unwrap();
+    assert_eq!(host.get("k").unwrap(), b"v");
+    let zero = TcpStore::connect_as_worker("127.0.0.1", port, 0, TIMEOUT).unwrap_err();
+    assert!(matches!(zero, StoreError::InvalidArgument(_)), "{zero}");
+}
+
 #[test]
 fn a_dead_server_is_an_error_not_a_hang() {
     let store = server();

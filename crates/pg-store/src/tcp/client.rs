@@ -325,6 +325,16 @@ impl TcpStore {
         Ok(store)
     }
 
+    /// A client of the server at `host:port` that counts itself as one of the `world_size` workers (key `init/`),
+    /// as each rank's client does in PyTorch's `init_process_group`: the server's process, which waits until
+    /// `world_size` workers have joined, counts this process as a rank. Use it to join a store a PyTorch rank hosts
+    /// (`MASTER_ADDR:MASTER_PORT`); [`TcpStore::connect`] does not count, and PyTorch's rank 0 then times out
+    /// waiting for its clients.
+    pub fn connect_as_worker(host: &str, port: u16, world_size: usize, timeout: Duration) -> Result<Self, StoreError> {
+        let options = TcpStoreOptions { port, timeout, num_workers: Some(world_size), ..TcpStoreOptions::default() };
+        Self::new(host, options)
+    }
+
     /// A plain client of the server at `host:port`, with `timeout` and no worker counting.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self, StoreError> {
         Self::connect_with(host, port, &TcpStoreOptions { timeout, ..TcpStoreOptions::default() }, None)
