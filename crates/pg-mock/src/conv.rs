@@ -12,11 +12,15 @@ trait Elem: Copy {
     fn to_f64(self) -> f64;
     fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
     fn average(sum: Self, n: usize) -> Self;
+    /// Whether NCCL averages this dtype as PREMUL_SUM by 1/n (each input scaled in the dtype, then summed), as it
+    /// does the floating types; the integer types sum, then divide.
+    const AVERAGES_BY_PREMUL: bool = false;
 }
 
 macro_rules! float_elem {
     ($t:ty) => {
         impl Elem for $t {
+            const AVERAGES_BY_PREMUL: bool = true;
             const SIZE: usize = std::mem::size_of::<$t>();
             fn read(bytes: &[u8]) -> Self {
                 <$t>::from_le_bytes(bytes.try_into().expect("element size"))
@@ -132,6 +136,7 @@ struct Brain(f32);
 macro_rules! narrow_float_elem {
     ($t:ident, $bits:ty, $to:path, $from:path) => {
         impl Elem for $t {
+            const AVERAGES_BY_PREMUL: bool = true;
             const SIZE: usize = std::mem::size_of::<$bits>();
             fn read(bytes: &[u8]) -> Self {
                 let mut raw = [0u8; std::mem::size_of::<$bits>()];
@@ -198,6 +203,7 @@ fn fp8_combine(op: ReduceOp, a: f32, b: f32, round_back: fn(f32) -> f32) -> f32 
 macro_rules! fp8_elem {
     ($t:ident, $to:path, $from:path, $satfinite:path) => {
         impl Elem for $t {
+            const AVERAGES_BY_PREMUL: bool = true;
             const SIZE: usize = 1;
             fn read(bytes: &[u8]) -> Self {
                 $t($from(bytes[0]))
@@ -311,6 +317,19 @@ fn decode_typed<T: Elem>(bytes: &[u8]) -> Vec<f64> {
 
 fn reduce_typed<T: Elem>(op: ReduceOp, inputs: &[&[u8]], out: &mut [u8]) {
     let Some((first, rest)) = inputs.split_first() else { return };
+    if op == ReduceOp::Avg && T::AVERAGES_BY_PREMUL {
+        // As NCCL: a floating average is a PREMUL_SUM by 1/n, the factor and every product in the dtype.
+        let factor = T::from_f64(1.0 / inputs.len() as f64);
+        let scaled = |bytes: &[u8]| T::combine(ReduceOp::Product, T::read(bytes), factor);
+        for (k, acc) in out.chunks_exact_mut(T::SIZE).enumerate() {
+            let at = k * T::SIZE..(k + 1) * T::SIZE;
+            let sum = rest.iter().fold(scaled(&first[at.clone()]), |sum, input| {
+                T::combine(ReduceOp::Sum, sum, scaled(&input[at.clone()]))
+            });
+            sum.write(acc);
+        }
+        return;
+    }
     out.copy_from_slice(first);
     for input in rest {
         for (acc, x) in out.chunks_exact_mut(T::SIZE).zip(input.chunks_exact(T::SIZE)) {
@@ -442,6 +461,23 @@ mod tests {
         let mut filled = [0u8; 2];
         fill(DType::F8E4M3, f64::INFINITY, &mut filled);
         assert_eq!(filled, [0x7e, 0x7e]);
+    }
+
+    /// Floating averages are NCCL's PREMUL_SUM by 1/n, summed here in rank order (NCCL's ring adds in another
+    /// order per chunk: 6/3 in f64 gave 1.9999999999999998 on NCCL at world 3); integer averages sum, then divide.
+    #[test]
+    fn floating_averages_scale_each_input_by_one_over_n_as_nccl() {
+        let average = |dtype: DType, values: &[f64]| {
+            let inputs: Vec<Vec<u8>> = values.iter().map(|v| encode(dtype, &[*v])).collect();
+            let inputs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+            let mut out = vec![0; dtype.size()];
+            reduce(dtype, ReduceOp::Avg, &inputs, &mut out).unwrap();
+            decode(dtype, &out)[0]
+        };
+        let third = 1.0 / 3.0;
+        assert_eq!(average(DType::F64, &[1.0, 2.0, 3.0]), 1.0 * third + 2.0 * third + 3.0 * third);
+        assert_eq!(average(DType::I32, &[1.0, 2.0, 4.0]), 2.0);
+        assert_eq!(average(DType::F32, &[2.0, 4.0]), 3.0);
     }
 
     #[test]
