@@ -7,7 +7,7 @@ use std::time::Duration;
 use pg_core::{Backend, CommConfig, Communicator as _, DType, Device as _, DeviceMesh, ErrorKind, Options};
 use pg_core::{ProcessGroup, ReduceOp};
 
-use super::{case, clock_of, communicator, need, needs_virtual_clock};
+use super::{case, communicator, need, needs_virtual_clock};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
 use crate::registry::{pass, Case, Outcome};
@@ -319,8 +319,7 @@ fn a_new_group_call_a_rank_never_makes_times_out_split_or_rendezvous<H: Harness>
 /// On the backend's communicator: rank 0 splits with a timeout and no other rank ever calls the split. The split
 /// fails with `InitTimeout` at the timeout and leaves the parent aborted.
 fn a_split_a_rank_never_joins_times_out_and_aborts_the_parent<H: Harness>(h: &H) -> Check<Outcome> {
-    // On the wall clock too: the bounds below are wide (the timeout to twice it).
-    need!(clock_of(h));
+    need!(needs_virtual_clock(h));
     let n = h.world_size();
     let timeout = Duration::from_secs(2);
     let ran = h.run(n, |r| -> Check {
