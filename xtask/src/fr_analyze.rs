@@ -16,10 +16,14 @@ use std::path::Path;
 use serde_json::Value;
 
 const HELP: &str = "\
-cargo xtask fr-analyze DIR [--prefix PREFIX]
+cargo xtask fr-analyze DIR [--prefix PREFIX] [--trace OUT.json]
 
 Reads every flight-recorder dump in DIR (only the files whose names start with PREFIX, when given) and
 reports, per process group, the first collective where the ranks disagree or a rank is missing.
+  --trace OUT.json   also write the dumps as one Chrome trace-event file (open it in Perfetto or
+                     chrome://tracing): a process per rank, a track per group, each op a slice from its
+                     creation to its completion (or to the dump's last time), the first divergence an instant
+                     event on the ranks it names
 ";
 
 /// One collective as one rank recorded it.
@@ -141,7 +145,7 @@ impl fmt::Display for GroupReport {
 }
 
 /// The rank a dump belongs to: its `rank` field, else the digits that end its file name.
-fn rank_of(file: &str, dump: &Value) -> Option<usize> {
+pub fn rank_of(file: &str, dump: &Value) -> Option<usize> {
     if let Some(rank) = dump.get("rank").and_then(Value::as_u64) {
         return usize::try_from(rank).ok();
     }
@@ -277,6 +281,7 @@ pub fn read_dir(dir: &Path, prefix: &str) -> Result<Vec<(String, Value)>, String
 pub fn run(args: &[String]) -> Result<(), String> {
     let mut dir = None;
     let mut prefix = String::new();
+    let mut trace = None;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -285,6 +290,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 return Ok(());
             }
             "--prefix" | "-p" => prefix = args.next().ok_or("--prefix needs a value")?.clone(),
+            "--trace" => trace = Some(args.next().ok_or("--trace needs a file")?.clone()),
             other if dir.is_none() && !other.starts_with('-') => dir = Some(other.to_owned()),
             other => return Err(format!("unexpected argument '{other}'\n\n{HELP}")),
         }
@@ -295,8 +301,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
         return Err(format!("no flight-recorder dumps in {dir}"));
     }
     println!("{} dumps read from {dir}", dumps.len());
-    for report in analyze(&dumps) {
+    let reports = analyze(&dumps);
+    for report in &reports {
         print!("{report}");
+    }
+    if let Some(path) = trace {
+        let ranked: Vec<(usize, Value)> =
+            dumps.iter().filter_map(|(file, dump)| rank_of(file, dump).map(|rank| (rank, dump.clone()))).collect();
+        let text = serde_json::to_string(&crate::fr_trace::trace(&ranked, &reports)).map_err(|e| e.to_string())?;
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("wrote {path} (open it in Perfetto or chrome://tracing)");
     }
     Ok(())
 }

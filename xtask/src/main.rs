@@ -11,6 +11,7 @@ mod conformance;
 mod experiments;
 mod faults;
 mod fr_analyze;
+mod fr_trace;
 mod gpu;
 mod gpu_faults;
 mod gpu_test;
