@@ -106,7 +106,7 @@ if [ "${XTASK_EXPERIMENTS:-1}" = "1" ]; then
       --blocking >> "$OUT/torch-experiments.txt" 2>&1 || rc=1
     python3 "$HERE/torch_experiments.py" --out "$OUT" --report > /dev/null || rc=1
   fi
-  { echo "# The seed's experiments on NCCL, world $NP"; echo; echo "$PG_RUN_LABEL; command: \`pg-xtask experiments --backend nccl --world-size $NP\` and torch_experiments.py (torchrun, same run)"; echo
+  { echo "# The three experiments (communicator cache, completion after each wait, kernel streams) on NCCL, world $NP"; echo; echo "$PG_RUN_LABEL; command: \`pg-xtask experiments --backend nccl --world-size $NP\` and torch_experiments.py (torchrun, same run)"; echo
     echo "## pg"; echo; echo '```text'; cat "$OUT/experiments-nccl.txt"; echo '```'; echo
     if [ -f "$OUT/experiments-torch.md" ]; then echo "## PyTorch"; echo; cat "$OUT/experiments-torch.md"; fi
   } > "$OUT/experiments-nccl-$NP.md"

@@ -268,8 +268,7 @@ impl<B: Backend> Rank<B> {
     /// on get the timeout `options` asked for: a short op timeout must not also bound the communicator's
     /// creation, which the group timeout does.
     pub fn ready_group(&self, name: &str, options: OptionsBuilder) -> Check<ProcessGroup<B>> {
-        let group = self.ready(self.group(name, Self::for_creation(&options))?, &options)?;
-        Ok(group)
+        self.ready(self.group(name, Self::for_creation(&options))?, &options)
     }
 
     /// [`Rank::ready_group`] without the rank's handle (see [`Rank::own_group`]).

@@ -484,9 +484,7 @@ impl<B: Backend> ProcessGroup<B> {
         // Then destroy: the watchdog is stopped, the in-flight list released, and the communicators dropped.
         self.inner.stop_threads();
         // Finalizing ran every op to its end (or failed): a Work whose op did not finish fails.
-        let finished = self.inner.in_flight.finished(|_| true);
-        let error = Error::Aborted { reason: "the process group was shut down".to_owned() };
-        self.inner.in_flight.fail_unfinished(|_| true, &finished, &error);
+        self.inner.fail_unfinished_in_flight(&Error::Aborted { reason: "the process group was shut down".to_owned() });
         self.inner.retire_in_flight();
         let mut cache = self.lock_cache();
         cache.ready.clear();

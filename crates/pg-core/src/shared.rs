@@ -163,10 +163,16 @@ impl<B: Backend> Shared<B> {
         }
         // The Works fail before the abort: once it runs, an awaiting task woken as the stream drains must find
         // the error, not an end event that passed.
-        let finished = self.in_flight.finished(|_| true);
-        self.in_flight.fail_unfinished(|_| true, &finished, error);
+        self.fail_unfinished_in_flight(error);
         self.abort_comms(reason);
         self.retire_in_flight();
+    }
+
+    /// Sets `error` on every in-flight Work whose end event has not passed ([`InFlight::finished`]), leaving them on
+    /// the list.
+    pub(crate) fn fail_unfinished_in_flight(&self, error: &Error) {
+        let finished = self.in_flight.finished(|_| true);
+        self.in_flight.fail_unfinished(|_| true, &finished, error);
     }
 
     /// Aborts every communicator of the group (their Works are not settled: see

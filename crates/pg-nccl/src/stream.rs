@@ -89,8 +89,8 @@ impl pg_core::Stream for Stream {
 
 /// An instantiated CUDA graph: what a stream capture recorded (NCCL collectives included: an NCCL call on a
 /// capturing stream becomes graph nodes), with the buffers and communicators the process group kept alive for
-/// it. The second field lists those communicators: a launch once one is aborted or finalized is refused, since
-/// its captured kernels would run on released NCCL resources.
+/// it. A launch once one of those communicators is aborted or finalized is refused, since its captured kernels
+/// would run on released NCCL resources.
 #[derive(Debug)]
 pub struct Graph {
     /// The instantiated graph (`None` only while it is dropped).
