@@ -44,6 +44,9 @@ pub struct Communicator {
     /// the destroy and an abort runs on a thread of its own.
     graphs: AtomicUsize,
     abort_reason: Mutex<Option<String>>,
+    /// The fault the conformance harness injected when this communicator was made.
+    #[cfg(feature = "testing")]
+    injected: Option<crate::fault::Injected>,
 }
 
 impl Communicator {
@@ -130,6 +133,8 @@ impl Communicator {
             finalized: AtomicBool::new(false),
             graphs: AtomicUsize::new(0),
             abort_reason: Mutex::new(None),
+            #[cfg(feature = "testing")]
+            injected: crate::fault::for_new_communicator(),
         })
     }
 
@@ -227,11 +232,17 @@ impl Communicator {
     ) -> pg_core::Result<()> {
         let _issuing = self.lock_issue();
         let comm = self.live()?;
+        #[cfg(feature = "testing")]
+        if let Some(error) = self.injected.as_ref().and_then(|fault| fault.error(self.rank)) {
+            return Err(error);
+        }
         if !self.ready.load(Ordering::Acquire) {
             self.wait_while_in_progress()?;
             self.ready.store(true, Ordering::Release);
         }
         self.device.bind_to_thread().map_err(cuda_error)?;
+        #[cfg(feature = "testing")]
+        let before = launches::before(&self.device, &stream.0);
         #[cfg(feature = "testing")]
         let timed = call_timing::enabled().then(std::time::Instant::now);
         let status = call(self.library, comm.0).map_err(nccl_error);
@@ -244,7 +255,11 @@ impl Communicator {
             self.wait_while_in_progress()?;
         }
         #[cfg(feature = "testing")]
-        launches::log(self.device.ordinal(), stream.0.id(), KernelKind::Comm, name);
+        launches::log(&self.device, &stream.0, KernelKind::Comm, name, before);
+        #[cfg(feature = "testing")]
+        if let Some(fault) = &self.injected {
+            fault.issued(&self.device, &stream.0);
+        }
         Ok(())
     }
 
@@ -623,10 +638,15 @@ impl pg_core::Communicator for Communicator {
     }
 
     fn group_start(&self) -> pg_core::Result<()> {
-        self.library.group_start().map(|_| ()).map_err(nccl_error)
+        self.library.group_start().map(|_| ()).map_err(nccl_error)?;
+        #[cfg(feature = "testing")]
+        launches::group_opened();
+        Ok(())
     }
 
     fn group_end(&self) -> pg_core::Result<()> {
+        #[cfg(feature = "testing")]
+        launches::group_closed();
         let _issuing = self.lock_issue();
         self.device.bind_to_thread().map_err(cuda_error)?;
         // SAFETY: the group's operations were issued by this thread through this communicator, whose process
@@ -699,6 +719,8 @@ impl pg_core::Communicator for Communicator {
             finalized: AtomicBool::new(false),
             graphs: AtomicUsize::new(0),
             abort_reason: Mutex::new(None),
+            #[cfg(feature = "testing")]
+            injected: crate::fault::for_new_communicator(),
         };
         // SAFETY: `handle` is the live communicator NCCL just made, used by this thread only; a failure drops
         // `child`, which destroys it.
@@ -727,6 +749,10 @@ impl pg_core::Communicator for Communicator {
     fn async_error(&self) -> pg_core::Result<()> {
         if self.aborted.load(Ordering::Acquire) {
             return Err(self.aborted_error());
+        }
+        #[cfg(feature = "testing")]
+        if let Some(error) = self.injected.as_ref().and_then(|fault| fault.error(self.rank)) {
+            return Err(error);
         }
         let state = self.async_state()?;
         if state.is_error() {

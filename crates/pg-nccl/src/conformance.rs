@@ -1,38 +1,47 @@
 //! The conformance harness of the NCCL backend (with the `testing` feature): one process per GPU, so a world is
 //! this process's rank plus its peers in other processes, and [`NcclHarness::run`] runs the closure for this
 //! rank only. Worlds are told apart by store prefixes that every process derives the same way.
+//!
+//! Each world's kernel log holds the launches made since the world began, with device times from its start
+//! (timing events around each launch), and a world can inject an asynchronous error into this rank's
+//! communicators ([`crate::fault`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pg_conformance::{Capabilities, Clock, Harness, KernelLaunch, Offers, Ran, Rank};
+use pg_conformance::{Capabilities, Clock, Fault, Harness, KernelLaunch, Offers, Ran, Rank};
 use pg_core::store::{PrefixStore, Store};
 
-use crate::launches;
+use crate::{fault, launches};
 use crate::{Device, Nccl};
 
-/// The capabilities of a world on real GPUs: the launch log of this process, the wall clock, and another GPU
-/// of the machine where there is one.
+/// The capabilities of a world on real GPUs: the launches of this process since the world began (with device
+/// times), the wall clock, faults injected into this rank's communicators, and another GPU of the machine where
+/// there is one.
 #[derive(Debug)]
 pub struct NcclCapabilities {
+    rank: usize,
     device: Device,
     other: Option<Device>,
+    since: launches::Mark,
 }
 
-/// The capabilities of `device` (opening the next GPU, if the machine has two or more, for the wrong-device
-/// checks). The process's launch log is turned on: the kernel-log capability reads it.
-pub fn capabilities(device: &Device) -> Arc<dyn Capabilities<Nccl>> {
+/// The capabilities of rank `rank`'s world on `device` (opening the next GPU, if the machine has two or more, for
+/// the wrong-device checks), beginning now. The process's launch log and its device times are turned on: the
+/// kernel-log capability reads them.
+pub fn capabilities(rank: usize, device: &Device) -> Arc<NcclCapabilities> {
     launches::set_enabled(true);
+    launches::set_spans(true);
     let count = pg_cuda::device_count().unwrap_or(1);
     let ordinal = pg_core::Device::index(device);
     let other = (count > 1).then(|| Device::new((ordinal + 1) % count).ok()).flatten();
-    Arc::new(NcclCapabilities { device: device.clone(), other })
+    let since = launches::mark(device.cuda());
+    Arc::new(NcclCapabilities { rank, device: device.clone(), other, since })
 }
 
 impl Capabilities<Nccl> for NcclCapabilities {
     fn kernel_log(&self, _rank: usize) -> Option<Vec<KernelLaunch>> {
-        let launches = launches::for_device(pg_core::Device::index(&self.device));
-        Some(launches.into_iter().collect())
+        Some(launches::since(&self.since, pg_core::Device::index(&self.device)))
     }
 
     fn clock(&self) -> Option<Clock> {
@@ -41,6 +50,20 @@ impl Capabilities<Nccl> for NcclCapabilities {
 
     fn other_device(&self, _rank: usize) -> Option<Device> {
         self.other.clone()
+    }
+
+    /// An asynchronous error is injected into this process's communicators when it names this rank; a fault
+    /// naming another rank is that rank's process's to inject (each process runs the case's body for itself).
+    fn inject(&self, fault: Fault) -> bool {
+        match fault {
+            Fault::AsyncError { rank, after_ops } => {
+                if rank == self.rank {
+                    fault::arm_async_error(after_ops);
+                }
+                true
+            }
+            Fault::NeverJoin { .. } => false,
+        }
     }
 }
 
@@ -53,7 +76,6 @@ pub struct NcclHarness {
     world_size: usize,
     device: Device,
     store: Arc<dyn Store>,
-    caps: Arc<dyn Capabilities<Nccl>>,
     /// The current case's name and how many worlds it has made: the store prefix of its next world.
     case: Mutex<String>,
     worlds: AtomicU64,
@@ -68,8 +90,7 @@ impl std::fmt::Debug for NcclHarness {
 impl NcclHarness {
     /// The harness of rank `rank` of `world_size`, on `device`, rendezvousing through the job's `store`.
     pub fn new(rank: usize, world_size: usize, device: Device, store: Arc<dyn Store>) -> Self {
-        let caps = capabilities(&device);
-        Self { rank, world_size, device, store, caps, case: Mutex::new(String::new()), worlds: AtomicU64::new(0) }
+        Self { rank, world_size, device, store, case: Mutex::new(String::new()), worlds: AtomicU64::new(0) }
     }
 
     /// Starts a case: its worlds get store prefixes under its name, so that a case that ended early on one
@@ -93,8 +114,8 @@ impl Harness for NcclHarness {
             kernel_spans: false,
             clock: Some(Clock::Wall),
             hazards: false,
-            faults: false,
-            other_device: self.caps.other_device(self.rank).is_some(),
+            faults: true,
+            other_device: pg_cuda::device_count().unwrap_or(1) > 1,
         }
     }
 
@@ -108,9 +129,12 @@ impl Harness for NcclHarness {
         // Every world starts on a healthy device: a case that timed out on purpose left the device's failure
         // record set (the mock gives each world a device of its own; here the process keeps one).
         pg_core::Device::poison(&self.device).clear();
+        // Each world starts without a fault and with a kernel log of its own.
+        fault::disarm();
+        let caps: Arc<dyn Capabilities<Nccl>> = capabilities(self.rank, &self.device);
         if self.rank < n {
             let store = Arc::new(PrefixStore::new(format!("conformance/{case}/{world}"), Arc::clone(&self.store)));
-            let rank = Rank::new(self.rank, n, self.device.clone(), store, Arc::clone(&self.caps));
+            let rank = Rank::new(self.rank, n, self.device.clone(), store, Arc::clone(&caps));
             let result = body(&rank);
             // The world's groups go only once every rank is done with them; a barrier that fails is logged,
             // the case's own result stands.
@@ -119,6 +143,7 @@ impl Harness for NcclHarness {
             }
             results.push((self.rank, result));
         }
-        Ok(Ran { results, caps: Arc::clone(&self.caps) })
+        fault::disarm();
+        Ok(Ran { results, caps })
     }
 }

@@ -146,16 +146,20 @@ impl pg_core::Device for Device {
     fn fill(&self, buffer: &Buffer, value: f64, stream: &Stream) -> pg_core::Result<()> {
         self.check_buffer(buffer)?;
         let (width, pattern) = fill_pattern(buffer.dtype, value);
+        #[cfg(feature = "testing")]
+        let before = launches::before(&self.cuda, &stream.0);
         self.cuda.fill(&buffer.cuda, width, pattern, &stream.0).map_err(cuda_error)?;
         #[cfg(feature = "testing")]
-        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Fill, "fill");
+        launches::log(&self.cuda, &stream.0, KernelKind::Fill, "fill", before);
         Ok(())
     }
 
     fn sleep_kernel(&self, stream: &Stream, duration: Duration) -> pg_core::Result<()> {
+        #[cfg(feature = "testing")]
+        let before = launches::before(&self.cuda, &stream.0);
         self.cuda.sleep_kernel(&stream.0, duration).map_err(cuda_error)?;
         #[cfg(feature = "testing")]
-        launches::log(self.cuda.ordinal(), stream.0.id(), KernelKind::Sleep, "sleep");
+        launches::log(&self.cuda, &stream.0, KernelKind::Sleep, "sleep", before);
         Ok(())
     }
 

@@ -24,6 +24,8 @@ pub mod conformance;
 mod conv;
 mod device;
 mod exchange;
+#[cfg(feature = "testing")]
+pub mod fault;
 mod foreign;
 mod handle;
 #[cfg(feature = "testing")]
