@@ -25,6 +25,34 @@ pub fn run_experiments(config: &ExperimentConfig) -> Result<Vec<RankResults>, St
 /// environment on 127.0.0.1, waits for them, and returns what each wrote to its out path (empty for a rank in
 /// `may_die`, which is allowed to exit abnormally).
 pub fn launch(task: &str, payload: &str, world_size: usize, may_die: &[usize]) -> Result<Vec<String>, String> {
+    let ranks = launch_ranks(task, payload, world_size, may_die)?;
+    let failed: Vec<String> = ranks.iter().filter_map(|r| r.failure.clone()).collect();
+    if !failed.is_empty() {
+        return Err(failed.join("; "));
+    }
+    ranks
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| match r.output {
+            Some(text) => Ok(text),
+            None if may_die.contains(&rank) => Ok(String::new()),
+            None => Err(format!("rank {rank} wrote no results")),
+        })
+        .collect()
+}
+
+/// How one rank process of [`launch_ranks`] ended.
+#[derive(Debug, Clone)]
+pub struct RankEnd {
+    /// What it wrote to its out path, if anything.
+    pub output: Option<String>,
+    /// Why it counts as failed (an exit status or signal it was not allowed, or still running at the job's
+    /// timeout); `None` if it ended as allowed.
+    pub failure: Option<String>,
+}
+
+/// [`launch`], giving each rank's output and how it ended rather than failing the whole job for one rank.
+pub fn launch_ranks(task: &str, payload: &str, world_size: usize, may_die: &[usize]) -> Result<Vec<RankEnd>, String> {
     let gpus = pg_nccl::available().map_err(|e| format!("the nccl backend cannot run here: {e}"))?;
     if world_size == 0 {
         return Err("a world of 0 ranks".into());
@@ -57,37 +85,32 @@ pub fn launch(task: &str, payload: &str, world_size: usize, may_die: &[usize]) -
         children.push((rank, child));
     }
     let started = Instant::now();
-    let mut failed = Vec::new();
+    let mut failures: Vec<Option<String>> = vec![None; world_size];
     while !children.is_empty() {
         let mut still_running = Vec::new();
         for (rank, mut child) in children {
             match child.try_wait() {
                 Ok(Some(status)) if status.success() || may_die.contains(&rank) => {}
-                Ok(Some(status)) => failed.push(format!("rank {rank} exited with {status}")),
+                Ok(Some(status)) => failures[rank] = Some(format!("rank {rank} exited with {status}")),
                 Ok(None) if started.elapsed() > JOB_TIMEOUT => {
                     let _ = child.kill();
-                    failed.push(format!("rank {rank} still running after {JOB_TIMEOUT:?}: killed"));
+                    failures[rank] = Some(format!("rank {rank} still running after {JOB_TIMEOUT:?}: killed"));
                 }
                 Ok(None) => still_running.push((rank, child)),
-                Err(e) => failed.push(format!("rank {rank}: {e}")),
+                Err(e) => failures[rank] = Some(format!("rank {rank}: {e}")),
             }
         }
         children = still_running;
         // The launcher polls its children; nothing here waits for a condition it could be told about.
         std::thread::sleep(Duration::from_millis(50));
     }
-    let outputs = (0..world_size)
-        .map(|rank| match std::fs::read_to_string(out_path(&dir, rank)) {
-            Ok(text) => Ok(text),
-            Err(_) if may_die.contains(&rank) => Ok(String::new()),
-            Err(e) => Err(format!("rank {rank} wrote no results: {e}")),
-        })
-        .collect::<Result<Vec<_>, _>>();
+    let ends = failures
+        .into_iter()
+        .enumerate()
+        .map(|(rank, failure)| RankEnd { output: std::fs::read_to_string(out_path(&dir, rank)).ok(), failure })
+        .collect();
     let _ = std::fs::remove_dir_all(&dir);
-    match failed.is_empty() {
-        true => outputs,
-        false => Err(failed.join("; ")),
-    }
+    Ok(ends)
 }
 
 /// A rank process's start: env:// rendezvous (rank 0 hosts the store), then the GPU `LOCAL_RANK` names.

@@ -58,10 +58,27 @@ pub fn run(dump_dir: &Path, world: usize) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     for (scenarios, may_die) in [(&["1", "3", "6", "9"][..], &[][..]), (&["8"][..], &[world - 1][..])] {
         let payload = serde_json::to_string(&plan(scenarios)).map_err(|e| e.to_string())?;
-        for text in super::gpu::launch(RANK_TASK, &payload, world, may_die)? {
-            if !text.is_empty() {
-                rows.extend(serde_json::from_str::<Vec<Row>>(&text).map_err(|e| format!("a rank's rows: {e}"))?);
+        // A rank that crashes fails the scenario it was in, not the matrix: what it wrote before stays.
+        for (rank, end) in super::gpu::launch_ranks(RANK_TASK, &payload, world, may_die)?.into_iter().enumerate() {
+            let mine: Vec<Row> = match end.output.as_deref() {
+                Some(text) if !text.is_empty() => {
+                    serde_json::from_str(text).map_err(|e| format!("rank {rank}'s rows: {e}"))?
+                }
+                _ => Vec::new(),
+            };
+            if let Some(failure) = end.failure {
+                let done: Vec<&str> = mine.iter().map(|row| row.scenario.as_str()).collect();
+                let crashed_in = scenarios.iter().find(|s| !done.contains(s)).copied().unwrap_or("after the last");
+                rows.push(Row {
+                    scenario: crashed_in.to_owned(),
+                    rank,
+                    expected: "the rank ends normally".to_owned(),
+                    observed: format!("{failure} (scenarios it finished: {done:?})"),
+                    detection_ms: None,
+                    pass: false,
+                });
             }
+            rows.extend(mine);
         }
     }
     Ok(rows)
@@ -97,6 +114,7 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
         let json = serde_json::to_string(&rows).map_err(|e| e.to_string())?;
         std::fs::write(out, json).map_err(|e| format!("{out}: {e}"))?;
     }
+    eprintln!("rank {}: every scenario written; exiting", rank.rank);
     Ok(())
 }
 
@@ -341,7 +359,14 @@ impl Rank {
         work.wait().map_err(|e| e.to_string())?;
         let (error, latency) = Self::poll(self.timeout() * 5, || work.exception().or_else(|| group.error()));
         let detected_after = start.elapsed();
+        // Each step on stderr: a survivor that crashes in the teardown after a peer's death shows how far it got.
+        eprintln!("rank {}: scenario 8: error seen after {detected_after:?}: {error:?}", self.rank);
         group.abort("the scenario is over");
+        eprintln!("rank {}: scenario 8: group aborted", self.rank);
+        drop(work);
+        drop(group);
+        drop(buffer);
+        eprintln!("rank {}: scenario 8: group, Work and buffer dropped", self.rank);
         let bound = self.timeout() + self.period() * 2 + Duration::from_millis(20);
         Ok(Row {
             scenario: "8".to_owned(),
