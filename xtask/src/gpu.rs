@@ -66,8 +66,19 @@ pub fn launch_ranks(task: &str, payload: &str, world_size: usize, may_die: &[usi
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     let mut children: Vec<(usize, Child)> = Vec::new();
+    // `PG_RANK_WRAPPER` (e.g. `gdb -batch -ex run -ex bt --args`) runs each rank under a tool, for a crash's
+    // backtrace.
+    let wrapper: Vec<String> =
+        std::env::var("PG_RANK_WRAPPER").unwrap_or_default().split_whitespace().map(str::to_owned).collect();
     for rank in 0..world_size {
-        let mut command = Command::new(&exe);
+        let mut command = match wrapper.split_first() {
+            Some((tool, args)) => {
+                let mut command = Command::new(tool);
+                command.args(args).arg(&exe);
+                command
+            }
+            None => Command::new(&exe),
+        };
         command
             .arg(task)
             .arg(out_path(&dir, rank))

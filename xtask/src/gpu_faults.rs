@@ -94,6 +94,9 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
     let rank = Rank { rank: rendezvous.rank, device, store: rendezvous.store, plan };
     let mut rows = Vec::new();
     for scenario in rank.plan.scenarios.clone() {
+        // Each scenario starts as a program that recovered would: the failed group's buffers are gone, so the
+        // device's failure record is cleared (the documented step before a new group).
+        pg_core::Device::poison(&rank.device).clear();
         let row = match scenario.as_str() {
             "1" => rank.skipped_collective(),
             "3" => rank.blocking_wait_on_a_hung_op(),

@@ -9,6 +9,7 @@
 
 mod backend;
 mod cache;
+mod chunk_check;
 mod completion;
 mod desync;
 mod enqueue_timing;

@@ -2,8 +2,10 @@
 //! and reduce-scatter, batched point-to-point and coalesced blocks, each through the one collective template.
 //!
 //! Every check that one rank can make runs before anything is enqueued and fails with
-//! [`Error::InvalidArgument`] naming the op and what was wrong; what only another rank can see (different
-//! split sizes on two ranks) is the backend's mismatch, which the watchdog turns into a `WorkTimeout`.
+//! [`Error::InvalidArgument`] naming the op and what was wrong. What only another rank can see (different
+//! split sizes on two ranks) is compared across ranks when the group checks chunk sizes
+//! ([`crate::Options::check_chunk_sizes`], `chunk_check.rs`); otherwise it is the backend's mismatch, which
+//! hangs a rank until the watchdog's `WorkTimeout`.
 
 use crate::process_group::{Bufs, OpSpec};
 use crate::{Backend, Buffer, Communicator, DType, Device, Error, OpType, ProcessGroup, ReduceOp, Result, WorkHandle};
@@ -152,6 +154,7 @@ impl<B: Backend> ProcessGroup<B> {
         check_dtype(WHAT, input.dtype(), output.dtype())?;
         let input_splits = self.splits(WHAT, "input", input, input_splits)?;
         let output_splits = self.splits(WHAT, "output", output, output_splits)?;
+        self.check_chunk_sizes(WHAT, &input_splits, &output_splits)?;
         let spec = OpSpec::lists(OpType::AllToAllBase, Bufs::One(input), Bufs::One(output));
         self.run(spec, |comm, stream| comm.all_to_all_single(input, output, &input_splits, &output_splits, stream))
     }
@@ -174,6 +177,7 @@ impl<B: Backend> ProcessGroup<B> {
                 outputs[rank].numel()
             )));
         }
+        self.check_chunk_sizes(WHAT, &sizes(inputs), &sizes(outputs))?;
         let spec = OpSpec::lists(OpType::AllToAll, Bufs::List(inputs), Bufs::List(outputs));
         self.run(spec, |comm, stream| comm.all_to_all(inputs, outputs, stream))
     }
@@ -188,6 +192,7 @@ impl<B: Backend> ProcessGroup<B> {
             check_dtype(WHAT, input.dtype(), buffer.dtype())?;
         }
         self.check_own_chunk(WHAT, "outputs", &outputs[self.rank()], input)?;
+        self.check_chunk_sizes(WHAT, &vec![input.numel(); self.size()], &sizes(outputs))?;
         let spec = OpSpec::lists(OpType::AllGather, Bufs::One(input), Bufs::List(outputs));
         self.run(spec, |comm, stream| comm.all_gather_v(input, outputs, stream))
     }
@@ -204,6 +209,7 @@ impl<B: Backend> ProcessGroup<B> {
         op.check(output.dtype())?;
         no_pre_mul_sum(WHAT, op)?;
         self.check_own_chunk(WHAT, "inputs", &inputs[self.rank()], output)?;
+        self.check_chunk_sizes(WHAT, &sizes(inputs), &vec![output.numel(); self.size()])?;
         let spec = OpSpec::lists(OpType::ReduceScatter, Bufs::List(inputs), Bufs::One(output));
         self.run(spec, |comm, stream| comm.reduce_scatter_v(inputs, output, op, stream))
     }
@@ -448,4 +454,9 @@ fn no_pre_mul_sum(what: &str, op: ReduceOp) -> Result<()> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// The element count of each buffer of a list.
+fn sizes<B: Buffer>(list: &[B]) -> Vec<usize> {
+    list.iter().map(Buffer::numel).collect()
 }

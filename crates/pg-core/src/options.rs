@@ -104,6 +104,11 @@ pub struct Options {
     pub propagate_error: bool,
     /// Desync debugging: trace keys in the store and a desync report on timeout (`TORCH_NCCL_DESYNC_DEBUG`).
     pub desync_debug: bool,
+    /// Compare the chunk sizes of every all-to-all and list all-gather/reduce-scatter across ranks through the
+    /// store before enqueueing it, and fail on every rank if two ranks disagree (pg's own; `PG_CHECK_CHUNK_SIZES`,
+    /// default off: a store round trip per op). Without it, NCCL leaves a rank whose peer sends or expects other
+    /// sizes waiting until the timeout, and may complete the peer's op with a truncated chunk.
+    pub check_chunk_sizes: bool,
     /// Reuse the memory and end event of completed Works that nothing holds any more (pg's own; `PG_REUSE_WORKS`,
     /// default on): a steady stream of ops then allocates nothing.
     pub reuse_works: bool,
@@ -140,6 +145,7 @@ impl Default for Options {
             dump_path_prefix: "/tmp/nccl_trace_rank_".to_owned(),
             propagate_error: false,
             desync_debug: false,
+            check_chunk_sizes: false,
             reuse_works: true,
             input_ready_events: DEFAULT_INPUT_READY_EVENTS,
             group_name: "0".to_owned(),
@@ -208,6 +214,8 @@ impl OptionsBuilder {
         propagate_error: bool);
     setter!(/// Sets [`Options::desync_debug`].
         desync_debug: bool);
+    setter!(/// Sets [`Options::check_chunk_sizes`].
+        check_chunk_sizes: bool);
     setter!(/// Sets [`Options::reuse_works`].
         reuse_works: bool);
     setter!(/// Sets [`Options::input_ready_events`] (0 is taken as 1).
@@ -240,6 +248,7 @@ impl OptionsBuilder {
         env.bool(&["TORCH_NCCL_PROPAGATE_ERROR"], &mut o.propagate_error)?;
         env.bool(&["TORCH_NCCL_DESYNC_DEBUG", "NCCL_DESYNC_DEBUG"], &mut o.desync_debug)?;
         env.bool(&["PG_REUSE_WORKS"], &mut o.reuse_works)?;
+        env.bool(&["PG_CHECK_CHUNK_SIZES"], &mut o.check_chunk_sizes)?;
         env.bool(&["PG_END_PROCESS_ON_ERROR"], &mut o.end_process_on_error)?;
         if let Some((name, code)) = env.int(&["TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"])? {
             o.error_handling = ErrorHandling::from_code(code)

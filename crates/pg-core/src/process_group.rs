@@ -67,6 +67,14 @@ pub struct ProcessGroup<B: Backend> {
     inner: Arc<Shared<B>>,
 }
 
+impl<B: Backend> ProcessGroup<B> {
+    /// Compares `what`'s chunk sizes (elements sent to and expected from each rank) across ranks, when the group
+    /// checks them ([`Options::check_chunk_sizes`]).
+    pub(crate) fn check_chunk_sizes(&self, what: &str, sends: &[usize], recvs: &[usize]) -> Result<()> {
+        crate::chunk_check::check(&self.inner, what, sends, recvs)
+    }
+}
+
 impl<B: Backend> Clone for ProcessGroup<B> {
     fn clone(&self) -> Self {
         Self { inner: Arc::clone(&self.inner) }

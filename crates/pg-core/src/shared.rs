@@ -43,6 +43,8 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) membership: Option<Membership>,
     /// How many subgroups were made from this group: the next one's number.
     pub(crate) subgroups: AtomicU64,
+    /// How many ops had their chunk sizes checked across ranks: the next check's number (`chunk_check.rs`).
+    pub(crate) chunk_checks: AtomicU64,
     pub(crate) cache: Mutex<CommCache<B>>,
     /// This rank's collective communicator, also in the cache, for a lock-free hot path.
     pub(crate) collective: OnceLock<CommEntry<B>>,
@@ -96,6 +98,7 @@ impl<B: Backend> Shared<B> {
             instance,
             membership,
             subgroups: AtomicU64::new(0),
+            chunk_checks: AtomicU64::new(0),
             cache: Mutex::new(CommCache::default()),
             collective: OnceLock::new(),
             lifecycle: Mutex::new(Lifecycle { error: None, shut_down: false }),

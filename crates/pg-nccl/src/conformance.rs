@@ -111,7 +111,7 @@ impl Harness for NcclHarness {
     fn offers(&self) -> Offers {
         Offers {
             kernel_log: true,
-            kernel_spans: false,
+            kernel_spans: true,
             clock: Some(Clock::Wall),
             hazards: false,
             faults: true,

@@ -105,7 +105,13 @@ pub(crate) fn before(device: &pg_cuda::Device, stream: &pg_cuda::Stream) -> Befo
 
 /// Logs a launch on `device`'s stream, if the log is on; `before` is what [`before`] gave for it.
 #[inline]
-pub(crate) fn log(device: &pg_cuda::Device, stream: &pg_cuda::Stream, kind: KernelKind, name: &'static str, before: Before) {
+pub(crate) fn log(
+    device: &pg_cuda::Device,
+    stream: &pg_cuda::Stream,
+    kind: KernelKind,
+    name: &'static str,
+    before: Before,
+) {
     if !enabled() {
         return;
     }

@@ -3,12 +3,9 @@
 //! results for every dtype, uneven and empty chunks, their bad-input errors and what a cross-rank size mismatch
 //! becomes.
 
-use std::time::Duration;
-
 use pg_core::{Backend, DType, Device as _, ErrorKind, OpType, Options, P2POp, ProcessGroup, ReduceOp, WorkHandle};
 
-use super::{case, clock_of, need, needs_hazards, SLEEP};
-use crate::harness::Clock;
+use super::{case, need, needs_hazards, on_each_rank, SLEEP};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
 use crate::registry::{pass, Case, Outcome};
@@ -24,7 +21,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(coalesced_block_runs_its_collectives_as_one_work, 1),
         case!(list_ops_refuse_bad_input_before_enqueueing, 1),
         case!(list_ops_record_every_buffer_in_the_flight_recorder, 1),
-        case!(all_to_all_with_different_splits_on_two_ranks_ends_in_a_work_timeout, 2),
+        case!(all_to_all_with_splits_two_ranks_disagree_on_fails_on_every_rank_when_chunk_sizes_are_checked, 2),
         case!(list_op_buffers_outlive_the_op_through_record_stream_or_the_stash, 1),
     ]
 }
@@ -369,38 +366,59 @@ fn list_ops_record_every_buffer_in_the_flight_recorder<H: Harness>(h: &H) -> Che
     })
 }
 
-fn all_to_all_with_different_splits_on_two_ranks_ends_in_a_work_timeout<H: Harness>(h: &H) -> Check<Outcome> {
-    let clock = need!(clock_of(h));
-    let ran = h.run(2, |r| -> Check {
-        let options = Options::builder().blocking_wait(true).timeout(Duration::from_millis(500));
-        let group = r.ready_group("0", options)?;
-        let input = r.holding(DType::F32, &[1.0; 4])?;
-        let output = r.holding(DType::F32, &[0.0; 4])?;
-        // Rank 0 sends 1 + 3 and expects 1 + 3; rank 1 sends 2 + 2 and expects 2 + 2: rank 0's 3 elements to
-        // rank 1 do not fit the 2 that rank 1 expects. Each rank's own splits are valid.
-        let splits: &[usize] = if r.rank == 0 { &[1, 3] } else { &[2, 2] };
-        let work = group.all_to_all_single(&output, &input, Some(splits), Some(splits)).ctx("all_to_all_single")?;
-        let error = work.wait().err().ok_or("the mismatched all_to_all_single completed")?;
+/// Rank 0 sends rank 1 three chunks' worth where rank 1 expects two (and expects three where rank 1 sends two):
+/// each rank's own splits are valid, only the pair disagrees. NCCL cannot see it (it leaves one rank waiting and may
+/// complete the other with a truncated chunk); with chunk sizes checked, every rank of the group fails before
+/// anything is enqueued, naming the pair, and agreeing sizes still move.
+fn all_to_all_with_splits_two_ranks_disagree_on_fails_on_every_rank_when_chunk_sizes_are_checked<H: Harness>(
+    h: &H,
+) -> Check<Outcome> {
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let group = r.group("0", Options::builder().check_chunk_sizes(true))?;
+        // Rank 0 sends 1 + 3 and expects 1 + 3 from ranks 0 and 1; rank 1 sends and expects 2 + 2; other ranks
+        // exchange one element with everyone.
+        let splits: Vec<usize> = match r.rank {
+            0 => [vec![1, 3], vec![1; n - 2]].concat(),
+            1 => [vec![2, 2], vec![1; n - 2]].concat(),
+            _ => vec![1; n],
+        };
+        let total: usize = splits.iter().sum();
+        let input = r.holding(DType::F32, &vec![1.0; total])?;
+        let output = r.holding(DType::F32, &vec![0.0; total])?;
+        let error = match group.all_to_all_single(&output, &input, Some(&splits), Some(&splits)) {
+            Ok(_) => return Err("the mismatched all_to_all_single was enqueued".into()),
+            Err(error) => error,
+        };
+        ensure_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
         let message = error.to_string();
-        match (clock, error.kind()) {
-            (_, ErrorKind::WorkTimeout) => {
-                ensure!(message.contains("ALLTOALL_BASE"), "the timeout does not name the op: {message}")
-            }
-            // A network transport may find the size mismatch itself ("message truncated") and fail the
-            // communicator before the timeout: failed either way, never handed over as done.
-            (Clock::Wall, ErrorKind::Communicator | ErrorKind::Remote) => {}
-            (_, kind) => return Err(format!("a {kind:?} error, not a timeout: {message}")),
-        }
-        // The flight recorder names the op and its sizes, never as completed.
-        let dump: serde_json::Value = serde_json::from_str(&group.flight_recorder_json()).ctx("the dump's JSON")?;
-        let entries = dump["entries"].as_array().ok_or("the dump has no entries")?;
-        let entry = entries.iter().find(|e| e["profiling_name"] == "nccl:all_to_all").ok_or("no nccl:all_to_all")?;
-        ensure_eq!(entry["input_sizes"], serde_json::json!([[4]]), "the recorded input sizes");
-        ensure!(entry["state"] != "completed", "the mismatched op was recorded as completed");
+        ensure!(
+            message.contains("chunk sizes disagree") && message.contains("rank 0 sends rank 1 3 elements"),
+            "the error does not name the pair: {message}"
+        );
+        // The list form is checked the same way.
+        let lists = |sizes: &[usize], value: f64| -> Check<Vec<_>> {
+            sizes.iter().map(|&k| r.holding(DType::F32, &vec![value; k])).collect()
+        };
+        let (inputs, outputs) = (lists(&splits, 1.0)?, lists(&splits, 0.0)?);
+        let error = group.all_to_all(&outputs, &inputs).err().ok_or("the mismatched all_to_all was enqueued")?;
+        ensure!(error.to_string().contains("chunk sizes disagree"), "the list form's error: {error}");
+        ensure_eq!(group.counters().ops_issued, 0, "ops enqueued");
+        ensure_eq!(group.counters().comms_created, 0, "communicators created for refused ops");
+        // Sizes that agree pass the check and move: rank i sends rank j i + 1 elements.
+        let sends: Vec<usize> = vec![r.rank + 1; n];
+        let recvs: Vec<usize> = (1..=n).collect();
+        let input = r.holding(DType::F32, &vec![r.rank as f64; sends.iter().sum()])?;
+        let output = r.holding(DType::F32, &vec![-1.0; recvs.iter().sum()])?;
+        group
+            .all_to_all_single(&output, &input, Some(&recvs), Some(&sends))
+            .ctx("all_to_all_single")?
+            .wait()
+            .ctx("wait")?;
+        let want: Vec<f64> = (0..n).flat_map(|k| vec![k as f64; k + 1]).collect();
+        ensure_eq!(r.read(&output)?, want, "the agreeing all_to_all_single's output");
         Ok(())
-    })?;
-    ran.all_ok()?;
-    pass()
+    })
 }
 
 fn list_op_buffers_outlive_the_op_through_record_stream_or_the_stash<H: Harness>(h: &H) -> Check<Outcome> {

@@ -8,10 +8,7 @@ use pg_core::{
     Device as _, ErrorHandling, ErrorKind, ErrorType, OpType, Options, ProcessGroup, ReduceOp, Work, WorkHandle,
 };
 
-use super::{
-    all_equal, case, clock_of, held_all_reduce, need, needs_faults, on_each_rank, pair_p2p,
-    triangle, SLEEP,
-};
+use super::{all_equal, case, clock_of, held_all_reduce, need, needs_faults, on_each_rank, pair_p2p, triangle, SLEEP};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Fault, Harness, Rank};
 use crate::registry::{not_applicable, Case, Outcome};

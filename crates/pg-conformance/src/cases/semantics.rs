@@ -12,8 +12,7 @@ use pg_core::{
 };
 
 use super::{
-    all_equal, at_once, case, clock_of, held_all_reduce, need, needs_hazards, needs_log,
-    on_each_rank, triangle, SLEEP,
+    all_equal, at_once, case, clock_of, held_all_reduce, need, needs_hazards, needs_log, on_each_rank, triangle, SLEEP,
 };
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness, HazardKind, KernelKind, KernelLaunch};

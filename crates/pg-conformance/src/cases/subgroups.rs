@@ -323,9 +323,13 @@ fn a_split_a_rank_never_joins_times_out_and_aborts_the_parent<H: Harness>(h: &H)
     need!(clock_of(h));
     let n = h.world_size();
     let timeout = Duration::from_secs(2);
+    let done = "split_alone/done";
     let ran = h.run(n, |r| -> Check {
         let parent = communicator(r, "split_alone")?;
         if r.rank != 0 {
+            // The other ranks keep their communicator until rank 0 is done: a peer that let go of it would end rank
+            // 0's split with a remote error (NCCL's network transport sees the connection close), not the timeout.
+            r.store.wait(&[done], Some(timeout * 30)).ctx("waiting for rank 0's split")?;
             return Ok(());
         }
         let config =
@@ -333,6 +337,7 @@ fn a_split_a_rank_never_joins_times_out_and_aborts_the_parent<H: Harness>(h: &H)
         let start = r.device.now();
         let result = parent.split(Some(0), 0, &config);
         let took = r.device.now() - start;
+        r.store.set(done, b"1").ctx("saying rank 0's split is over")?;
         match result {
             Ok(_) => return Err("the split returned without the other ranks".into()),
             Err(error) => ensure_eq!(error.kind(), ErrorKind::InitTimeout, "the split's error: {error}"),
