@@ -251,9 +251,14 @@ impl<B: Backend> Rank<B> {
     /// rank that finishes first must not abort a communicator its peers still use (on NCCL's network transport
     /// a peer's pending traffic then fails with "connection closed").
     pub fn group(&self, name: &str, options: OptionsBuilder) -> Check<ProcessGroup<B>> {
-        let group = self.own_group(name, options)?;
+        Ok(self.keep(self.own_group(name, options)?))
+    }
+
+    /// Keeps a handle of `group`, made some other way than [`Rank::group`], until every rank of the world has
+    /// finished ([`Rank::finish_world`]); returns the group.
+    pub fn keep(&self, group: ProcessGroup<B>) -> ProcessGroup<B> {
         self.kept.lock().unwrap_or_else(PoisonError::into_inner).push(group.clone());
-        Ok(group)
+        group
     }
 
     /// [`Rank::group`] without the rank's handle: dropping the returned group (and its clones) drops it, for

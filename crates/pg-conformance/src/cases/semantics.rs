@@ -277,7 +277,7 @@ fn s08_each_key_gets_a_dedicated_stream_from_the_pool_by_priority<H: Harness>(h:
         let from_env = {
             let store = Arc::new(PrefixStore::new("2/", Arc::clone(&r.store)));
             let options = Options::builder().group_name("2".to_owned()).build_with_env_from(env_high).ctx("env")?;
-            ProcessGroup::new(store, r.rank, r.size, r.device.clone(), options).ctx("group from env")?
+            r.keep(ProcessGroup::new(store, r.rank, r.size, r.device.clone(), options).ctx("group from env")?)
         };
         let buffer = r.filled(1.0, 4)?;
         for group in [&normal, &high, &from_env] {
