@@ -371,13 +371,14 @@ fn s10_the_end_event_is_recorded_right_after_the_op<H: Harness>(h: &H) -> Check<
         let group = r.ready_group("0", Options::builder())?;
         let buffer = r.filled(1.0, 1 << 20)?;
         // On a wall clock the op is held back behind a sleep, so that "not yet completed" cannot race the device.
+        let start = r.device.now();
         if clock == Clock::Wall {
             r.sleep_current(SLEEP)?;
         }
         let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
         ensure!(!work.is_completed(), "completed right after the enqueue");
-        let (synced, took) = r.host_time(|| work.synchronize());
-        synced.ctx("synchronize")?;
+        work.synchronize().ctx("synchronize")?;
+        let took = r.device.now() - start;
         ensure!(work.is_completed(), "not completed after its end event passed");
         Ok((r.device.now(), took))
     })?;
@@ -394,17 +395,18 @@ fn s10_the_end_event_is_recorded_right_after_the_op<H: Harness>(h: &H) -> Check<
                 ensure!(synced_at - end <= Duration::from_micros(1), "rank {rank}: nor later: {:?}", synced_at - end);
             }
             Clock::Wall => {
-                // The host waited from the enqueue, while the sleep and then the op ran, and no longer than that
-                // (device times count from the world's start, so the wait is compared with the sleep's start).
+                // From before the sleep was enqueued until synchronize returned, the host saw the sleep and then the
+                // op run, and not much more (device times count from the world's start, so the wait is measured
+                // from the sleep's start; ranks sharing a GPU may wake late by a few time slices).
                 let sleep = log.iter().rfind(|k| k.kind == KernelKind::Sleep).ok_or("no sleep kernel in the log")?;
                 let device_wait = end.saturating_sub(span(sleep)?.0);
                 ensure!(
-                    took + Duration::from_millis(5) >= device_wait,
+                    took + Duration::from_millis(1) >= device_wait,
                     "rank {rank}: synchronize returned after {took:?}, before the op ended ({device_wait:?} of device \
                      work)"
                 );
                 ensure!(
-                    took <= device_wait + Duration::from_millis(20),
+                    took <= device_wait + Duration::from_millis(50),
                     "rank {rank}: synchronize returned {took:?} after the enqueue, long after the op ended \
                      ({device_wait:?} of device work)"
                 );

@@ -36,6 +36,12 @@ enum Path {
 
 const PATHS: [Path; 2] = [Path::Rendezvous, Path::Split];
 
+/// `group`, kept by `r` until the world ends (a member that finished first must not abort a communicator its
+/// peers still use).
+fn kept<B: Backend>(r: &Rank<B>, group: Option<ProcessGroup<B>>) -> Option<ProcessGroup<B>> {
+    group.map(|group| r.keep(group))
+}
+
 fn parent<B: Backend>(r: &Rank<B>, name: &str, path: Path) -> Check<ProcessGroup<B>> {
     match path {
         Path::Rendezvous => r.group(name, Options::builder()),
@@ -71,8 +77,9 @@ fn new_group_gives_members_a_group_and_non_members_none_split_or_rendezvous<H: H
             // Listed high to low on purpose: group ranks follow ascending parent ranks.
             let odd: Vec<usize> = (0..n).rev().filter(|k| k % 2 == 1).collect();
             let even: Vec<usize> = (0..n).rev().filter(|k| k % 2 == 0).collect();
-            let odd_group = world.new_group(&odd, Options::builder().build()).ctx("new_group of odd ranks")?;
-            let even_group = world.new_group(&even, Options::builder().build()).ctx("new_group of even ranks")?;
+            let odd_group = kept(r, world.new_group(&odd, Options::builder().build()).ctx("new_group of odd ranks")?);
+            let even_group =
+                kept(r, world.new_group(&even, Options::builder().build()).ctx("new_group of even ranks")?);
             ensure_eq!(odd_group.is_some(), r.rank % 2 == 1, "{path:?}: membership of the odd group");
             ensure_eq!(even_group.is_some(), r.rank % 2 == 0, "{path:?}: membership of the even group");
             let mine = odd_group.or(even_group).ok_or("a member of neither group")?;
@@ -111,7 +118,8 @@ fn split_by_color_forms_one_group_per_color_split_or_rendezvous<H: Harness>(h: &
             let world = parent(r, &format!("split_{path:?}"), path)?;
             // Rank 1 joins no group; the others split by parity into colors 5 and 6.
             let color_of = |k: usize| (k != 1).then_some(5 + (k % 2) as u32);
-            let split = world.split_by_color(color_of(r.rank), Options::builder().build()).ctx("split_by_color")?;
+            let split =
+                kept(r, world.split_by_color(color_of(r.rank), Options::builder().build()).ctx("split_by_color")?);
             let Some(split) = split else {
                 ensure_eq!(r.rank, 1, "{path:?}: only rank 1 gets no group");
                 continue;
@@ -134,7 +142,7 @@ fn a_subgroup_of_a_subgroup_maps_to_world_ranks<H: Harness>(h: &H) -> Check<Outc
     let ran = h.run(n, |r| -> Check {
         for path in PATHS {
             let world = parent(r, &format!("nested_{path:?}"), path)?;
-            let upper = world.new_group(&[1, 2, 3], Options::builder().build()).ctx("new_group")?;
+            let upper = kept(r, world.new_group(&[1, 2, 3], Options::builder().build()).ctx("new_group")?);
             let Some(upper) = upper else {
                 ensure!(r.rank == 0 || r.rank > 3, "{path:?}: rank {} left out of [1, 2, 3]", r.rank);
                 continue;
@@ -142,7 +150,7 @@ fn a_subgroup_of_a_subgroup_maps_to_world_ranks<H: Harness>(h: &H) -> Check<Outc
             if let Path::Split = path {
                 upper.barrier_sync().ctx("barrier of the middle group")?;
             }
-            let pair = upper.new_group(&[1, 2], Options::builder().build()).ctx("nested new_group")?;
+            let pair = kept(r, upper.new_group(&[1, 2], Options::builder().build()).ctx("nested new_group")?);
             match pair {
                 Some(pair) => {
                     made_by(&pair, path)?;
@@ -171,6 +179,9 @@ fn every_group_of_2x4_4x2_and_2x2x2_meshes_reduces_over_its_slice<H: Harness>(h:
                 }
                 let world = parent(r, &format!("mesh_{i}_{path:?}"), path)?;
                 let mesh = DeviceMesh::new(&world, dims, &Options::builder().build()).ctx("DeviceMesh::new")?;
+                for dim in 0..dims.len() {
+                    r.keep(mesh.group(dim).ctx("a mesh dimension's group")?.clone());
+                }
                 let strides: Vec<usize> =
                     (0..dims.len()).map(|d| dims[d + 1..].iter().map(|(_, s)| s).product()).collect();
                 let coordinate: Vec<usize> = (0..dims.len()).map(|d| r.rank / strides[d] % dims[d].1).collect();
@@ -271,8 +282,8 @@ fn new_group_called_in_different_orders_fails_on_every_rank_split_or_rendezvous<
                 sums_over_members(r, &world, "the parent after the refused split")?;
                 continue;
             }
-            let first = world.new_group(order[0], options()).ctx("the first new_group")?;
-            let second = world.new_group(order[1], options()).ctx("the second new_group")?;
+            let first = kept(r, world.new_group(order[0], options()).ctx("the first new_group")?);
+            let second = kept(r, world.new_group(order[1], options()).ctx("the second new_group")?);
             ensure!(second.is_none(), "{path:?}: rank {} is a member of its second group", r.rank);
             if let Some(group) = first {
                 let buffer = r.holding(DType::F32, &[1000.0 + r.rank as f64; 4])?;
