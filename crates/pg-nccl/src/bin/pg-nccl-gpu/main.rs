@@ -18,6 +18,7 @@ mod experiments;
 mod first;
 #[allow(unsafe_code)] // A reason: raw device pointers from elsewhere are an unsafe constructor by design.
 mod interop;
+mod profile;
 mod report;
 mod report_exchange;
 mod util;
@@ -32,7 +33,7 @@ use serde_json::{json, Value};
 
 const USAGE: &str = "\
 usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,bench,first,...] [--out DIR]
-                       [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
+                       [--bench-max-bytes N] [--bench-trials N] [--bench-profile nvlink|network] [--timeout-s N]
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
        pg-nccl-gpu merge-all-to-all --out DIR   (DIR/bench-all-to-all.json and DIR/torch-all-to-all.json
@@ -51,6 +52,8 @@ pub struct Settings {
     pub out: PathBuf,
     pub bench_max_bytes: usize,
     pub bench_trials: usize,
+    /// What the benchmarks are sized for (`--bench-profile nvlink|network`).
+    pub bench_profile: profile::Profile,
     pub timeout: Duration,
 }
 
@@ -61,6 +64,7 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
         out: PathBuf::from("gpu-results"),
         bench_max_bytes: 1 << 30,
         bench_trials: 5,
+        bench_profile: profile::Profile::Nvlink,
         timeout: Duration::from_secs(300),
     };
     let (command, rest) = args.split_first().ok_or_else(|| USAGE.to_owned())?;
@@ -76,6 +80,7 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
             "--out" => settings.out = PathBuf::from(value()?),
             "--bench-max-bytes" => settings.bench_max_bytes = number(value()?)?,
             "--bench-trials" => settings.bench_trials = number(value()?)?.max(1),
+            "--bench-profile" => settings.bench_profile = profile::Profile::parse(&value()?)?,
             "--timeout-s" => settings.timeout = Duration::from_secs(number(value()?)? as u64),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
@@ -195,6 +200,7 @@ fn launch_task(settings: &Settings, task: &str, nproc: usize) -> Result<Vec<Valu
             .arg(&settings.out)
             .args(["--bench-max-bytes", &settings.bench_max_bytes.to_string()])
             .args(["--bench-trials", &settings.bench_trials.to_string()])
+            .args(["--bench-profile", settings.bench_profile.name()])
             .env("RANK", rank.to_string())
             .envs(placement.env)
             .env("WORLD_SIZE", nproc.to_string())
