@@ -6,7 +6,9 @@
 //! `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges their results into
 //! `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank failed, or there is no GPU.
 //!
-//! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`).
+//! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`, or by torchrun: rank and world from
+//! torchrun's variables, the store torchrun's agent hosts when it says so, the GPU `LOCAL_RANK % GPUs`);
+//! `pg-nccl-gpu merge --task T --out DIR` reports the ranks' results when another launcher started them.
 //!
 //! The ranks rendezvous over env:// (pg-store's TCP store, hosted by rank 0) on 127.0.0.1 and a free port.
 #![deny(unsafe_code)]
@@ -18,6 +20,7 @@ mod experiments;
 mod first;
 #[allow(unsafe_code)] // A reason: raw device pointers from elsewhere are an unsafe constructor by design.
 mod interop;
+mod mixed;
 mod profile;
 mod report;
 mod report_exchange;
@@ -34,7 +37,12 @@ use serde_json::{json, Value};
 const USAGE: &str = "\
 usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,bench,first,...] [--out DIR]
                        [--bench-max-bytes N] [--bench-trials N] [--bench-profile nvlink|network] [--timeout-s N]
-       pg-nccl-gpu rank --task TASK --out DIR [same bench options]
+       pg-nccl-gpu rank --task TASK --out DIR [same bench options]   (one rank; torchrun can start it too:
+                       torchrun ... --no-python pg-nccl-gpu rank --task conformance --out DIR)
+       pg-nccl-gpu merge --task TASK --out DIR [--nproc N]   (the report of ranks another launcher started)
+       pg-nccl-gpu mixed --out DIR   (one rank of PyTorch's default group beside PyTorch ranks running
+                       torch_mixed.py: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets them)
+       pg-nccl-gpu merge-mixed --out DIR   (DIR/mixed-N-pgR/mixed-rank*.json into DIR/mixed-nccl-N.{md,json})
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
        pg-nccl-gpu merge-all-to-all --out DIR   (DIR/bench-all-to-all.json and DIR/torch-all-to-all.json
                                                  into DIR/all-to-all.{md,json})
@@ -107,6 +115,23 @@ fn main() -> ExitCode {
         "ptx" => {
             print!("{}", pg_nccl::pg_cuda::kernels_ptx());
             Ok(())
+        }
+        "merge" => match task {
+            Some(task) => merge_ranks(&settings, &task),
+            None => Err(format!("merge needs --task\n{USAGE}")),
+        },
+        "mixed" => env_usize("RANK").and_then(|rank| {
+            if std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
+                return Err("NCCL_NVLS_ENABLE=0 must be set (NVLink multicast stays off)".into());
+            }
+            placed_gpu(rank).and_then(|gpu| mixed::run_nccl(&settings.out, rank, gpu))
+        }),
+        "merge-mixed" => {
+            let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
+            mixed::merge(&settings.out, &label).and_then(|passed| match passed {
+                true => Ok(()),
+                false => Err("a mixed-group check failed (see mixed-nccl-N.md)".into()),
+            })
         }
         "merge-bench" => {
             let label = std::env::var("PG_BENCH_LABEL").unwrap_or_default();
@@ -272,7 +297,7 @@ fn env_usize(name: &str) -> Result<usize, String> {
 
 fn run_rank(task: &str, settings: &Settings) -> Result<(), String> {
     let rank = env_usize("RANK")?;
-    let outcome = rank_body(task, rank, settings);
+    let outcome = placed_gpu(rank).and_then(|gpu| rank_body(task, rank, gpu, settings));
     let value = match &outcome {
         Ok(value) => value.clone(),
         Err(message) => json!({ "rank": rank, "error": message }),
@@ -284,7 +309,64 @@ fn run_rank(task: &str, settings: &Settings) -> Result<(), String> {
     outcome.map(drop)
 }
 
-fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, String> {
+/// This rank's GPU: `LOCAL_RANK % GPUs`. Under a launcher that put more local ranks than GPUs on this machine
+/// (torchrun with `--nproc-per-node` above the GPU count, as in a multi-node rehearsal on one GPU), the process
+/// first starts itself again with a host id of its own for NCCL ([`pg_nccl::placement::place_launched`]), before
+/// anything has joined the store; pg's own launcher has placed its ranks already, and nothing changes for them.
+fn placed_gpu(rank: usize) -> Result<usize, String> {
+    let var = |name: &str| std::env::var(name).ok();
+    let local_rank = var("LOCAL_RANK").map(|_| env_usize("LOCAL_RANK")).transpose()?.unwrap_or(rank);
+    let local_world = var("LOCAL_WORLD_SIZE").map(|_| env_usize("LOCAL_WORLD_SIZE")).transpose()?.unwrap_or(1);
+    let gpus = pg_nccl::available().map_err(|err| format!("no GPU here: {err}"))?;
+    let placement = pg_nccl::placement::place_launched(rank, local_rank, local_world, gpus, &var);
+    if placement.env.is_empty() {
+        return Ok(placement.gpu);
+    }
+    restart_with(&placement.env)
+}
+
+#[cfg(unix)]
+fn restart_with(vars: &[(&'static str, String)]) -> Result<usize, String> {
+    use std::os::unix::process::CommandExt as _;
+    let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    println!("rank {}: restarting with {vars:?}", std::env::var("RANK").unwrap_or_default());
+    // `exec` returns only when it failed.
+    let err = Command::new(exe).args(std::env::args_os().skip(1)).envs(vars.iter().cloned()).exec();
+    Err(format!("restarting with {vars:?}: {err}"))
+}
+
+#[cfg(not(unix))]
+fn restart_with(vars: &[(&'static str, String)]) -> Result<usize, String> {
+    Err(format!("set {vars:?} for this rank: several local ranks share a GPU"))
+}
+
+/// `merge --task T --out DIR [--nproc N]`: reports a task whose ranks another launcher started (torchrun), from
+/// their `DIR/T-rankR.json` (ranks 0..N; without `--nproc`, every consecutive rank file from rank 0).
+fn merge_ranks(settings: &Settings, task: &str) -> Result<(), String> {
+    let mut ranks = Vec::new();
+    for rank in 0.. {
+        if settings.nproc.is_some_and(|n| rank >= n) {
+            break;
+        }
+        let path = rank_file(&settings.out, task, rank);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(_) if settings.nproc.is_none() && rank > 0 => break,
+            Err(e) => return Err(format!("rank {rank} left no result at {}: {e}", path.display())),
+        };
+        let value: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !value["error"].is_null() {
+            return Err(format!("rank {rank} failed: {}", value["error"]));
+        }
+        ranks.push(value);
+    }
+    match report::task(settings, task, &ranks)? {
+        true => Ok(()),
+        false => Err(format!("{task} failed (see {}/{task}.md)", settings.out.display())),
+    }
+}
+
+fn rank_body(task: &str, rank: usize, gpu: usize, settings: &Settings) -> Result<Value, String> {
     if std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
         return Err("NCCL_NVLS_ENABLE=0 must be set (NVLink multicast stays off)".into());
     }
@@ -294,9 +376,8 @@ fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, Stri
         return Err(format!("RANK {rank} but the rendezvous says {}", rendezvous.rank));
     }
     let world = rendezvous.world_size;
-    let local_rank = rendezvous.local_rank.unwrap_or(rank);
     let store: Arc<dyn Store> = rendezvous.store;
-    let device = pg_nccl::Device::new(local_rank).map_err(|e| e.to_string())?;
+    let device = pg_nccl::Device::new(gpu).map_err(|e| e.to_string())?;
     let ctx = Rank { rank, world, device, store, settings: settings.clone() };
     let mut value = match task {
         "conformance" => conformance::run(&ctx),
