@@ -47,7 +47,8 @@ usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,benc
        pg-nccl-gpu merge-all-to-all --out DIR   (DIR/bench-all-to-all.json and DIR/torch-all-to-all.json
                                                  into DIR/all-to-all.{md,json})
        pg-nccl-gpu merge-p2p --out DIR   (DIR/bench-p2p.json and DIR/torch-p2p.json into DIR/p2p.{md,json})
-       pg-nccl-gpu merge-train --out DIR   (joins DIR/train-pg.json and DIR/train-torch.json into DIR/train-mlp.{md,json})
+       pg-nccl-gpu merge-train --out DIR [--buckets 1,2]   (joins DIR/train-pg.json and DIR/train-torch.json, or per
+                       layout K DIR/train-pg-bK.json and DIR/train-torch-bK.json, into DIR/train-mlp.{md,json})
 tasks: conformance, experiments, interop, bench (all_reduce), bench-all-to-all (all_to_all_single, equal and skewed
 splits), bench-p2p (batch_isend_irecv ring: send to rank + 1, receive from rank - 1; needs 2 ranks)
 ";
@@ -62,6 +63,8 @@ pub struct Settings {
     pub bench_trials: usize,
     /// What the benchmarks are sized for (`--bench-profile nvlink|network`).
     pub bench_profile: profile::Profile,
+    /// The gradient-bucket layouts `merge-train --buckets 1,2` joins (empty: the one pair of runs).
+    pub train_buckets: Vec<usize>,
     pub timeout: Duration,
 }
 
@@ -73,6 +76,7 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
         bench_max_bytes: 1 << 30,
         bench_trials: 5,
         bench_profile: profile::Profile::Nvlink,
+        train_buckets: Vec::new(),
         timeout: Duration::from_secs(300),
     };
     let (command, rest) = args.split_first().ok_or_else(|| USAGE.to_owned())?;
@@ -88,6 +92,9 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
             "--out" => settings.out = PathBuf::from(value()?),
             "--bench-max-bytes" => settings.bench_max_bytes = number(value()?)?,
             "--bench-trials" => settings.bench_trials = number(value()?)?.max(1),
+            "--buckets" => {
+                settings.train_buckets = value()?.split(',').map(|k| number(k.to_owned())).collect::<Result<_, _>>()?
+            }
             "--bench-profile" => settings.bench_profile = profile::Profile::parse(&value()?)?,
             "--timeout-s" => settings.timeout = Duration::from_secs(number(value()?)? as u64),
             "-h" | "--help" => return Err(USAGE.to_owned()),
@@ -148,7 +155,11 @@ fn main() -> ExitCode {
         }
         "merge-train" => {
             let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
-            report::merge_train(&settings.out, &label).and_then(|passed| match passed {
+            let merged = match settings.train_buckets.is_empty() {
+                true => report::merge_train(&settings.out, &label),
+                false => report::merge_train_layouts(&settings.out, &label, &settings.train_buckets),
+            };
+            merged.and_then(|passed| match passed {
                 true => Ok(()),
                 false => Err("the training runs did not pass (see train-mlp.md)".into()),
             })

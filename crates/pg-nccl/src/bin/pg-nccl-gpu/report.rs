@@ -741,6 +741,124 @@ pub fn merge_train(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     Ok(ok)
 }
 
+/// One layout's pair of runs in [`merge_train_layouts`]: its summary and whether it met the targets.
+fn train_layout(dir: &std::path::Path, buckets: usize) -> Result<Value, String> {
+    const WARMUP: usize = 5;
+    let load = |name: String| -> Result<Option<Value>, String> {
+        match std::fs::read_to_string(dir.join(&name)) {
+            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
+            Err(_) => Ok(None),
+        }
+    };
+    let pg = load(format!("train-pg-b{buckets}.json"))?;
+    let torch = load(format!("train-torch-b{buckets}.json"))?;
+    let curve = |run: &Option<Value>| -> Vec<(f64, f64)> {
+        run.as_ref()
+            .and_then(|r| r["steps"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|r| (r["loss"].as_f64().unwrap_or(f64::NAN), r["ms"].as_f64().unwrap_or(f64::NAN)))
+            .collect()
+    };
+    let (ours, theirs) = (curve(&pg), curve(&torch));
+    let median_ms = |c: &[(f64, f64)]| (c.len() > WARMUP).then(|| median(c.iter().skip(WARMUP).map(|r| r.1).collect()));
+    let falls = |c: &[(f64, f64)]| c.len() > 1 && c[c.len() - 1].0 < c[0].0;
+    let gap = (!ours.is_empty() && ours.len() == theirs.len()).then(|| {
+        ours.iter().zip(&theirs).map(|(a, b)| (a.0 - b.0).abs() / b.0.abs().max(f64::MIN_POSITIVE)).fold(0.0, f64::max)
+    });
+    let (pg_ms, torch_ms) = (median_ms(&ours), median_ms(&theirs));
+    let curves_ok = gap.is_some_and(|g| g <= 1e-5);
+    let step_ok = pg_ms.zip(torch_ms).map(|(p, t)| p <= t);
+    Ok(json!({
+        "buckets": buckets,
+        "steps": ours.len(),
+        "pg_median_step_ms": pg_ms, "torch_median_step_ms": torch_ms,
+        "pg_over_torch_step": pg_ms.zip(torch_ms).map(|(p, t)| p / t),
+        "max_relative_loss_gap": gap,
+        "curves_within_1e-5": curves_ok,
+        "pg_step_at_or_below_torch": step_ok,
+        "losses_fell": falls(&ours) && falls(&theirs),
+        "passed": curves_ok && falls(&ours) && falls(&theirs),
+        "pg_first_last_loss": [ours.first().map(|r| r.0), ours.last().map(|r| r.0)],
+        "torch_first_last_loss": [theirs.first().map(|r| r.0), theirs.last().map(|r| r.0)],
+        "ddp_bucket_sizes": torch.as_ref().map(|t| t["model"]["ddp_bucket_sizes"].clone()),
+        "pg": pg, "torch": torch,
+    }))
+}
+
+/// Joins the training example's runs beside PyTorch DDP for each bucket layout in `layouts`
+/// (`train-pg-bK.json` and `train-torch-bK.json` in `dir`) into `train-mlp.{md,json}`: per layout the median step
+/// (after the first 5 steps) of each side, their ratio, and the largest relative gap between the loss curves.
+/// Passes when every layout's curves agree within 1e-5 and each loss fell; whether pg's median step is at or
+/// below DDP's is reported, not required.
+pub fn merge_train_layouts(dir: &std::path::Path, label: &str, layouts: &[usize]) -> Result<bool, String> {
+    let rows = layouts.iter().map(|&k| train_layout(dir, k)).collect::<Result<Vec<_>, _>>()?;
+    let ok = !rows.is_empty() && rows.iter().all(|r| r["passed"] == true);
+    let opt = |v: &Value, digits: usize| v.as_f64().map_or("-".to_owned(), |v| format!("{v:.digits$}"));
+    let yes = |v: &Value| match v.as_bool() {
+        Some(true) => "yes",
+        Some(false) => "NO",
+        None => "-",
+    };
+    let mut md = String::new();
+    let _ = writeln!(md, "# Training example beside PyTorch DDP: a 2-layer MLP, data-parallel, per gradient-bucket layout
+");
+    let _ = writeln!(md, "{label}
+");
+    if let Some(model) = rows.iter().find_map(|r| r["pg"].as_object().map(|pg| (pg["model"].clone(), pg["global_batch"].clone()))) {
+        let _ = writeln!(md, "Model and data: {}, global batch {}.
+", model.0, model.1);
+    }
+    let _ = writeln!(
+        md,
+        "Same model, data, steps and bucket layout on both sides: two buckets = layer 2's gradients all-reduced while          layer 1's backward runs, then layer 1's (DDP: bucket cap = layer 2's gradient bytes); one bucket = every          gradient in one all_reduce after backward (DDP: bucket_cap_mb=25). Median step after the first 5 steps.
+"
+    );
+    let _ = writeln!(md, "| buckets | steps | pg median step ms | DDP median step ms | pg / DDP | pg at or below DDP | max relative loss gap | within 1e-5 | DDP's bucket sizes |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    for row in &rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row["buckets"],
+            row["steps"],
+            opt(&row["pg_median_step_ms"], 3),
+            opt(&row["torch_median_step_ms"], 3),
+            opt(&row["pg_over_torch_step"], 3),
+            yes(&row["pg_step_at_or_below_torch"]),
+            row["max_relative_loss_gap"].as_f64().map_or("-".to_owned(), |g| format!("{g:.2e}")),
+            yes(&row["curves_within_1e-5"]),
+            row["ddp_bucket_sizes"],
+        );
+    }
+    for row in &rows {
+        let _ = writeln!(md, "
+## {} bucket(s)
+
+| step | pg loss | pg ms | DDP loss | DDP ms |
+|---|---|---|---|---|", row["buckets"]);
+        let steps = |side: &str| row[side]["steps"].as_array().cloned().unwrap_or_default();
+        let (ours, theirs) = (steps("pg"), steps("torch"));
+        for (step, r) in ours.iter().enumerate().filter(|(i, _)| i % 10 == 0 || *i + 1 == ours.len()) {
+            let t = theirs.get(step);
+            let _ = writeln!(
+                md,
+                "| {step} | {} | {} | {} | {} |",
+                opt(&r["loss"], 6),
+                opt(&r["ms"], 3),
+                t.map_or("-".to_owned(), |t| opt(&t["loss"], 6)),
+                t.map_or("-".to_owned(), |t| opt(&t["ms"], 3)),
+            );
+        }
+    }
+    let merged = json!({ "passed": ok, "label": label, "layouts": rows });
+    std::fs::write(dir.join("train-mlp.json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n")
+        .map_err(|e| format!("train-mlp.json: {e}"))?;
+    std::fs::write(dir.join("train-mlp.md"), &md).map_err(|e| format!("train-mlp.md: {e}"))?;
+    print!("{md}");
+    Ok(ok)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -890,6 +1008,34 @@ mod tests {
 
         std::fs::write(dir.join("bench.json"), bench(21_000.0).to_string()).unwrap();
         assert!(!merge_bench(&dir, "test").unwrap(), "5% slower at 16 MiB misses the target");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_layouts_merge_reports_gap_and_median_step_per_bucket_layout() {
+        let dir = std::env::temp_dir().join(format!("pg-merge-train-layouts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |backend: &str, scale: f64, ms: f64| {
+            let steps: Vec<Value> =
+                (0..12).map(|s| json!({ "step": s, "loss": (1.0 - 0.05 * s as f64) * scale, "ms": ms })).collect();
+            json!({ "backend": backend, "world_size": 2, "global_batch": 256, "model": {"buckets": 2}, "steps": steps })
+        };
+        for (k, torch_scale, torch_ms) in [(1, 1.0 + 2e-6, 10.0), (2, 1.0 + 5e-5, 8.0)] {
+            std::fs::write(dir.join(format!("train-pg-b{k}.json")), run("nccl", 1.0, 9.0).to_string()).unwrap();
+            std::fs::write(dir.join(format!("train-torch-b{k}.json")), run("torch", torch_scale, torch_ms).to_string())
+                .unwrap();
+        }
+        assert!(!merge_train_layouts(&dir, "2 ranks on 1 GPU", &[1, 2]).unwrap(), "layout 2's gap is 5e-5");
+        let merged: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("train-mlp.json")).unwrap()).unwrap();
+        let one = &merged["layouts"][0];
+        assert_eq!(one["curves_within_1e-5"], json!(true));
+        assert_eq!(one["pg_step_at_or_below_torch"], json!(true));
+        assert_eq!(one["pg_median_step_ms"], json!(9.0));
+        let two = &merged["layouts"][1];
+        assert_eq!(two["curves_within_1e-5"], json!(false));
+        assert_eq!(two["pg_step_at_or_below_torch"], json!(false));
+        let md = std::fs::read_to_string(dir.join("train-mlp.md")).unwrap();
+        assert!(md.contains("| 1 | 12 | 9.000 | 10.000 | 0.900 | yes |"), "{md}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
