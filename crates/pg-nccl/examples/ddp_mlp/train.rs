@@ -105,7 +105,17 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Self { input: 64, hidden: 256, output: 16, teacher_hidden: 32, batch: 256, steps: 100, lr: 0.5, seed: 0, buckets: 2 }
+        Self {
+            input: 64,
+            hidden: 256,
+            output: 16,
+            teacher_hidden: 32,
+            batch: 256,
+            steps: 100,
+            lr: 0.5,
+            seed: 0,
+            buckets: 2,
+        }
     }
 }
 

@@ -341,8 +341,13 @@ impl TcpStore {
     /// [`TcpStore::connect_as_worker`]), or fails at `timeout`. Use it when the Rust process is rank 0 of a job
     /// whose other ranks are PyTorch's.
     pub fn serve_as_master(port: u16, world_size: usize, timeout: Duration) -> Result<Self, StoreError> {
-        let options =
-            TcpStoreOptions { port, is_server: true, num_workers: Some(world_size), timeout, ..TcpStoreOptions::default() };
+        let options = TcpStoreOptions {
+            port,
+            is_server: true,
+            num_workers: Some(world_size),
+            timeout,
+            ..TcpStoreOptions::default()
+        };
         Self::new("127.0.0.1", options)
     }
 

@@ -176,7 +176,9 @@ pub fn run_nccl(out: &Path, rank: usize, gpu: usize) -> Result<(), String> {
     let checks = join_and_run(&addr, port, rank, world, gpu, sizes);
     let checks = match checks {
         Ok(checks) => checks,
-        Err(why) => vec![json!({ "op": "join", "result": "fail", "detail": why, "seconds": started.elapsed().as_secs_f64() })],
+        Err(why) => {
+            vec![json!({ "op": "join", "result": "fail", "detail": why, "seconds": started.elapsed().as_secs_f64() })]
+        }
     };
     let passed = checks.len() == OPS.len() && checks.iter().all(|c| c["result"] == "pass");
     let value = json!({
@@ -195,7 +197,14 @@ pub fn run_nccl(out: &Path, rank: usize, gpu: usize) -> Result<(), String> {
 }
 
 /// The README's "Join a PyTorch job" code, then the ops.
-fn join_and_run(addr: &str, port: u16, rank: usize, world: usize, gpu: usize, sizes: Sizes) -> Result<Vec<Value>, String> {
+fn join_and_run(
+    addr: &str,
+    port: u16,
+    rank: usize,
+    world: usize,
+    gpu: usize,
+    sizes: Sizes,
+) -> Result<Vec<Value>, String> {
     use pg_core::store::{Store, TcpStore};
     use pg_core::{join_torch_default_group, Options, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT};
 
@@ -205,7 +214,8 @@ fn join_and_run(addr: &str, port: u16, rank: usize, world: usize, gpu: usize, si
     let store: Arc<dyn Store> = match rank {
         0 => Arc::new(TcpStore::serve_as_master(port, world, timeout).map_err(|e| format!("hosting the store: {e}"))?),
         _ => Arc::new(
-            TcpStore::connect_as_worker(addr, port, world, timeout).map_err(|e| format!("joining {addr}:{port}: {e}"))?,
+            TcpStore::connect_as_worker(addr, port, world, timeout)
+                .map_err(|e| format!("joining {addr}:{port}: {e}"))?,
         ),
     };
     let options = Options::builder().timeout(Duration::from_secs(120)).build();
@@ -282,8 +292,11 @@ pub fn merge(dir: &Path, label: &str) -> Result<bool, String> {
         let merged = json!({ "task": "mixed", "label": label, "world_size": world, "passed": passed, "ops": OPS, "runs": json_runs });
         let stem = dir.join(format!("mixed-nccl-{world}"));
         std::fs::write(stem.with_extension("md"), &md).map_err(|e| e.to_string())?;
-        std::fs::write(stem.with_extension("json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n")
-            .map_err(|e| e.to_string())?;
+        std::fs::write(
+            stem.with_extension("json"),
+            serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n",
+        )
+        .map_err(|e| e.to_string())?;
         print!("{md}");
     }
     Ok(all_passed)
@@ -338,7 +351,8 @@ mod tests {
 
     use super::*;
 
-    const SMALL: Sizes = Sizes { broadcast_small: 4 << 10, broadcast_large: 64 << 10, collective: 1 << 10, message: 512 };
+    const SMALL: Sizes =
+        Sizes { broadcast_small: 4 << 10, broadcast_large: 64 << 10, collective: 1 << 10, message: 512 };
 
     /// Every rank on the simulated backend through the same join and ops (there every rank is pg's): at worlds 2
     /// and 3 with "pg's rank" at 0 and in the middle, every check passes on every rank.
@@ -417,9 +431,11 @@ mod tests {
         assert!(md2.contains("| barrier | pass (0.50 s) | pass (0.50 s) |"), "{md2}");
         let md3 = std::fs::read_to_string(dir.join("mixed-nccl-3.md")).unwrap();
         assert!(md3.contains("| all_gather | pass (0.50 s) | pass (0.50 s) | FAIL: element 3"), "{md3}");
-        let json3: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("mixed-nccl-3.json")).unwrap()).unwrap();
+        let json3: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("mixed-nccl-3.json")).unwrap()).unwrap();
         assert_eq!(json3["passed"], false);
-        let json2: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("mixed-nccl-2.json")).unwrap()).unwrap();
+        let json2: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("mixed-nccl-2.json")).unwrap()).unwrap();
         assert_eq!(json2["passed"], true);
         let _ = std::fs::remove_dir_all(&dir);
     }

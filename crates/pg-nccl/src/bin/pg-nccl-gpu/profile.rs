@@ -39,9 +39,20 @@ impl Profile {
     /// The all_reduce sizes up to `max` bytes.
     pub fn all_reduce_sizes(self, max: usize) -> Vec<usize> {
         let all: &[usize] = match self {
-            Profile::Nvlink => {
-                &[8, 64, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
-            }
+            Profile::Nvlink => &[
+                8,
+                64,
+                1 << 10,
+                8 << 10,
+                64 << 10,
+                256 << 10,
+                1 << 20,
+                4 << 20,
+                16 << 20,
+                64 << 20,
+                256 << 20,
+                1 << 30,
+            ],
             Profile::Network => &NETWORK_ALL_REDUCE_SIZES,
         };
         all.iter().copied().filter(|&s| s <= max).collect()

@@ -624,7 +624,8 @@ struct NetworkTargets {
 }
 
 fn network_targets(summary: &[Value], enqueue_same_rank_median_us: f64) -> NetworkTargets {
-    let from = summary.iter().filter(|s| s["bytes"].as_u64().is_some_and(|b| b >= crate::profile::NETWORK_TARGET_FROM_BYTES));
+    let from =
+        summary.iter().filter(|s| s["bytes"].as_u64().is_some_and(|b| b >= crate::profile::NETWORK_TARGET_FROM_BYTES));
     let ratios: Vec<Option<f64>> = from.map(|s| s["pg_over_raw_device_time"].as_f64()).collect();
     let worst_ratio = ratios.iter().flatten().copied().reduce(f64::max);
     let device_ok = !ratios.is_empty() && ratios.iter().all(|r| r.is_some_and(|r| r <= 1.03));
@@ -801,13 +802,25 @@ pub fn merge_train_layouts(dir: &std::path::Path, label: &str, layouts: &[usize]
         None => "-",
     };
     let mut md = String::new();
-    let _ = writeln!(md, "# Training example beside PyTorch DDP: a 2-layer MLP, data-parallel, per gradient-bucket layout
-");
-    let _ = writeln!(md, "{label}
-");
-    if let Some(model) = rows.iter().find_map(|r| r["pg"].as_object().map(|pg| (pg["model"].clone(), pg["global_batch"].clone()))) {
-        let _ = writeln!(md, "Model and data: {}, global batch {}.
-", model.0, model.1);
+    let _ = writeln!(
+        md,
+        "# Training example beside PyTorch DDP: a 2-layer MLP, data-parallel, per gradient-bucket layout
+"
+    );
+    let _ = writeln!(
+        md,
+        "{label}
+"
+    );
+    if let Some(model) =
+        rows.iter().find_map(|r| r["pg"].as_object().map(|pg| (pg["model"].clone(), pg["global_batch"].clone())))
+    {
+        let _ = writeln!(
+            md,
+            "Model and data: {}, global batch {}.
+",
+            model.0, model.1
+        );
     }
     let _ = writeln!(
         md,
@@ -832,11 +845,15 @@ pub fn merge_train_layouts(dir: &std::path::Path, label: &str, layouts: &[usize]
         );
     }
     for row in &rows {
-        let _ = writeln!(md, "
+        let _ = writeln!(
+            md,
+            "
 ## {} bucket(s)
 
 | step | pg loss | pg ms | DDP loss | DDP ms |
-|---|---|---|---|---|", row["buckets"]);
+|---|---|---|---|---|",
+            row["buckets"]
+        );
         let steps = |side: &str| row[side]["steps"].as_array().cloned().unwrap_or_default();
         let (ours, theirs) = (steps("pg"), steps("torch"));
         for (step, r) in ours.iter().enumerate().filter(|(i, _)| i % 10 == 0 || *i + 1 == ours.len()) {
@@ -852,8 +869,11 @@ pub fn merge_train_layouts(dir: &std::path::Path, label: &str, layouts: &[usize]
         }
     }
     let merged = json!({ "passed": ok, "label": label, "layouts": rows });
-    std::fs::write(dir.join("train-mlp.json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n")
-        .map_err(|e| format!("train-mlp.json: {e}"))?;
+    std::fs::write(
+        dir.join("train-mlp.json"),
+        serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n",
+    )
+    .map_err(|e| format!("train-mlp.json: {e}"))?;
     std::fs::write(dir.join("train-mlp.md"), &md).map_err(|e| format!("train-mlp.md: {e}"))?;
     print!("{md}");
     Ok(ok)
@@ -977,9 +997,7 @@ mod tests {
     fn the_network_profile_checks_device_time_from_64_kib_and_enqueue_within_1_us() {
         let dir = std::env::temp_dir().join(format!("pg-merge-network-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let row = |c: &str, bytes: u64, time: f64, enqueue: f64| {
-            json!({ "contestant": c, "bytes": bytes, "time_us": time, "host_enqueue_us": enqueue, "wait_us": null })
-        };
+        let row = |c: &str, bytes: u64, time: f64, enqueue: f64| json!({ "contestant": c, "bytes": bytes, "time_us": time, "host_enqueue_us": enqueue, "wait_us": null });
         // At 8 B pg is 10% slower (below 64 KiB: no target); from 64 KiB up within 3%.
         let rows = |pg_16mib: f64| {
             json!([
@@ -1026,7 +1044,8 @@ mod tests {
                 .unwrap();
         }
         assert!(!merge_train_layouts(&dir, "2 ranks on 1 GPU", &[1, 2]).unwrap(), "layout 2's gap is 5e-5");
-        let merged: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("train-mlp.json")).unwrap()).unwrap();
+        let merged: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("train-mlp.json")).unwrap()).unwrap();
         let one = &merged["layouts"][0];
         assert_eq!(one["curves_within_1e-5"], json!(true));
         assert_eq!(one["pg_step_at_or_below_torch"], json!(true));
