@@ -25,8 +25,9 @@ MIXED=1 (a pg rank joined with the README's code beside PyTorch ranks, MIXED_RUN
 OUT_DIR/mixed-nccl-N.{md,json}), TORCHRUN=1 (two torchrun agents, c10d rendezvous, --nproc-per-node 2, start the
 conformance ranks: OUT_DIR/conformance-torchrun-4.{md,json}).
 SUITE=network runs all of that on one GPU in one command (TASK_WORLDS, BENCH_WORLDS and TRAIN_WORLDS \"2 4\",
-TRAIN_BUCKETS \"1 2\", BENCH_PROFILE=network, MIXED=1, TORCHRUN=1; about 15 minutes on one H200); ONLY=tasks, bench,
-train, mixed or torchrun runs one part alone (SUITE=network ONLY=bench: the network benchmarks at worlds 2 and 4).
+TRAIN_BUCKETS \"1 2\", BENCH_PROFILE=network, MIXED=1, TORCHRUN=1; about 15 minutes on one H200); ONLY=PART[,PART]
+(tasks, bench, train, mixed, torchrun) runs those parts alone (SUITE=network ONLY=bench: the network benchmarks at
+worlds 2 and 4).
 ";
 
 /// The workspace root (xtask's parent).
@@ -96,8 +97,8 @@ const RUN_SH: &str = r###"#!/usr/bin/env bash
 # SUITE=network: the one-GPU network-transport suite in one command: TASKS at worlds 2 and 4, MIXED=1,
 # TORCHRUN=1, TRAIN_WORLDS="2 4" with TRAIN_BUCKETS="1 2", BENCH_PROFILE=network at BENCH_WORLDS="2 4" (each
 # variable still overrides).
-# ONLY=PART runs that part alone (the others' switches default to off): ONLY=mixed, ONLY=torchrun, ONLY=train,
-# ONLY=bench, ONLY=tasks; with SUITE=network, that part of the suite (SUITE=network ONLY=bench).
+# ONLY=PART[,PART...] runs those parts alone (the others' switches default to off): tasks, bench, train, mixed,
+# torchrun; with SUITE=network, those parts of the suite (SUITE=network ONLY=bench; ONLY=mixed,torchrun,train).
 # With all-reduce among BENCH (nvlink profile) the bench also times the first all_reduce of a fresh group (pg
 # lazy and eager, PyTorch without and with device_id, FIRST_TRIALS fresh launches each) and merges it into
 # OUT_DIR/allreduce.{md,json}.
@@ -108,12 +109,15 @@ OUT="${1:-$HERE/results}"
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$OUT"
 if [ -n "${ONLY:-}" ]; then
-  case "$ONLY" in tasks | bench | train | mixed | torchrun) ;; *) echo "ONLY: unknown part '$ONLY' (tasks, bench, train, mixed, torchrun)"; exit 2 ;; esac
-  if [ "$ONLY" != tasks ]; then : "${TASKS:=none}" "${XTASK_EXPERIMENTS:=0}"; fi
-  if [ "$ONLY" != bench ]; then : "${BENCH:=0}"; fi
-  if [ "$ONLY" != train ]; then : "${TRAIN:=0}"; fi
-  if [ "$ONLY" = mixed ]; then MIXED=1; else : "${MIXED:=0}"; fi
-  if [ "$ONLY" = torchrun ]; then TORCHRUN=1; else : "${TORCHRUN:=0}"; fi
+  for part in ${ONLY//,/ }; do
+    case "$part" in tasks | bench | train | mixed | torchrun) ;; *) echo "ONLY: unknown part '$part' (tasks, bench, train, mixed, torchrun)"; exit 2 ;; esac
+  done
+  only() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+  if ! only tasks; then : "${TASKS:=none}" "${XTASK_EXPERIMENTS:=0}"; fi
+  if ! only bench; then : "${BENCH:=0}"; fi
+  if ! only train; then : "${TRAIN:=0}"; fi
+  if only mixed; then MIXED=1; else : "${MIXED:=0}"; fi
+  if only torchrun; then TORCHRUN=1; else : "${TORCHRUN:=0}"; fi
 fi
 if [ "${SUITE:-}" = network ]; then
   : "${TASK_WORLDS:=2 4}" "${MIXED:=1}" "${TORCHRUN:=1}" "${TRAIN:=1}" "${TRAIN_WORLDS:=2 4}" "${TRAIN_BUCKETS:=1 2}"
@@ -603,8 +607,12 @@ mod tests {
         assert!(log.contains("merge-train --out") && log.contains("--buckets 1,2"), "{log}");
         let (ok, log) = run_sh_with(&[("ONLY", "mixed")]);
         assert!(!ok, "no torch here: the mixed groups cannot run, and the run says so by failing: {log}");
-        let (ok, _) = run_sh_with(&[("ONLY", "everything")]);
+        let (ok, _) = run_sh_with(&[("ONLY", "train,everything")]);
         assert!(!ok, "an unknown part is refused");
+        let (ok, log) = run_sh_with(&[("SUITE", "network"), ("ONLY", "torchrun,train"), ("TRAIN_STEPS", "3")]);
+        assert!(ok, "{log}");
+        assert!(log.contains("merge --task conformance") && log.contains("merge-train"), "{log}");
+        assert!(!log.contains("bench") && !log.contains("run --tasks conformance"), "{log}");
     }
 
     #[test]
