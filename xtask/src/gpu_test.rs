@@ -35,6 +35,15 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace").to_path_buf()
 }
 
+/// Where cargo puts release builds: `CARGO_TARGET_DIR/release` when set (relative to the workspace root when
+/// relative), else `target/release` in the workspace.
+pub fn release_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root().join(dir).join("release"),
+        None => root().join("target/release"),
+    }
+}
+
 /// Builds `pg-nccl-gpu` in release mode and returns its path.
 pub fn build_suite() -> Result<PathBuf, String> {
     let root = root();
@@ -49,7 +58,7 @@ pub fn build_suite() -> Result<PathBuf, String> {
     if !status.success() {
         return Err(format!("cargo build failed: {status}"));
     }
-    Ok(root.join("target/release/pg-nccl-gpu"))
+    Ok(release_dir().join("pg-nccl-gpu"))
 }
 
 /// The GPUs nvidia-smi lists, or why there are none.
@@ -417,9 +426,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let binary = build_suite()?;
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         std::fs::copy(&binary, dir.join("pg-nccl-gpu")).map_err(|e| format!("copying the binary: {e}"))?;
-        std::fs::copy(root().join("target/release/xtask"), dir.join("pg-xtask"))
+        std::fs::copy(release_dir().join("xtask"), dir.join("pg-xtask"))
             .map_err(|e| format!("copying the xtask binary: {e}"))?;
-        std::fs::copy(root().join("target/release/examples/ddp_mlp"), dir.join("ddp_mlp"))
+        std::fs::copy(release_dir().join("examples/ddp_mlp"), dir.join("ddp_mlp"))
             .map_err(|e| format!("copying the training example: {e}"))?;
         for script in [
             "torch_allreduce.py",
