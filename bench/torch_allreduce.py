@@ -8,6 +8,7 @@ timing events around them on the current stream; host clocks around the call and
 only the trials in which the GPU was still spinning when the host had enqueued every op (else the events timed the
 host: gpu_ahead false, time_us null when no trial was ahead). Host throughput: K ops back to back with no spin.
 Medians.
+--profile network: the sizes and ops per trial of ranks sharing a GPU over sockets (torch_profile.py), no graph rows.
 Writes DIR/torch.json (rank 0, with every rank's numbers gathered).
 With --first lazy|eager: one trial of the time to the first all_reduce instead (init_process_group without or
 with device_id, then one all_reduce), appended to DIR/torch-first.jsonl; run it in fresh processes, once a trial.
@@ -22,18 +23,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch_placement import place
+from torch_profile import PROFILES, all_reduce_sizes, ops_per_trial
 
-SIZES = [8, 64, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
-
-
-def ops_per_trial(size):
-    if size <= 1 << 20:
-        return 200
-    if size <= 64 << 20:
-        return 20
-    if size <= 256 << 20:
-        return 10
-    return 5
 
 
 def spin_cycles(ops, cycles_per_ms):
@@ -95,7 +86,7 @@ def graph_rows(sizes, args, device, rank, world, tiny):
     side = torch.cuda.Stream()
     for size in [s for s in sizes if s <= GRAPH_MAX_BYTES]:
         numel = max(size // 4, 1)
-        ops = ops_per_trial(size)
+        ops = ops_per_trial(args.profile, size)
 
         def captured(t, count):
             side.wait_stream(torch.cuda.current_stream())
@@ -200,6 +191,8 @@ def main():
     parser.add_argument("--cycles-per-ms", type=int, default=1_980_000, help="SM clock (H200: 1.98 GHz)")
     parser.add_argument("--first", choices=["lazy", "eager"],
                         help="instead of the bench: one trial of the time to the first all_reduce")
+    parser.add_argument("--profile", choices=PROFILES, default="nvlink",
+                        help="sizes and ops per trial (torch_profile.py); network: no CUDA-graph rows")
     args = parser.parse_args()
     assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "NCCL_NVLS_ENABLE=0 must be set"
     if args.first:
@@ -211,9 +204,9 @@ def main():
     tiny = torch.ones(1, device=device)
     dist.all_reduce(tiny)
     rows = []
-    for size in [s for s in SIZES if s <= args.max_bytes]:
+    for size in all_reduce_sizes(args.profile, args.max_bytes):
         numel = max(size // 4, 1)
-        ops = ops_per_trial(size)
+        ops = ops_per_trial(args.profile, size)
         t = torch.full((numel,), float(rank + 1), device=device)
         dist.all_reduce(t)
         want = world * (world + 1) / 2
@@ -240,9 +233,10 @@ def main():
             "gpu_ahead": all(ahead),
             "host_ops_per_s": throughput(t, tiny, ops),
         })
-    sizes = [s for s in SIZES if s <= args.max_bytes]
+    sizes = all_reduce_sizes(args.profile, args.max_bytes)
     try:
-        graphs, graph_error = graph_rows(sizes, args, device, rank, world, tiny), None
+        graphs = graph_rows(sizes, args, device, rank, world, tiny) if args.profile == "nvlink" else []
+        graph_error = None
     except Exception as error:  # keep the eager rows when capture fails; say why
         graphs, graph_error = [], f"{type(error).__name__}: {error}"
         print(f"torch graph contestant failed: {graph_error}")
@@ -282,7 +276,7 @@ def main():
         }
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "torch.json"), "w") as f:
-            json.dump({"task": "bench-torch", "world_size": world, "versions": versions, "rows": merged,
+            json.dump({"task": "bench-torch", "profile": args.profile, "world_size": world, "versions": versions, "rows": merged,
                        "ranks": gathered, "graph_rows": merged_graphs, "graph_ranks": gathered_graphs,
                        "graph_error": graph_error}, f, indent=2)
         print(f"torch all_reduce: {len(merged)} sizes written to {args.out}/torch.json")

@@ -8,7 +8,11 @@ synthetic data. The numbers come from the same counter-based generator as the Ru
 seed, stream and index; 24-bit uniforms in [-1, 1), in plain Python integers), so the initial weights, inputs
 and targets are the same (the teacher's sums in another order);
 rank 0's weights are broadcast by DDP. Each rank takes rows rank*b .. (rank+1)*b of each global batch.
-DDP's buckets are capped so that the layers fall into about two buckets, as in the Rust example.
+DDP's buckets match the Rust example's --buckets: two (the default) is a bucket cap of exactly layer 2's
+gradients (16448 bytes: DDP closes a bucket once it reaches the cap, and with an explicit bucket_cap_mb its first
+bucket has the same cap), so that its rebuilt buckets (in gradient-ready order, from step 1) are layer 2's and then
+layer 1's; one is bucket_cap_mb=25, every gradient in one bucket. DDP's own record of its rebuilt bucket sizes is
+written beside the curve (ddp_bucket_sizes).
 A step's time runs from its batch's upload to its loss on the host; the data are made before the first step.
 Writes the JSON on rank 0: {"backend", "world_size", "global_batch", "model", "torch", "steps": [{"step", "loss", "ms"}]}.
 """
@@ -62,6 +66,7 @@ def main():
     parser.add_argument("--lr", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--buckets", type=int, choices=[1, 2], default=2)
     args = parser.parse_args()
     inp, hidden, out, teacher_hidden = 64, 256, 16, 32
 
@@ -88,8 +93,10 @@ def main():
             shape = tuple(layer.weight.shape)
             layer.weight.copy_(weights(args.seed, key, shape, scale) if rank == 0 else torch.zeros(shape))
             layer.bias.zero_()
-    # About 40 KB: layer 2 (and layer 1's bias) in one bucket, layer 1's weight in another.
-    ddp = DDP(model, device_ids=[device.index], bucket_cap_mb=0.04)
+    # Two buckets: the cap is layer 2's gradients (weight and bias, 4 bytes each), which backward makes first.
+    layer2_bytes = (hidden * out + out) * 4
+    bucket_cap_mb = layer2_bytes / (1024 * 1024) if args.buckets == 2 else 25.0
+    ddp = DDP(model, device_ids=[device.index], bucket_cap_mb=bucket_cap_mb)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     loss_sum = torch.zeros(1, device="cuda")
 
@@ -110,13 +117,19 @@ def main():
         if rank == 0:
             print(f"step {step:4}  loss {records[-1]['loss']:.6f}  {ms:.3f} ms")
 
+    try:
+        logging = ddp._get_ddp_logging_data()
+        bucket_sizes = logging.get("rebuilt_bucket_sizes") or logging.get("bucket_sizes")
+    except Exception as error:  # a private API: say why there is no record rather than fail the run
+        bucket_sizes = f"unavailable: {type(error).__name__}: {error}"
     if rank == 0 and args.json:
         report = {
             "backend": "torch",
             "world_size": world,
             "global_batch": args.batch,
             "model": {"input": inp, "hidden": hidden, "output": out, "teacher_hidden": teacher_hidden,
-                      "lr": args.lr, "seed": args.seed, "bucket_cap_mb": 0.04},
+                      "lr": args.lr, "seed": args.seed, "buckets": args.buckets, "bucket_cap_mb": bucket_cap_mb,
+                      "ddp_bucket_sizes": bucket_sizes},
             "torch": torch.__version__,
             "steps": records,
         }

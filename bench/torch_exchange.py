@@ -7,7 +7,7 @@ Run with torchrun, one process per GPU, e.g.
 Same procedure as the Rust contestants (crates/pg-nccl/src/bin/pg-nccl-gpu/bench_exchange.rs): per size, per
 trial, align the ranks, queue a spin so the host runs ahead, K ops (async_op=True, then wait()), timing events
 around them on the current stream; host clocks around the call and the wait. Medians. Sizes are the bytes each
-rank sends per op, 1 KiB to --max-bytes. Writes DIR/torch-<op>.json (rank 0, with every rank's numbers).
+rank sends per op, 1 KiB to --max-bytes (--profile network: 64 KiB to 16 MiB, torch_profile.py). Writes DIR/torch-<op>.json (rank 0, with every rank's numbers).
 
 all-to-all: dist.all_to_all_single, equal splits (no split lists) and skewed splits (split lists), f32.
 
@@ -26,7 +26,8 @@ import os
 import statistics
 import time
 
-SIZES = [1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
+from torch_profile import PROFILES, exchange_sizes, ops_per_trial
+
 RING_NOT_APPLICABLE = "not applicable at world size 1: a ring needs two ranks"
 # The element count whose skewed splits the merge compares with the Rust contestants'.
 SPLITS_CHECK_NUMEL = 262_147
@@ -69,16 +70,6 @@ def chunk_value(world, a, b):
     return float(a * world + b + 1)
 
 
-def ops_per_trial(size):
-    if size <= 1 << 20:
-        return 200
-    if size <= 64 << 20:
-        return 20
-    if size <= 256 << 20:
-        return 10
-    return 5
-
-
 def spin_cycles(ops, cycles_per_ms):
     """As the Rust side: 100 us per op, at least 5 ms, so the host enqueues every op before the GPU gets there."""
     return int(max(5.0, ops * 0.1) * cycles_per_ms)
@@ -91,6 +82,8 @@ def main():
     parser.add_argument("--max-bytes", type=int, default=1 << 30)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--cycles-per-ms", type=int, default=1_980_000, help="SM clock (H200: 1.98 GHz)")
+    parser.add_argument("--profile", choices=PROFILES, default="nvlink",
+                        help="sizes and ops per trial (torch_profile.py): network for ranks sharing a GPU over sockets")
     args = parser.parse_args()
 
     import torch
@@ -109,7 +102,8 @@ def main():
         "cuda": torch.version.cuda,
     }
     out_path = os.path.join(args.out, f"torch-{args.op}.json")
-    result = {"task": f"bench-torch-{args.op}", "op": args.op, "world_size": world, "versions": versions}
+    result = {"task": f"bench-torch-{args.op}", "op": args.op, "world_size": world, "versions": versions,
+              "profile": args.profile}
     if args.op == "all-to-all":
         result["skewed_splits_check"] = {
             "numel": SPLITS_CHECK_NUMEL,
@@ -184,13 +178,13 @@ def main():
 
     rows = []
     splits = ["equal", "skewed"] if args.op == "all-to-all" else [None]
-    for size in [s for s in SIZES if s <= args.max_bytes]:
+    for size in exchange_sizes(args.profile, args.max_bytes):
         for split in splits:
             enqueue, check, nbytes = make_case(split, size)
             for work in enqueue():
                 work.wait()
             check()
-            ops = ops_per_trial(nbytes)
+            ops = ops_per_trial(args.profile, nbytes)
             trial(enqueue, min(ops, 20))  # warm-up
             times, enq, wt = [], [], []
             for _ in range(args.trials):

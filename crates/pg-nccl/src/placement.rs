@@ -37,6 +37,35 @@ pub fn place(rank: usize, nproc: usize, gpus: usize) -> Placement {
     Placement { gpu, env }
 }
 
+/// For a rank that another launcher placed (torchrun: `RANK`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`): its GPU,
+/// `LOCAL_RANK % gpus`, and, when the launcher put more local ranks than GPUs on this machine, the variables that
+/// make it a host of its own to NCCL: `NCCL_HOSTID` = the launcher's (one per node, or `pg-node` when unset) with
+/// `-rank-{rank}` appended, and `NCCL_SOCKET_IFNAME=lo`, `NCCL_IB_DISABLE=1` where `env` does not set them. The
+/// variables are empty when nothing needs to change, so that a process can set them and start itself again
+/// (they are read by NCCL at its initialisation) without doing so twice.
+pub fn place_launched(
+    rank: usize,
+    local_rank: usize,
+    local_world_size: usize,
+    gpus: usize,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Placement {
+    let gpus = gpus.max(1);
+    let gpu = local_rank % gpus;
+    let mut vars = Vec::new();
+    let suffix = format!("-rank-{rank}");
+    let host_id = env("NCCL_HOSTID");
+    if shares_gpus(local_world_size, gpus) && !host_id.as_deref().is_some_and(|id| id.ends_with(&suffix)) {
+        vars.push(("NCCL_HOSTID", format!("{}{suffix}", host_id.as_deref().unwrap_or("pg-node"))));
+        for (name, value) in [("NCCL_SOCKET_IFNAME", "lo"), ("NCCL_IB_DISABLE", "1")] {
+            if env(name).is_none() {
+                vars.push((name, value.to_owned()));
+            }
+        }
+    }
+    Placement { gpu, env: vars }
+}
+
 /// How a job of `nproc` ranks on `gpus` GPUs is laid out, for result files: "4 ranks on 1 GPU, network
 /// transport (loopback sockets)" or "2 ranks on 2 GPUs, one rank per GPU".
 pub fn describe(nproc: usize, gpus: usize) -> String {
@@ -79,6 +108,29 @@ mod tests {
         assert_eq!(ids.len(), 8, "every rank is a host of its own");
         assert!(describe(8, 1).starts_with("8 ranks on 1 GPU, network transport"));
         assert!(describe(3, 2).starts_with("3 ranks on 2 GPUs, network transport"));
+    }
+
+    #[test]
+    fn ranks_torchrun_put_on_one_gpu_get_a_host_id_each_once() {
+        let vars = |pairs: &[(&str, &str)]| {
+            let map: std::collections::HashMap<String, String> =
+                pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            move |name: &str| map.get(name).cloned()
+        };
+        // Two local ranks of node 1 on one GPU: both on GPU 0, each its own host id under the node's.
+        let node = vars(&[("NCCL_HOSTID", "torchrun-node-1")]);
+        let placement = place_launched(3, 1, 2, 1, &node);
+        assert_eq!(placement.gpu, 0);
+        assert_eq!(value(&placement, "NCCL_HOSTID"), Some("torchrun-node-1-rank-3"));
+        assert_eq!(value(&placement, "NCCL_SOCKET_IFNAME"), Some("lo"));
+        // Started again with those variables: nothing more to change.
+        let again = vars(&[("NCCL_HOSTID", "torchrun-node-1-rank-3"), ("NCCL_SOCKET_IFNAME", "lo")]);
+        assert!(place_launched(3, 1, 2, 1, &again).env.is_empty());
+        // One local rank per GPU: the launcher's host id stands (NVLink within the node).
+        let placement = place_launched(3, 1, 2, 2, &node);
+        assert_eq!(placement.gpu, 1);
+        assert!(placement.env.is_empty());
+        assert_eq!(value(&place_launched(0, 0, 4, 1, &vars(&[])), "NCCL_HOSTID"), Some("pg-node-rank-0"));
     }
 
     #[test]

@@ -41,6 +41,23 @@ fn curves(world: usize, config: &Config) -> Vec<pg_core::Result<Vec<StepRecord>>
     })
 }
 
+/// One bucket (both layers' gradients in one all_reduce after backward) trains as two do: the same curve.
+#[test]
+fn one_bucket_follows_the_two_bucket_curve() {
+    let two = config();
+    let one = Config { buckets: 1, ..two };
+    for world in [1, 2] {
+        let a: Vec<f64> = curves(world, &two).remove(0).unwrap().iter().map(|r| r.loss).collect();
+        let b: Vec<f64> = curves(world, &one).remove(0).unwrap().iter().map(|r| r.loss).collect();
+        assert_eq!(a.len(), b.len());
+        for (step, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert!((a - b).abs() <= 1e-6 * a.abs(), "world {world} step {step}: one bucket {b}, two {a}");
+        }
+    }
+    let three = Config { buckets: 3, ..two };
+    assert!(curves(1, &three).remove(0).is_err(), "1 or 2 buckets");
+}
+
 #[test]
 fn world_n_follows_world_1s_loss_curve_and_the_loss_falls() {
     let config = config();

@@ -303,6 +303,22 @@ fn connect_as_worker_counts_itself_where_connect_does_not() {
     assert!(matches!(zero, StoreError::InvalidArgument(_)), "{zero}");
 }
 
+/// A Rust rank 0 hosting for PyTorch's ranks: `serve_as_master` returns once the other workers have counted
+/// themselves in.
+#[test]
+fn serve_as_master_waits_for_the_other_workers() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let master = std::thread::spawn(move || TcpStore::serve_as_master(port, 3, TIMEOUT));
+    let workers: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || TcpStore::connect_as_worker("127.0.0.1", port, 3, TIMEOUT)))
+        .collect();
+    let workers: Vec<TcpStore> = workers.into_iter().map(|w| w.join().unwrap().unwrap()).collect();
+    let master = master.join().unwrap().expect("the master's wait for 3 workers ends");
+    assert_eq!(master.add_raw("init/", 0).unwrap(), 3);
+    workers[1].set("k", b"v").unwrap();
+    assert_eq!(master.get("k").unwrap(), b"v");
+}
+
 #[test]
 fn a_dead_server_is_an_error_not_a_hang() {
     let store = server();

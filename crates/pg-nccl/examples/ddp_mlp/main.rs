@@ -1,9 +1,9 @@
 //! `ddp_mlp`: a data-parallel training loop written as a downstream crate would, with only pg's public API and
 //! cudarc. A 2-layer MLP learns a teacher network on synthetic data; its gradients are all-reduced in two
-//! DDP-style buckets while backward goes on (see `train.rs`).
+//! DDP-style buckets while backward goes on, or in one after it (`--buckets 1`; see `train.rs`).
 //!
 //! ```text
-//! ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--json PATH]
+//! ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--buckets 1|2] [--json PATH]
 //! ```
 //!
 //! `mock` runs N simulated ranks as threads of this process (host arithmetic on the mock's buffers). `nccl` is
@@ -28,7 +28,7 @@ use serde_json::json;
 use train::{Config, StepRecord};
 
 const USAGE: &str =
-    "usage: ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--seed N] [--json PATH]";
+    "usage: ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--seed N] [--buckets 1|2] [--json PATH]";
 
 #[derive(Debug)]
 struct Args {
@@ -50,6 +50,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--steps" => parsed.config.steps = number(value)?,
             "--batch" => parsed.config.batch = number(value)?,
             "--seed" => parsed.config.seed = number(value)? as u64,
+            "--buckets" => parsed.config.buckets = number(value)?,
             "--lr" => parsed.config.lr = value.parse().map_err(|e| format!("--lr {value}: {e}"))?,
             "--json" => parsed.json = Some(value.clone()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
@@ -153,7 +154,7 @@ fn main() -> ExitCode {
             "world_size": args.world_size,
             "global_batch": c.batch,
             "model": {"input": c.input, "hidden": c.hidden, "output": c.output, "teacher_hidden": c.teacher_hidden,
-                      "lr": c.lr, "seed": c.seed, "buckets": 2},
+                      "lr": c.lr, "seed": c.seed, "buckets": c.buckets},
             "steps": records.iter().map(|r| json!({"step": r.step, "loss": r.loss, "ms": r.ms})).collect::<Vec<_>>(),
         });
         if let Err(err) = std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default() + "\n") {

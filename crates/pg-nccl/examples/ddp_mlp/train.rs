@@ -3,9 +3,10 @@
 //! its gradients all-reduced in DDP-style buckets while backward goes on.
 //!
 //! Every rank holds the whole model and takes its share of each global batch (rows `rank * b .. (rank + 1) * b`
-//! with `b = batch / world`). Backward produces the second layer's gradients first: that bucket is all-reduced
-//! (`Avg`) at once, asynchronously, while the first layer's gradients are computed; the optimizer waits on each
-//! Work before it reads the bucket. With equal shares, the average over ranks of the per-rank mean gradients is
+//! with `b = batch / world`). Backward produces the second layer's gradients first: with two buckets (the
+//! default) that bucket is all-reduced (`Avg`) at once, asynchronously, while the first layer's gradients are
+//! computed; with one bucket both layers' gradients are one array, all-reduced once backward is done. The
+//! optimizer waits on each Work before it reads the bucket. With equal shares, the average over ranks of the per-rank mean gradients is
 //! the global batch's mean gradient, so world N follows world 1's loss curve to float tolerance.
 
 use pg_core::{Backend, Device as _, ProcessGroup, ReduceOp, Result, WorkHandle};
@@ -97,11 +98,24 @@ pub struct Config {
     pub steps: usize,
     pub lr: f32,
     pub seed: u64,
+    /// Gradient buckets: 2 (one per layer, layer 2's all-reduced while layer 1's backward runs) or 1 (both
+    /// layers in one all_reduce after backward).
+    pub buckets: usize,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { input: 64, hidden: 256, output: 16, teacher_hidden: 32, batch: 256, steps: 100, lr: 0.5, seed: 0 }
+        Self {
+            input: 64,
+            hidden: 256,
+            output: 16,
+            teacher_hidden: 32,
+            batch: 256,
+            steps: 100,
+            lr: 0.5,
+            seed: 0,
+            buckets: 2,
+        }
     }
 }
 
@@ -181,11 +195,11 @@ impl Teacher {
     }
 }
 
-/// The model's arrays on one rank. Each layer's parameters are one array `[weight (out x in), bias (out)]`, and
-/// its gradients one array of the same layout: the layer's bucket.
+/// The model's arrays on one rank. Each layer's parameters are one array `[weight (out x in), bias (out)]`; the
+/// gradients are one array per bucket ([`grad_place`]), each layer's in the layout of its parameters.
 struct Model<A> {
     params: [A; 2],
-    grads: [A; 2],
+    grads: Vec<A>,
     x: A,
     t: A,
     h: A,
@@ -205,10 +219,26 @@ fn dims(config: &Config, l: usize) -> (usize, usize) {
     }
 }
 
-/// The weight and bias views of a layer's array.
-fn split<'a, A>(array: &'a A, (inputs, outputs): (usize, usize)) -> (View<'a, A>, View<'a, A>) {
+/// The weight and bias views of a layer's array, from `offset`.
+fn split<'a, A>(array: &'a A, offset: usize, (inputs, outputs): (usize, usize)) -> (View<'a, A>, View<'a, A>) {
     let weight = outputs * inputs;
-    (View { array, offset: 0, len: weight }, View { array, offset: weight, len: outputs })
+    (View { array, offset, len: weight }, View { array, offset: offset + weight, len: outputs })
+}
+
+/// The elements of layer `l`'s parameters (and gradients): weight then bias.
+fn layer_len(config: &Config, l: usize) -> usize {
+    let (inputs, outputs) = dims(config, l);
+    outputs * inputs + outputs
+}
+
+/// Where layer `l`'s gradients live: `(bucket, offset)`. Two buckets: one per layer. One bucket: layer 1's
+/// gradients, then layer 2's.
+fn grad_place(config: &Config, l: usize) -> (usize, usize) {
+    match (config.buckets, l) {
+        (1, 0) => (0, 0),
+        (1, _) => (0, layer_len(config, 0)),
+        _ => (l, 0),
+    }
 }
 
 /// Trains on `pg`'s ranks and returns the loss curve (the same on every rank). Rank 0 initialises the
@@ -221,15 +251,19 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
             config.batch
         )));
     }
+    if !matches!(config.buckets, 1 | 2) {
+        return Err(pg_core::Error::invalid(format!("{} gradient buckets: 1 or 2", config.buckets)));
+    }
     let b = config.batch / world;
     let (i, h, o) = (config.input, config.hidden, config.output);
-    let layer_len = |l: usize| {
-        let (inputs, outputs) = dims(config, l);
-        outputs * inputs + outputs
+    let layer_len = |l: usize| layer_len(config, l);
+    let grads = match config.buckets {
+        1 => vec![math.zeros(layer_len(0) + layer_len(1))?],
+        _ => vec![math.zeros(layer_len(0))?, math.zeros(layer_len(1))?],
     };
     let model = Model {
         params: [math.zeros(layer_len(0))?, math.zeros(layer_len(1))?],
-        grads: [math.zeros(layer_len(0))?, math.zeros(layer_len(1))?],
+        grads,
         x: math.zeros(b * i)?,
         t: math.zeros(b * o)?,
         h: math.zeros(b * h)?,
@@ -266,10 +300,14 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
         math.upload(&model.t, t)?;
         math.upload(&model.loss, &[0.0])?;
         let works = step_on_device(math, pg, config, &model, b)?;
-        for (l, work) in works.iter().enumerate() {
+        for (bucket, work) in works.iter().enumerate() {
             work.wait()?;
-            math.collect(&model.grads[l])?;
-            math.sgd(all(&model.params[l], layer_len(l)), all(&model.grads[l], layer_len(l)), config.lr)?;
+            math.collect(&model.grads[bucket])?;
+            for l in (0..2).filter(|&l| grad_place(config, l).0 == bucket) {
+                let (_, offset) = grad_place(config, l);
+                let grad = View { array: &model.grads[bucket], offset, len: layer_len(l) };
+                math.sgd(all(&model.params[l], layer_len(l)), grad, config.lr)?;
+            }
         }
         let total = math.download(&model.loss)?[0] as f64;
         let ms = (device.now() - start).as_secs_f64() * 1e3;
@@ -278,20 +316,24 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
     Ok(records)
 }
 
-/// Forward, loss and backward of one step; returns the Works of the two buckets (layer 2's first) and has
-/// all-reduced the loss (`Sum`, waited) into `model.loss`.
+/// Forward, loss and backward of one step; returns the Works of the buckets (in bucket order: with two, layer
+/// 1's then layer 2's) and has all-reduced the loss (`Sum`, waited) into `model.loss`.
 fn step_on_device<M: Math>(
     math: &M,
     pg: &ProcessGroup<M::B>,
     config: &Config,
     model: &Model<M::Array>,
     b: usize,
-) -> Result<[WorkHandle<M::B>; 2]> {
+) -> Result<Vec<WorkHandle<M::B>>> {
     let (i, h, o) = (config.input, config.hidden, config.output);
-    let (w1, b1) = split(&model.params[0], dims(config, 0));
-    let (w2, b2) = split(&model.params[1], dims(config, 1));
-    let (dw1, db1) = split(&model.grads[0], dims(config, 0));
-    let (dw2, db2) = split(&model.grads[1], dims(config, 1));
+    let (w1, b1) = split(&model.params[0], 0, dims(config, 0));
+    let (w2, b2) = split(&model.params[1], 0, dims(config, 1));
+    let grads = |l: usize| {
+        let (bucket, offset) = grad_place(config, l);
+        split(&model.grads[bucket], offset, dims(config, l))
+    };
+    let (dw1, db1) = grads(0);
+    let (dw2, db2) = grads(1);
     let (x, t, hv, y) = (all(&model.x, b * i), all(&model.t, b * o), all(&model.h, b * h), all(&model.y, b * o));
     let (dy, dh, ones) = (all(&model.dy, b * o), all(&model.dh, b * h), all(&model.ones, b));
     let loss = all(&model.loss, 1);
@@ -304,13 +346,20 @@ fn step_on_device<M: Math>(
     // The local mean's gradient; averaging over the ranks makes it the global mean's.
     math.mse(y, t, dy, loss, 2.0 / (b * o) as f32)?;
 
-    // Layer 2's bucket: dw2 = dy^T h, db2 = ones^T dy; all-reduced while the rest of backward runs.
+    // Layer 2's gradients: dw2 = dy^T h, db2 = ones^T dy; with two buckets, all-reduced while the rest of
+    // backward runs.
     math.gemm((true, false), (o, h, b), 1.0, dy, hv, 0.0, dw2)?;
     math.gemm((false, false), (1, o, b), 1.0, ones, dy, 0.0, db2)?;
-    math.publish(&model.grads[1])?;
-    let second = pg.all_reduce(math.buffer(&model.grads[1]), ReduceOp::Avg)?;
+    let second = match config.buckets {
+        1 => None,
+        _ => {
+            math.publish(&model.grads[1])?;
+            Some(pg.all_reduce(math.buffer(&model.grads[1]), ReduceOp::Avg)?)
+        }
+    };
 
-    // Layer 1's bucket: dh = (dy w2) * relu'(h), dw1 = dh^T x, db1 = ones^T dh.
+    // Layer 1's gradients: dh = (dy w2) * relu'(h), dw1 = dh^T x, db1 = ones^T dh; then bucket 0 (layer 1's, or
+    // both layers' with one bucket).
     math.gemm((false, false), (b, h, o), 1.0, dy, w2, 0.0, dh)?;
     math.relu_backward(dh, hv)?;
     math.gemm((true, false), (h, i, b), 1.0, dh, x, 0.0, dw1)?;
@@ -322,5 +371,5 @@ fn step_on_device<M: Math>(
     math.publish(&model.loss)?;
     pg.all_reduce(math.buffer(&model.loss), ReduceOp::Sum)?.wait()?;
     math.collect(&model.loss)?;
-    Ok([first, second])
+    Ok([Some(first), second].into_iter().flatten().collect())
 }

@@ -335,6 +335,22 @@ impl TcpStore {
         Self::new(host, options)
     }
 
+    /// Hosts the server on `port` (all interfaces) as PyTorch's rank 0 does (`TCPStore(host, port, world_size,
+    /// is_master=True)`, what `init_process_group`'s env:// makes on rank 0): counts itself as one of the
+    /// `world_size` workers and returns once the others have joined (PyTorch's clients, or
+    /// [`TcpStore::connect_as_worker`]), or fails at `timeout`. Use it when the Rust process is rank 0 of a job
+    /// whose other ranks are PyTorch's.
+    pub fn serve_as_master(port: u16, world_size: usize, timeout: Duration) -> Result<Self, StoreError> {
+        let options = TcpStoreOptions {
+            port,
+            is_server: true,
+            num_workers: Some(world_size),
+            timeout,
+            ..TcpStoreOptions::default()
+        };
+        Self::new("127.0.0.1", options)
+    }
+
     /// A plain client of the server at `host:port`, with `timeout` and no worker counting.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self, StoreError> {
         Self::connect_with(host, port, &TcpStoreOptions { timeout, ..TcpStoreOptions::default() }, None)

@@ -23,21 +23,6 @@ fn e(err: impl std::fmt::Display) -> String {
     err.to_string()
 }
 
-pub fn sizes(max: usize) -> Vec<usize> {
-    let all = [8, 64, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
-    all.into_iter().filter(|&s| s <= max).collect()
-}
-
-/// Ops per timed trial: enough to amortise the spin for small messages, few for large ones.
-pub fn ops_per_trial(bytes: usize) -> usize {
-    match bytes {
-        0..=1_048_576 => 200,
-        1_048_577..=67_108_864 => 20,
-        67_108_865..=268_435_456 => 10,
-        _ => 5,
-    }
-}
-
 /// The spin queued before a trial: long enough for the host to enqueue every op before the GPU reaches them
 /// (PyTorch needs 30-45 us per op), so that events time the device, not the host.
 pub fn spin_for(ops: usize) -> Duration {
@@ -272,7 +257,9 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let raw_stream = device.stream_from_pool(false).map_err(e)?;
     let user_stream = device.stream_from_pool(false).map_err(e)?;
     let pg = group(ctx, "bench", Options::builder())?;
-    let variants: Vec<(&'static str, Group)> = GROUPS
+    // The network profile measures raw, raw-with-events and pg only: each op there costs milliseconds.
+    let variant_groups: &[(&str, Variant)] = if ctx.settings.bench_profile.full_breakdown() { &GROUPS } else { &[] };
+    let variants: Vec<(&'static str, Group)> = variant_groups
         .iter()
         .map(|(name, options)| Ok((*name, group(ctx, &format!("bench-{name}"), options(Options::builder()))?)))
         .collect::<Result<_, String>>()?;
@@ -296,9 +283,10 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     }
 
     let mut rows = Vec::new();
-    for bytes in sizes(ctx.settings.bench_max_bytes) {
+    let profile = ctx.settings.bench_profile;
+    for bytes in profile.all_reduce_sizes(ctx.settings.bench_max_bytes) {
         let numel = (bytes / 4).max(1);
-        let ops = ops_per_trial(bytes);
+        let ops = profile.ops_per_trial(bytes);
         let buffer = filled(ctx, DType::F32, numel, me)?;
         // Check once per size, outside timing: raw, then pg.
         raw.all_reduce_in_place(&buffer, ReduceOp::Sum, &raw_stream).map_err(e)?;
@@ -311,13 +299,15 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         let mut contestants = vec![
             Contestant::Raw { comm: &raw, stream: &raw_stream },
             Contestant::Pg { pg: &pg, name: "pg" },
-            Contestant::PgOnStream { pg: &pg, stream: &user_stream },
             Contestant::RawWithEvents {
                 comm: &raw,
                 stream: &raw_stream,
                 input_ready: std::slice::from_ref(&input_ready),
             },
         ];
+        if profile.full_breakdown() {
+            contestants.insert(2, Contestant::PgOnStream { pg: &pg, stream: &user_stream });
+        }
         contestants.extend(variants.iter().map(|(name, pg)| Contestant::Pg { pg, name }));
         if let Some(one_event) = &one_event {
             contestants.push(Contestant::RawWithEvents { comm: &raw, stream: &raw_stream, input_ready: &event_ring });
@@ -386,7 +376,11 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         println!("  rank {} {bytes} B done", ctx.rank);
     }
     // A capture the driver or NCCL refuses leaves the eager rows standing; the error says why.
-    let graph_error = match graph_rows(ctx, &raw, &raw_stream, &pg, &user_stream, &tiny) {
+    let graphs = match profile.full_breakdown() {
+        true => graph_rows(ctx, &raw, &raw_stream, &pg, &user_stream, &tiny),
+        false => Ok(Vec::new()),
+    };
+    let graph_error = match graphs {
         Ok(graph) => {
             rows.extend(graph);
             None
@@ -407,7 +401,8 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         one_event.shutdown().map_err(e)?;
     }
     drop(raw);
-    Ok(json!({ "task": "bench", "rows": rows, "host_costs_us": host_costs, "graph_error": graph_error }))
+    Ok(json!({ "task": "bench", "profile": profile.name(), "rows": rows, "host_costs_us": host_costs,
+               "graph_error": graph_error }))
 }
 
 /// The largest size the graph contestants run: capture pays off where the host's per-op cost matters.
@@ -474,9 +469,10 @@ fn graph_rows(
         },
     ];
     let mut rows = Vec::new();
-    for bytes in sizes(ctx.settings.bench_max_bytes.min(GRAPH_MAX_BYTES)) {
+    let profile = ctx.settings.bench_profile;
+    for bytes in profile.all_reduce_sizes(ctx.settings.bench_max_bytes.min(GRAPH_MAX_BYTES)) {
         let numel = (bytes / 4).max(1);
-        let ops = ops_per_trial(bytes);
+        let ops = profile.ops_per_trial(bytes);
         for who in &contestants {
             // Replays give the right sums, every time.
             let check = device.alloc(DType::F32, numel).map_err(e)?;

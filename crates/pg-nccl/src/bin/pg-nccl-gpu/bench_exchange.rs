@@ -16,18 +16,12 @@ use pg_nccl::raw::RawComm;
 use pg_nccl::{Buffer, Nccl, Stream};
 use serde_json::{json, Value};
 
-use crate::bench::{median, ops_per_trial, spin_for};
+use crate::bench::{median, spin_for};
 use crate::util::{filled, group, Group};
 use crate::Rank;
 
 fn e(err: impl std::fmt::Display) -> String {
     err.to_string()
-}
-
-/// The sizes, bytes each rank sends per op: 1 KiB to 1 GiB, up to `max`.
-pub fn sizes(max: usize) -> Vec<usize> {
-    let all = [1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
-    all.into_iter().filter(|&s| s <= max).collect()
 }
 
 /// What one op exchanges.
@@ -153,7 +147,7 @@ fn measure(
     bytes: usize,
     fields: &Value,
 ) -> Result<Vec<Value>, String> {
-    let ops = ops_per_trial(bytes);
+    let ops = ctx.settings.bench_profile.ops_per_trial(bytes);
     for &who in contestants {
         check(ctx, who, op)?;
     }
@@ -218,7 +212,7 @@ pub fn run_all_to_all(ctx: &Rank) -> Result<Value, String> {
     pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
     let contestants = [Contestant::Raw { comm: &raw, stream: &raw_stream }, Contestant::Pg { pg: &pg }];
     let mut rows = Vec::new();
-    for bytes in sizes(ctx.settings.bench_max_bytes) {
+    for bytes in ctx.settings.bench_profile.exchange_sizes(ctx.settings.bench_max_bytes) {
         for split in Split::ALL {
             let case = AllToAll::<Nccl>::new(device, split, bytes, ctx.rank, ctx.world).map_err(e)?;
             let fields = json!({ "op": "all-to-all", "split": split.name(), "input_splits": case.input_splits });
@@ -231,7 +225,7 @@ pub fn run_all_to_all(ctx: &Rank) -> Result<Value, String> {
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
     drop(raw);
-    Ok(json!({ "task": "bench-all-to-all", "rows": rows }))
+    Ok(json!({ "task": "bench-all-to-all", "profile": ctx.settings.bench_profile.name(), "rows": rows }))
 }
 
 /// Task `bench-p2p`: the batched send/recv ring at every size, raw and pg; at world size 1 no ring exists, and
@@ -255,7 +249,7 @@ pub fn run_p2p(ctx: &Rank) -> Result<Value, String> {
     let raw_stream = device.stream_from_pool(false).map_err(e)?;
     let contestants = [Contestant::Raw { comm: &raw, stream: &raw_stream }, Contestant::Pg { pg: &pg }];
     let mut rows = Vec::new();
-    for bytes in sizes(ctx.settings.bench_max_bytes) {
+    for bytes in ctx.settings.bench_profile.exchange_sizes(ctx.settings.bench_max_bytes) {
         let ring = Ring::<Nccl>::new(device, bytes, ctx.rank, ctx.world).map_err(e)?;
         let fields = json!({ "op": "p2p" });
         let bytes = ring.bytes();
@@ -266,5 +260,5 @@ pub fn run_p2p(ctx: &Rank) -> Result<Value, String> {
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
     drop(raw);
-    Ok(json!({ "task": "bench-p2p", "rows": rows }))
+    Ok(json!({ "task": "bench-p2p", "profile": ctx.settings.bench_profile.name(), "rows": rows }))
 }

@@ -6,7 +6,9 @@
 //! `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`; and `NCCL_NVLS_ENABLE=0`), waits for them, then merges their results into
 //! `DIR/<task>.json` and prints the tables. It exits non-zero if a check failed, a rank failed, or there is no GPU.
 //!
-//! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`).
+//! `pg-nccl-gpu rank --task T --out DIR` is one rank (started by `run`, or by torchrun: rank and world from
+//! torchrun's variables, the store torchrun's agent hosts when it says so, the GPU `LOCAL_RANK % GPUs`);
+//! `pg-nccl-gpu merge --task T --out DIR` reports the ranks' results when another launcher started them.
 //!
 //! The ranks rendezvous over env:// (pg-store's TCP store, hosted by rank 0) on 127.0.0.1 and a free port.
 #![deny(unsafe_code)]
@@ -18,6 +20,8 @@ mod experiments;
 mod first;
 #[allow(unsafe_code)] // A reason: raw device pointers from elsewhere are an unsafe constructor by design.
 mod interop;
+mod mixed;
+mod profile;
 mod report;
 mod report_exchange;
 mod util;
@@ -32,13 +36,19 @@ use serde_json::{json, Value};
 
 const USAGE: &str = "\
 usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,bench,first,...] [--out DIR]
-                       [--bench-max-bytes N] [--bench-trials N] [--timeout-s N]
-       pg-nccl-gpu rank --task TASK --out DIR [same bench options]
+                       [--bench-max-bytes N] [--bench-trials N] [--bench-profile nvlink|network] [--timeout-s N]
+       pg-nccl-gpu rank --task TASK --out DIR [same bench options]   (one rank; torchrun can start it too:
+                       torchrun ... --no-python pg-nccl-gpu rank --task conformance --out DIR)
+       pg-nccl-gpu merge --task TASK --out DIR [--nproc N]   (the report of ranks another launcher started)
+       pg-nccl-gpu mixed --out DIR   (one rank of PyTorch's default group beside PyTorch ranks running
+                       torch_mixed.py: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets them)
+       pg-nccl-gpu merge-mixed --out DIR   (DIR/mixed-N-pgR/mixed-rank*.json into DIR/mixed-nccl-N.{md,json})
        pg-nccl-gpu merge-bench --out DIR   (joins DIR/bench.json and DIR/torch.json into DIR/allreduce.{md,json})
        pg-nccl-gpu merge-all-to-all --out DIR   (DIR/bench-all-to-all.json and DIR/torch-all-to-all.json
                                                  into DIR/all-to-all.{md,json})
        pg-nccl-gpu merge-p2p --out DIR   (DIR/bench-p2p.json and DIR/torch-p2p.json into DIR/p2p.{md,json})
-       pg-nccl-gpu merge-train --out DIR   (joins DIR/train-pg.json and DIR/train-torch.json into DIR/train-mlp.{md,json})
+       pg-nccl-gpu merge-train --out DIR [--buckets 1,2]   (joins DIR/train-pg.json and DIR/train-torch.json, or per
+                       layout K DIR/train-pg-bK.json and DIR/train-torch-bK.json, into DIR/train-mlp.{md,json})
 tasks: conformance, experiments, interop, bench (all_reduce), bench-all-to-all (all_to_all_single, equal and skewed
 splits), bench-p2p (batch_isend_irecv ring: send to rank + 1, receive from rank - 1; needs 2 ranks)
 ";
@@ -51,6 +61,10 @@ pub struct Settings {
     pub out: PathBuf,
     pub bench_max_bytes: usize,
     pub bench_trials: usize,
+    /// What the benchmarks are sized for (`--bench-profile nvlink|network`).
+    pub bench_profile: profile::Profile,
+    /// The gradient-bucket layouts `merge-train --buckets 1,2` joins (empty: the one pair of runs).
+    pub train_buckets: Vec<usize>,
     pub timeout: Duration,
 }
 
@@ -61,6 +75,8 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
         out: PathBuf::from("gpu-results"),
         bench_max_bytes: 1 << 30,
         bench_trials: 5,
+        bench_profile: profile::Profile::Nvlink,
+        train_buckets: Vec::new(),
         timeout: Duration::from_secs(300),
     };
     let (command, rest) = args.split_first().ok_or_else(|| USAGE.to_owned())?;
@@ -76,6 +92,10 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
             "--out" => settings.out = PathBuf::from(value()?),
             "--bench-max-bytes" => settings.bench_max_bytes = number(value()?)?,
             "--bench-trials" => settings.bench_trials = number(value()?)?.max(1),
+            "--buckets" => {
+                settings.train_buckets = value()?.split(',').map(|k| number(k.to_owned())).collect::<Result<_, _>>()?
+            }
+            "--bench-profile" => settings.bench_profile = profile::Profile::parse(&value()?)?,
             "--timeout-s" => settings.timeout = Duration::from_secs(number(value()?)? as u64),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
@@ -103,6 +123,23 @@ fn main() -> ExitCode {
             print!("{}", pg_nccl::pg_cuda::kernels_ptx());
             Ok(())
         }
+        "merge" => match task {
+            Some(task) => merge_ranks(&settings, &task),
+            None => Err(format!("merge needs --task\n{USAGE}")),
+        },
+        "mixed" => env_usize("RANK").and_then(|rank| {
+            if std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
+                return Err("NCCL_NVLS_ENABLE=0 must be set (NVLink multicast stays off)".into());
+            }
+            placed_gpu(rank).and_then(|gpu| mixed::run_nccl(&settings.out, rank, gpu))
+        }),
+        "merge-mixed" => {
+            let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
+            mixed::merge(&settings.out, &label).and_then(|passed| match passed {
+                true => Ok(()),
+                false => Err("a mixed-group check failed (see mixed-nccl-N.md)".into()),
+            })
+        }
         "merge-bench" => {
             let label = std::env::var("PG_BENCH_LABEL").unwrap_or_default();
             report::merge_bench(&settings.out, &label).map(drop)
@@ -118,7 +155,11 @@ fn main() -> ExitCode {
         }
         "merge-train" => {
             let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
-            report::merge_train(&settings.out, &label).and_then(|passed| match passed {
+            let merged = match settings.train_buckets.is_empty() {
+                true => report::merge_train(&settings.out, &label),
+                false => report::merge_train_layouts(&settings.out, &label, &settings.train_buckets),
+            };
+            merged.and_then(|passed| match passed {
                 true => Ok(()),
                 false => Err("the training runs did not pass (see train-mlp.md)".into()),
             })
@@ -195,6 +236,7 @@ fn launch_task(settings: &Settings, task: &str, nproc: usize) -> Result<Vec<Valu
             .arg(&settings.out)
             .args(["--bench-max-bytes", &settings.bench_max_bytes.to_string()])
             .args(["--bench-trials", &settings.bench_trials.to_string()])
+            .args(["--bench-profile", settings.bench_profile.name()])
             .env("RANK", rank.to_string())
             .envs(placement.env)
             .env("WORLD_SIZE", nproc.to_string())
@@ -266,7 +308,7 @@ fn env_usize(name: &str) -> Result<usize, String> {
 
 fn run_rank(task: &str, settings: &Settings) -> Result<(), String> {
     let rank = env_usize("RANK")?;
-    let outcome = rank_body(task, rank, settings);
+    let outcome = placed_gpu(rank).and_then(|gpu| rank_body(task, rank, gpu, settings));
     let value = match &outcome {
         Ok(value) => value.clone(),
         Err(message) => json!({ "rank": rank, "error": message }),
@@ -278,7 +320,64 @@ fn run_rank(task: &str, settings: &Settings) -> Result<(), String> {
     outcome.map(drop)
 }
 
-fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, String> {
+/// This rank's GPU: `LOCAL_RANK % GPUs`. Under a launcher that put more local ranks than GPUs on this machine
+/// (torchrun with `--nproc-per-node` above the GPU count, as in a multi-node rehearsal on one GPU), the process
+/// first starts itself again with a host id of its own for NCCL ([`pg_nccl::placement::place_launched`]), before
+/// anything has joined the store; pg's own launcher has placed its ranks already, and nothing changes for them.
+fn placed_gpu(rank: usize) -> Result<usize, String> {
+    let var = |name: &str| std::env::var(name).ok();
+    let local_rank = var("LOCAL_RANK").map(|_| env_usize("LOCAL_RANK")).transpose()?.unwrap_or(rank);
+    let local_world = var("LOCAL_WORLD_SIZE").map(|_| env_usize("LOCAL_WORLD_SIZE")).transpose()?.unwrap_or(1);
+    let gpus = pg_nccl::available().map_err(|err| format!("no GPU here: {err}"))?;
+    let placement = pg_nccl::placement::place_launched(rank, local_rank, local_world, gpus, &var);
+    if placement.env.is_empty() {
+        return Ok(placement.gpu);
+    }
+    restart_with(&placement.env)
+}
+
+#[cfg(unix)]
+fn restart_with(vars: &[(&'static str, String)]) -> Result<usize, String> {
+    use std::os::unix::process::CommandExt as _;
+    let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    println!("rank {}: restarting with {vars:?}", std::env::var("RANK").unwrap_or_default());
+    // `exec` returns only when it failed.
+    let err = Command::new(exe).args(std::env::args_os().skip(1)).envs(vars.iter().cloned()).exec();
+    Err(format!("restarting with {vars:?}: {err}"))
+}
+
+#[cfg(not(unix))]
+fn restart_with(vars: &[(&'static str, String)]) -> Result<usize, String> {
+    Err(format!("set {vars:?} for this rank: several local ranks share a GPU"))
+}
+
+/// `merge --task T --out DIR [--nproc N]`: reports a task whose ranks another launcher started (torchrun), from
+/// their `DIR/T-rankR.json` (ranks 0..N; without `--nproc`, every consecutive rank file from rank 0).
+fn merge_ranks(settings: &Settings, task: &str) -> Result<(), String> {
+    let mut ranks = Vec::new();
+    for rank in 0.. {
+        if settings.nproc.is_some_and(|n| rank >= n) {
+            break;
+        }
+        let path = rank_file(&settings.out, task, rank);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(_) if settings.nproc.is_none() && rank > 0 => break,
+            Err(e) => return Err(format!("rank {rank} left no result at {}: {e}", path.display())),
+        };
+        let value: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !value["error"].is_null() {
+            return Err(format!("rank {rank} failed: {}", value["error"]));
+        }
+        ranks.push(value);
+    }
+    match report::task(settings, task, &ranks)? {
+        true => Ok(()),
+        false => Err(format!("{task} failed (see {}/{task}.md)", settings.out.display())),
+    }
+}
+
+fn rank_body(task: &str, rank: usize, gpu: usize, settings: &Settings) -> Result<Value, String> {
     if std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
         return Err("NCCL_NVLS_ENABLE=0 must be set (NVLink multicast stays off)".into());
     }
@@ -288,9 +387,8 @@ fn rank_body(task: &str, rank: usize, settings: &Settings) -> Result<Value, Stri
         return Err(format!("RANK {rank} but the rendezvous says {}", rendezvous.rank));
     }
     let world = rendezvous.world_size;
-    let local_rank = rendezvous.local_rank.unwrap_or(rank);
     let store: Arc<dyn Store> = rendezvous.store;
-    let device = pg_nccl::Device::new(local_rank).map_err(|e| e.to_string())?;
+    let device = pg_nccl::Device::new(gpu).map_err(|e| e.to_string())?;
     let ctx = Rank { rank, world, device, store, settings: settings.clone() };
     let mut value = match task {
         "conformance" => conformance::run(&ctx),

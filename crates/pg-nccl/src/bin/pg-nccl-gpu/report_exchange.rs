@@ -262,6 +262,34 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
     if not_applicable.is_none() && keys.is_empty() {
         complete = false;
     }
+    // The network profile's targets (ranks sharing a GPU over the socket transport): pg's device time per op
+    // within 3% of raw's from 64 KiB up, pg's host enqueue within 1 us of raw's (median over sizes).
+    let profile = ranks[0]["profile"].as_str().unwrap_or("nvlink").to_owned();
+    let ratios: Vec<Option<f64>> = summary
+        .iter()
+        .filter(|s| s["bytes"].as_u64().is_some_and(|b| b >= crate::profile::NETWORK_TARGET_FROM_BYTES))
+        .map(|s| s["pg_over_raw_time"].as_f64().filter(|r| r.is_finite()))
+        .collect();
+    let worst_ratio = ratios.iter().flatten().copied().reduce(f64::max);
+    let device_ok = !ratios.is_empty() && ratios.iter().all(|r| r.is_some_and(|r| r <= 1.03));
+    let enqueue_median = {
+        let mut diffs: Vec<f64> = summary.iter().filter_map(|s| s["pg_minus_raw_enqueue_us"].as_f64()).collect();
+        crate::bench::median(&mut diffs)
+    };
+    let enqueue_ok = enqueue_median <= 1.0;
+    if profile == "network" && not_applicable.is_none() {
+        let yes = |met: bool| if met { "yes" } else { "NO" };
+        let _ = writeln!(
+            md,
+            "\nNetwork profile: every rank's NCCL traffic goes through the socket transport over loopback (not NVLink), and \
+             the ranks' kernels time-slice the GPU. Targets: pg's device time per op within 3% of raw's from 64 KiB up \
+             (worst pg/raw {}): {}; pg's host enqueue within 1 us of raw's (median over sizes and splits of the \
+             difference, {enqueue_median:.2} us): {}.",
+            worst_ratio.map_or("-".into(), |r| format!("{r:.3}")),
+            yes(device_ok),
+            yes(enqueue_ok)
+        );
+    }
     std::fs::write(dir.join(format!("{op}.md")), &md).map_err(|e| e.to_string())?;
     let merged = json!({
         "op": op,
@@ -274,6 +302,11 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
         "self_send_refused": ranks[0]["self_send_refused"],
         "splits_definition": if op == "all-to-all" { json!(SKEWED_DEFINITION.replace('\n', " ")) } else { Value::Null },
         "busbw_definition": definition,
+        "profile": profile,
+        "pg_over_raw_time_worst_from_64kib": worst_ratio,
+        "device_time_within_3_percent_from_64kib": device_ok,
+        "pg_minus_raw_enqueue_us_median": if enqueue_median.is_finite() { json!(enqueue_median) } else { Value::Null },
+        "host_overhead_within_1_us": enqueue_ok,
         "sizes": summary,
     });
     std::fs::write(dir.join(format!("{op}.json")), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
