@@ -11,7 +11,9 @@
 //!
 //! **Shrink** ([`ProcessGroup::shrink`]). The survivors (every rank of the group but the excluded ones) call it
 //! with the same excluded list; the new group holds them in their order, under the parent's store prefix
-//! `shrink.{n}` (n counting this group's shrinks), its ranks mapped to the parent's world ranks. Its collective
+//! `shrink.x{excluded}.{n}` (n counting this rank's shrinks of the group with that list: an excluded rank takes
+//! no part in a shrink, so a count of all shrinks would differ between ranks), its ranks mapped to the parent's
+//! world ranks. Its collective
 //! communicator is the parent's shrunk ([`crate::Communicator::shrink`], NCCL's `ncclCommShrink`), or, when the
 //! parent has none or it was aborted (a revoke on an NCCL older than 2.28.7 aborts), a new one made by a
 //! rendezvous under that prefix.
@@ -71,7 +73,7 @@ pub struct ShrinkOptions {
     pub mode: ShrinkMode,
     /// The new group's timeout, and the bound on the shrink itself (`None`: the parent's).
     pub timeout: Option<Duration>,
-    /// The new group's name (`None`: `{parent}.shrink{n}`).
+    /// The new group's name (`None`: `{parent}.shrink.x{excluded}.{n}`).
     pub group_name: Option<String>,
 }
 
@@ -113,7 +115,8 @@ impl<B: Backend> ProcessGroup<B> {
             if store.check(&[&decision_key])? {
                 break;
             }
-            let pending: Vec<usize> = (0..size).filter(|other| !alive.contains(other) && !dead.contains(other)).collect();
+            let pending: Vec<usize> =
+                (0..size).filter(|other| !alive.contains(other) && !dead.contains(other)).collect();
             for other in pending {
                 if store.check(&[&key("dead", other)])? {
                     dead.insert(other);
@@ -200,16 +203,20 @@ impl<B: Backend> ProcessGroup<B> {
         }
         let members: Vec<usize> = (0..size).filter(|r| !out.contains(r)).collect();
         let new_rank = members.iter().position(|&r| r == rank).expect("this rank is not excluded");
-        let number = inner.shrinks.fetch_add(1, Ordering::Relaxed);
+        let excluded: Vec<usize> = out.into_iter().collect();
+        let number = {
+            let mut shrinks = inner.shrinks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let counter = shrinks.entry(excluded.clone()).or_default();
+            *counter += 1;
+            *counter - 1
+        };
+        let name = shrink_name(&excluded, number);
         let mut group_options = self.options().clone();
-        group_options.group_name = options
-            .group_name
-            .clone()
-            .unwrap_or_else(|| format!("{}.shrink{number}", self.options().group_name));
+        group_options.group_name =
+            options.group_name.clone().unwrap_or_else(|| format!("{}.{name}", self.options().group_name));
         group_options.timeout = options.timeout.unwrap_or_else(|| inner.timeout());
         let global_ranks = members.iter().map(|&r| self.global_rank(r)).collect::<Result<Arc<[usize]>>>()?;
-        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(format!("shrink.{number}"), Arc::clone(self.store())));
-        let excluded: Vec<usize> = out.into_iter().collect();
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(name, Arc::clone(self.store())));
         let aborting = options.mode == ShrinkMode::Abort;
         if aborting {
             let reason = format!(
@@ -259,6 +266,17 @@ impl<B: Backend> ProcessGroup<B> {
     }
 }
 
+/// The name of the `number`-th shrink (from 0) of a group that excludes `excluded`: its store prefix and the
+/// suffix of the new group's default name (`shrink.x1-3.0`, `shrink.none.0`). Every caller of a shrink made the
+/// same earlier shrinks with the same list, so they agree on it without talking.
+fn shrink_name(excluded: &[usize], number: u64) -> String {
+    let list = match excluded.is_empty() {
+        true => "none".to_owned(),
+        false => format!("x{}", excluded.iter().map(usize::to_string).collect::<Vec<_>>().join("-")),
+    };
+    format!("shrink.{list}.{number}")
+}
+
 /// The survivors a decision's value lists, if it is one (ranks below `size`, ascending).
 fn parse_decision(value: &[u8], size: usize) -> Option<Vec<usize>> {
     let text = std::str::from_utf8(value).ok()?.strip_prefix(DECISION_TAG)?;
@@ -281,6 +299,12 @@ mod tests {
         assert_eq!(parse_decision(b"survivors:1,0", 4), None);
         assert_eq!(parse_decision(b"0,1", 4), None);
         assert_eq!(parse_decision(b"survivors:a", 4), None);
+    }
+
+    #[test]
+    fn shrinks_are_named_by_their_list_and_number() {
+        assert_eq!(shrink_name(&[1, 3], 0), "shrink.x1-3.0");
+        assert_eq!(shrink_name(&[], 2), "shrink.none.2");
     }
 
     #[test]

@@ -45,8 +45,9 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) subgroups: AtomicU64,
     /// How many survivor agreements this rank made on the group: the next round's number.
     pub(crate) recoveries: AtomicU64,
-    /// How many shrinks this rank made of the group: the next one's number (its store prefix `shrink.{n}`).
-    pub(crate) shrinks: AtomicU64,
+    /// How many shrinks this rank made of the group, by excluded list: a rank excluded from a shrink does not
+    /// take part in it, so a shrink is named by its list and its number among the shrinks with that list.
+    pub(crate) shrinks: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
     /// Whether the group was revoked (`ProcessGroup::revoke`, the watchdog's revoke, an aborting shrink): no
     /// finalize may follow, and a shrink may.
     pub(crate) revoked: AtomicBool,
@@ -106,7 +107,7 @@ impl<B: Backend> Shared<B> {
             membership,
             subgroups: AtomicU64::new(0),
             recoveries: AtomicU64::new(0),
-            shrinks: AtomicU64::new(0),
+            shrinks: Mutex::new(std::collections::HashMap::new()),
             revoked: AtomicBool::new(false),
             superseded: AtomicBool::new(false),
             cache: Mutex::new(CommCache::default()),

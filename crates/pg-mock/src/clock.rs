@@ -67,6 +67,8 @@ pub(crate) enum Cond {
     QueueNonEmpty(String),
     /// Every rank of communicator group `0` made its split number `1`, and the children's init cost has passed.
     SplitDone(usize, u64),
+    /// Every rank of the shrink's parent that it does not exclude called it, and the child's init cost has passed.
+    ShrinkDone(crate::state::ShrinkKey),
     /// Nothing: only the deadline (or an interrupt) ends the wait.
     Never,
 }

@@ -7,6 +7,7 @@ pub(crate) mod dtypes;
 pub(crate) mod interop;
 pub(crate) mod lifecycle;
 pub(crate) mod ops;
+pub(crate) mod recovery;
 pub(crate) mod semantics;
 pub(crate) mod subgroups;
 
