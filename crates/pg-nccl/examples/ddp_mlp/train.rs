@@ -133,25 +133,25 @@ pub fn uniform(seed: u64, key: u64, index: u64) -> f32 {
 }
 
 /// The streams of [`uniform`]: weights of the student and the teacher, then one stream of inputs per step.
-const KEY_W1: u64 = 1;
-const KEY_W2: u64 = 2;
+pub(crate) const KEY_W1: u64 = 1;
+pub(crate) const KEY_W2: u64 = 2;
 const KEY_TEACHER1: u64 = 3;
 const KEY_TEACHER2: u64 = 4;
 const KEY_INPUTS: u64 = 1 << 32;
 
 /// `count` uniform numbers of stream `key` scaled by `scale`.
-fn weights(config: &Config, key: u64, count: usize, scale: f32) -> Vec<f32> {
+pub(crate) fn weights(config: &Config, key: u64, count: usize, scale: f32) -> Vec<f32> {
     (0..count as u64).map(|i| uniform(config.seed, key, i) * scale).collect()
 }
 
 /// The teacher network: `t = w2 * tanh(w1 * x)`, no biases.
-struct Teacher {
+pub(crate) struct Teacher {
     w1: Vec<f32>,
     w2: Vec<f32>,
 }
 
 impl Teacher {
-    fn new(config: &Config) -> Self {
+    pub(crate) fn new(config: &Config) -> Self {
         let w1 =
             weights(config, KEY_TEACHER1, config.teacher_hidden * config.input, 3.0 / (config.input as f32).sqrt());
         let w2 = weights(
@@ -164,7 +164,7 @@ impl Teacher {
     }
 
     /// The inputs and targets of global rows `rows` of step `step`.
-    fn batch(&self, config: &Config, step: usize, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
+    pub(crate) fn batch(&self, config: &Config, step: usize, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
         let (i, h, o) = (config.input, config.teacher_hidden, config.output);
         let key = KEY_INPUTS + step as u64;
         let mut x = Vec::with_capacity(rows.len() * i);
@@ -183,21 +183,48 @@ impl Teacher {
 
 /// The model's arrays on one rank. Each layer's parameters are one array `[weight (out x in), bias (out)]`, and
 /// its gradients one array of the same layout: the layer's bucket.
-struct Model<A> {
-    params: [A; 2],
-    grads: [A; 2],
-    x: A,
-    t: A,
+pub(crate) struct Model<A> {
+    pub(crate) params: [A; 2],
+    pub(crate) grads: [A; 2],
+    pub(crate) x: A,
+    pub(crate) t: A,
     h: A,
     y: A,
     dy: A,
     dh: A,
-    ones: A,
-    loss: A,
+    pub(crate) ones: A,
+    pub(crate) loss: A,
+}
+
+impl<A> Model<A> {
+    /// The arrays of a rank that takes `b` rows of each batch (parameters zero).
+    pub(crate) fn new<M: Math<Array = A>>(math: &M, config: &Config, b: usize) -> Result<Self> {
+        let (i, h, o) = (config.input, config.hidden, config.output);
+        let model = Model {
+            params: [math.zeros(layer_len(config, 0))?, math.zeros(layer_len(config, 1))?],
+            grads: [math.zeros(layer_len(config, 0))?, math.zeros(layer_len(config, 1))?],
+            x: math.zeros(b * i)?,
+            t: math.zeros(b * o)?,
+            h: math.zeros(b * h)?,
+            y: math.zeros(b * o)?,
+            dy: math.zeros(b * o)?,
+            dh: math.zeros(b * h)?,
+            ones: math.zeros(b)?,
+            loss: math.zeros(1)?,
+        };
+        math.upload(&model.ones, &vec![1.0; b])?;
+        Ok(model)
+    }
+}
+
+/// The length of layer `l`'s array (weight and bias).
+pub(crate) fn layer_len(config: &Config, l: usize) -> usize {
+    let (inputs, outputs) = dims(config, l);
+    outputs * inputs + outputs
 }
 
 /// `(inputs, outputs)` of layer `l`.
-fn dims(config: &Config, l: usize) -> (usize, usize) {
+pub(crate) fn dims(config: &Config, l: usize) -> (usize, usize) {
     if l == 0 {
         (config.input, config.hidden)
     } else {
@@ -222,30 +249,14 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
         )));
     }
     let b = config.batch / world;
-    let (i, h, o) = (config.input, config.hidden, config.output);
-    let layer_len = |l: usize| {
-        let (inputs, outputs) = dims(config, l);
-        outputs * inputs + outputs
-    };
-    let model = Model {
-        params: [math.zeros(layer_len(0))?, math.zeros(layer_len(1))?],
-        grads: [math.zeros(layer_len(0))?, math.zeros(layer_len(1))?],
-        x: math.zeros(b * i)?,
-        t: math.zeros(b * o)?,
-        h: math.zeros(b * h)?,
-        y: math.zeros(b * o)?,
-        dy: math.zeros(b * o)?,
-        dh: math.zeros(b * h)?,
-        ones: math.zeros(b)?,
-        loss: math.zeros(1)?,
-    };
-    math.upload(&model.ones, &vec![1.0; b])?;
+    let o = config.output;
+    let model = Model::new(math, config, b)?;
     if rank == 0 {
         for l in 0..2 {
             let (inputs, outputs) = dims(config, l);
             let key = if l == 0 { KEY_W1 } else { KEY_W2 };
             let mut values = weights(config, key, outputs * inputs, (6.0 / inputs as f32).sqrt() / 2.0);
-            values.resize(layer_len(l), 0.0);
+            values.resize(layer_len(config, l), 0.0);
             math.upload(&model.params[l], &values)?;
         }
     }
@@ -265,11 +276,12 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
         math.upload(&model.x, x)?;
         math.upload(&model.t, t)?;
         math.upload(&model.loss, &[0.0])?;
-        let works = step_on_device(math, pg, config, &model, b)?;
+        let works = step_on_device(math, pg, config, &model, b, (2.0 / (b * o) as f32, ReduceOp::Avg))?;
         for (l, work) in works.iter().enumerate() {
             work.wait()?;
             math.collect(&model.grads[l])?;
-            math.sgd(all(&model.params[l], layer_len(l)), all(&model.grads[l], layer_len(l)), config.lr)?;
+            let len = layer_len(config, l);
+            math.sgd(all(&model.params[l], len), all(&model.grads[l], len), config.lr)?;
         }
         let total = math.download(&model.loss)?[0] as f64;
         let ms = (device.now() - start).as_secs_f64() * 1e3;
@@ -278,14 +290,17 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
     Ok(records)
 }
 
-/// Forward, loss and backward of one step; returns the Works of the two buckets (layer 2's first) and has
-/// all-reduced the loss (`Sum`, waited) into `model.loss`.
-fn step_on_device<M: Math>(
+/// Forward, loss and backward of one step on `b` rows; returns the Works of the two buckets (layer 2's first) and
+/// has all-reduced the loss (`Sum`, waited) into `model.loss`. The loss gradient is scaled by `reduce.0` and the
+/// buckets reduced with `reduce.1`: `2 / (b * outputs)` and `Avg` when every rank has `b` rows (each rank's mean,
+/// averaged), `2 / (batch * outputs)` and `Sum` when the shares differ (each rank's part of the global mean).
+pub(crate) fn step_on_device<M: Math>(
     math: &M,
     pg: &ProcessGroup<M::B>,
     config: &Config,
     model: &Model<M::Array>,
     b: usize,
+    reduce: (f32, ReduceOp),
 ) -> Result<[WorkHandle<M::B>; 2]> {
     let (i, h, o) = (config.input, config.hidden, config.output);
     let (w1, b1) = split(&model.params[0], dims(config, 0));
@@ -302,13 +317,13 @@ fn step_on_device<M: Math>(
     math.gemm((false, true), (b, o, h), 1.0, hv, w2, 0.0, y)?;
     math.bias_act(y, b2, false)?;
     // The local mean's gradient; averaging over the ranks makes it the global mean's.
-    math.mse(y, t, dy, loss, 2.0 / (b * o) as f32)?;
+    math.mse(y, t, dy, loss, reduce.0)?;
 
     // Layer 2's bucket: dw2 = dy^T h, db2 = ones^T dy; all-reduced while the rest of backward runs.
     math.gemm((true, false), (o, h, b), 1.0, dy, hv, 0.0, dw2)?;
     math.gemm((false, false), (1, o, b), 1.0, ones, dy, 0.0, db2)?;
     math.publish(&model.grads[1])?;
-    let second = pg.all_reduce(math.buffer(&model.grads[1]), ReduceOp::Avg)?;
+    let second = pg.all_reduce(math.buffer(&model.grads[1]), reduce.1)?;
 
     // Layer 1's bucket: dh = (dy w2) * relu'(h), dw1 = dh^T x, db1 = ones^T dh.
     math.gemm((false, false), (b, h, o), 1.0, dy, w2, 0.0, dh)?;
@@ -316,7 +331,7 @@ fn step_on_device<M: Math>(
     math.gemm((true, false), (h, i, b), 1.0, dh, x, 0.0, dw1)?;
     math.gemm((false, false), (1, h, b), 1.0, ones, dh, 0.0, db1)?;
     math.publish(&model.grads[0])?;
-    let first = pg.all_reduce(math.buffer(&model.grads[0]), ReduceOp::Avg)?;
+    let first = pg.all_reduce(math.buffer(&model.grads[0]), reduce.1)?;
 
     // The global loss, for the curve.
     math.publish(&model.loss)?;
