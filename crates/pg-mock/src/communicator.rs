@@ -14,11 +14,11 @@ use std::sync::Arc;
 use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, Result};
 
 use crate::buffer::{MockBuffer, WeakBuffer};
-use crate::clock::{ns, transfer, Cond, OpRef, Time, Wake};
+use crate::clock::{ns, transfer, Cond, OpRef, ShrinkKey, Time, Wake};
 use crate::fault::Fault;
 use crate::hazard::{Accessor, Mode};
 use crate::sched::Inner;
-use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, Scale, ShrinkKey, SlotKey, State, View, Views};
+use crate::state::{CollKind, CommGroup, OpKind, Part, RankComm, Scale, SlotKey, State, View, Views};
 use crate::stream::MockStream;
 use crate::Mock;
 

@@ -511,12 +511,8 @@ pub(crate) struct Comms {
     pub(crate) splits: HashMap<(usize, u64), SplitRound>,
     /// Shrinks by (parent group, excluded ranks, number among the shrinks with that list): who called, and the
     /// child made.
-    pub(crate) shrinks: HashMap<ShrinkKey, ShrinkRound>,
+    pub(crate) shrinks: HashMap<crate::clock::ShrinkKey, ShrinkRound>,
 }
-
-/// One shrink: the parent group, its excluded ranks (ascending), and its number among the shrinks of that group
-/// with that list. Callers that name different lists wait for different shrinks, as on NCCL.
-pub(crate) type ShrinkKey = (usize, Vec<usize>, u64);
 
 /// One shrink of a communicator: the callers, and once every rank not excluded has called, the child.
 #[derive(Debug, Default)]
