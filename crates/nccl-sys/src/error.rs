@@ -54,6 +54,16 @@ pub enum Error {
         /// The loaded version.
         version: Version,
     },
+    /// A call that first came in a later NCCL than the one loaded.
+    #[error("{call} needs NCCL {needs} or newer; the loaded NCCL is {version}")]
+    TooOld {
+        /// The C function.
+        call: &'static str,
+        /// The loaded version.
+        version: Version,
+        /// The first version that has it.
+        needs: Version,
+    },
     /// An argument out of NCCL's range (a count above `i32::MAX` ranks, a rank out of range).
     #[error("invalid argument to {call}: {message}")]
     InvalidArgument {

@@ -31,4 +31,6 @@ pub use error::{Error, Result};
 pub use library::{library, Library, LIBRARY_CANDIDATES, LIBRARY_ENV};
 pub use status::Status;
 pub use sys::{Comm, DataType, RedOp, UniqueId, UNIQUE_ID_BYTES};
-pub use version::{Version, FP8_VERSION, MIN_VERSION, NEWEST_KNOWN_VERSION};
+pub use version::{
+    Version, FP8_VERSION, GROW_VERSION, MIN_VERSION, NEWEST_KNOWN_VERSION, REVOKE_VERSION, SHRINK_VERSION,
+};

@@ -8,7 +8,7 @@ use crate::config::{Config, ConfigLayout};
 use crate::error::{Error, Result};
 use crate::status::Status;
 use crate::sys::{self, cudaStream_t, Comm, DataType, Functions, RedOp, UniqueId};
-use crate::version::{Version, MIN_VERSION};
+use crate::version::{Version, GROW_VERSION, MIN_VERSION, REVOKE_VERSION, SHRINK_VERSION};
 
 /// The environment variable naming an explicit NCCL library path; when set, only that path is tried.
 pub const LIBRARY_ENV: &str = "PG_NCCL_LIBRARY";
@@ -195,6 +195,100 @@ impl Library {
         let raw = unsafe { split(comm, color, key, newcomm, config) };
         // SAFETY: `comm` is live.
         unsafe { self.check("ncclCommSplit", raw, comm) }
+    }
+
+    /// `ncclCommShrink` (NCCL 2.27 and later): a new communicator of every rank of `comm` but `excluded` (ranks of
+    /// `comm`; every rank not excluded calls with the same list, the excluded ones do not), ranked in their order,
+    /// made with `config`. `flags` is [`sys::NCCL_SHRINK_DEFAULT`] or [`sys::NCCL_SHRINK_ABORT`] (stop `comm`'s
+    /// ops in flight first). NCCL writes the new handle to `newcomm` as [`Library::comm_split`] does (later, from
+    /// its own thread, for a non-blocking `comm`).
+    ///
+    /// # Safety
+    /// As [`Library::comm_split`].
+    pub unsafe fn comm_shrink(
+        &self,
+        comm: Comm,
+        excluded: &[usize],
+        newcomm: *mut Comm,
+        config: &mut Config,
+        flags: c_int,
+    ) -> Result<Status> {
+        let call = "ncclCommShrink";
+        let shrink = self.gated(call, self.fns.comm_shrink, SHRINK_VERSION)?;
+        let mut ranks = excluded.iter().map(|&rank| to_int(call, "excluded rank", rank)).collect::<Result<Vec<_>>>()?;
+        let count = to_int(call, "excluded count", ranks.len())?;
+        let list = if ranks.is_empty() { std::ptr::null_mut() } else { ranks.as_mut_ptr() };
+        // SAFETY: the caller guarantees `comm` and `newcomm`; `list` holds `count` ints for the call (NCCL copies
+        // them); `config` has this library's layout.
+        let raw = unsafe { shrink(comm, list, count, newcomm, config, flags) };
+        // SAFETY: `comm` is live.
+        unsafe { self.check(call, raw, comm) }
+    }
+
+    /// `ncclCommRevoke` (NCCL 2.28.7 and later) with [`sys::NCCL_REVOKE_DEFAULT`]: stops `comm`'s ops in flight
+    /// without freeing it (in-progress on a non-blocking communicator until its async state turns success). After
+    /// it `comm` may only be shrunk, split, destroyed or aborted: a finalize or an op is `ncclInvalidUsage`.
+    ///
+    /// # Safety
+    /// `comm` must be live; no other thread may start a call on it during this one.
+    pub unsafe fn comm_revoke(&self, comm: Comm) -> Result<Status> {
+        let call = "ncclCommRevoke";
+        let revoke = self.gated(call, self.fns.comm_revoke, REVOKE_VERSION)?;
+        // SAFETY: the caller guarantees `comm`.
+        let raw = unsafe { revoke(comm, sys::NCCL_REVOKE_DEFAULT) };
+        // SAFETY: `comm` is live.
+        unsafe { self.check(call, raw, comm) }
+    }
+
+    /// `ncclCommGetUniqueId` (NCCL 2.29 and later): the id the new ranks of a grow of `comm` join with (rank 0 of
+    /// `comm` makes it).
+    ///
+    /// # Safety
+    /// `comm` must be live and used by no other issuing thread.
+    pub unsafe fn comm_get_unique_id(&self, comm: Comm) -> Result<UniqueId> {
+        let call = "ncclCommGetUniqueId";
+        let get = self.gated(call, self.fns.comm_get_unique_id, GROW_VERSION)?;
+        let mut id = UniqueId::zeroed();
+        // SAFETY: the caller guarantees `comm`; `id` is valid for a write of its size.
+        let raw = unsafe { get(comm, &mut id) };
+        // SAFETY: `comm` is live.
+        unsafe { self.check(call, raw, comm) }?;
+        Ok(id)
+    }
+
+    /// `ncclCommGrow` (NCCL 2.29 and later): existing ranks pass `comm` and `rank = None` (rank 0 of `comm` also
+    /// the `id`), new ranks a null `comm`, the `id` and their new rank; the grown communicator of `nranks` ranks is
+    /// written to `newcomm`. `comm` must have no op in flight.
+    ///
+    /// # Safety
+    /// `comm` must be null (a new rank) or live and used by no other issuing thread; `newcomm` as in
+    /// [`Library::comm_split`]. The calling thread's current CUDA context must be the device's.
+    pub unsafe fn comm_grow(
+        &self,
+        comm: Comm,
+        nranks: usize,
+        id: Option<&UniqueId>,
+        rank: Option<usize>,
+        newcomm: *mut Comm,
+    ) -> Result<Status> {
+        let call = "ncclCommGrow";
+        let grow = self.gated(call, self.fns.comm_grow, GROW_VERSION)?;
+        let nranks = to_int(call, "nranks", nranks)?;
+        let rank = match rank {
+            Some(rank) => to_int(call, "rank", rank)?,
+            None => -1,
+        };
+        let id = id.map_or(std::ptr::null(), |id| id as *const UniqueId);
+        // SAFETY: forwarded from this function's contract; `id` is null or valid for the call; a null config
+        // inherits `comm`'s (a new rank gets NCCL's defaults).
+        let raw = unsafe { grow(comm, nranks, id, rank, newcomm, std::ptr::null_mut()) };
+        // SAFETY: `comm` is live or null.
+        unsafe { self.check(call, raw, comm) }
+    }
+
+    /// `entry` when the loaded library has it and is at least `needs`, else why not.
+    fn gated<T>(&self, call: &'static str, entry: Option<T>, needs: Version) -> Result<T> {
+        gate(call, entry, self.version, needs)
     }
 
     /// `ncclCommGetAsyncError`: the communicator's asynchronous state (success, in-progress or an error code).
@@ -472,6 +566,16 @@ impl Library {
     }
 }
 
+/// `entry` when the library of `version` has it and `version` is at least `needs`: [`Error::TooOld`] for an older
+/// library (a symbol there may be a preview with another signature), [`Error::Unavailable`] for a newer one
+/// without the symbol.
+fn gate<T>(call: &'static str, entry: Option<T>, version: Version, needs: Version) -> Result<T> {
+    if version < needs {
+        return Err(Error::TooOld { call, version, needs });
+    }
+    entry.ok_or(Error::Unavailable { call, version })
+}
+
 fn to_int(call: &'static str, what: &str, value: usize) -> Result<c_int> {
     c_int::try_from(value)
         .map_err(|_| Error::InvalidArgument { call, message: format!("{what} = {value} does not fit a C int") })
@@ -510,6 +614,10 @@ fn resolve(path: &std::path::Path, library: &libloading::Library) -> Result<Func
         comm_init_rank: required(path, library, "ncclCommInitRank")?,
         comm_init_rank_config: required(path, library, "ncclCommInitRankConfig")?,
         comm_split: optional(library, "ncclCommSplit"),
+        comm_shrink: optional(library, "ncclCommShrink"),
+        comm_revoke: optional(library, "ncclCommRevoke"),
+        comm_grow: optional(library, "ncclCommGrow"),
+        comm_get_unique_id: optional(library, "ncclCommGetUniqueId"),
         comm_finalize: required(path, library, "ncclCommFinalize")?,
         comm_destroy: required(path, library, "ncclCommDestroy")?,
         comm_abort: required(path, library, "ncclCommAbort")?,
@@ -535,6 +643,18 @@ fn resolve(path: &std::path::Path, library: &libloading::Library) -> Result<Func
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_of_a_later_nccl_are_refused_naming_both_versions() {
+        let old = Version::new(2, 26, 5);
+        let err = gate("ncclCommShrink", Some(()), old, SHRINK_VERSION).expect_err("2.26 has no shrink");
+        assert_eq!(err.to_string(), "ncclCommShrink needs NCCL 2.27.0 or newer; the loaded NCCL is 2.26.5");
+        let err = gate("ncclCommRevoke", Some(()), Version::new(2, 28, 6), REVOKE_VERSION).expect_err("2.28.6");
+        assert!(err.to_string().contains("needs NCCL 2.28.7"), "{err}");
+        let err = gate::<()>("ncclCommGrow", None, Version::new(2, 29, 1), GROW_VERSION).expect_err("no symbol");
+        assert_eq!(err.to_string(), "ncclCommGrow is not available in NCCL 2.29.1");
+        assert!(gate("ncclCommRevoke", Some(7), Version::new(2, 28, 9), REVOKE_VERSION).is_ok_and(|f| f == 7));
+    }
 
     #[test]
     fn a_missing_library_is_a_typed_error() {

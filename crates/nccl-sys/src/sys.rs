@@ -131,6 +131,12 @@ pub const ncclScalarDevice: ScalarResidence = 0;
 pub const ncclScalarHostImmediate: ScalarResidence = 1;
 
 pub use crate::config::{NCCL_API_MAGIC, NCCL_CONFIG_UNDEF_INT};
+/// `NCCL_SHRINK_DEFAULT`: shrink a healthy parent.
+pub const NCCL_SHRINK_DEFAULT: c_int = 0x00;
+/// `NCCL_SHRINK_ABORT`: stop the parent's ops in flight first, then shrink (the excluded ranks are dead).
+pub const NCCL_SHRINK_ABORT: c_int = 0x01;
+/// `NCCL_REVOKE_DEFAULT`, the only flag `ncclCommRevoke` takes.
+pub const NCCL_REVOKE_DEFAULT: c_int = 0x00;
 /// `NCCL_SPLIT_NOCOLOR`: this rank joins no communicator in a split.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
@@ -152,6 +158,28 @@ pub type ncclCommInitRankConfig_t = unsafe extern "C" fn(
 /// `ncclCommSplit`.
 pub type ncclCommSplit_t =
     unsafe extern "C" fn(comm: Comm, color: c_int, key: c_int, newcomm: *mut Comm, config: *mut Config) -> ncclResult_t;
+/// `ncclCommShrink` (NCCL 2.27).
+pub type ncclCommShrink_t = unsafe extern "C" fn(
+    comm: Comm,
+    exclude_ranks: *mut c_int,
+    exclude_count: c_int,
+    newcomm: *mut Comm,
+    config: *mut Config,
+    shrink_flags: c_int,
+) -> ncclResult_t;
+/// `ncclCommRevoke` (NCCL 2.28.7).
+pub type ncclCommRevoke_t = unsafe extern "C" fn(comm: Comm, revoke_flags: c_int) -> ncclResult_t;
+/// `ncclCommGrow` (NCCL 2.29).
+pub type ncclCommGrow_t = unsafe extern "C" fn(
+    comm: Comm,
+    nranks: c_int,
+    unique_id: *const UniqueId,
+    rank: c_int,
+    newcomm: *mut Comm,
+    config: *mut Config,
+) -> ncclResult_t;
+/// `ncclCommGetUniqueId` (NCCL 2.29): the id new ranks join a grown communicator with.
+pub type ncclCommGetUniqueId_t = unsafe extern "C" fn(comm: Comm, unique_id: *mut UniqueId) -> ncclResult_t;
 /// `ncclCommFinalize`, `ncclCommDestroy`, `ncclCommAbort`.
 pub type ncclCommOp_t = unsafe extern "C" fn(comm: Comm) -> ncclResult_t;
 /// `ncclCommGetAsyncError`.
@@ -259,6 +287,14 @@ pub struct Functions {
     pub comm_init_rank_config: ncclCommInitRankConfig_t,
     /// `ncclCommSplit` (NCCL 2.18 and later).
     pub comm_split: Option<ncclCommSplit_t>,
+    /// `ncclCommShrink` (NCCL 2.27 and later).
+    pub comm_shrink: Option<ncclCommShrink_t>,
+    /// `ncclCommRevoke` (NCCL 2.28.7 and later).
+    pub comm_revoke: Option<ncclCommRevoke_t>,
+    /// `ncclCommGrow` (NCCL 2.29 and later).
+    pub comm_grow: Option<ncclCommGrow_t>,
+    /// `ncclCommGetUniqueId` (NCCL 2.29 and later).
+    pub comm_get_unique_id: Option<ncclCommGetUniqueId_t>,
     /// `ncclCommFinalize`.
     pub comm_finalize: ncclCommOp_t,
     /// `ncclCommDestroy`.

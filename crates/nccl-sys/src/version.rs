@@ -21,6 +21,15 @@ pub const MIN_VERSION: Version = Version::new(2, 18, 0);
 /// as bytes, never be reduced.
 pub const FP8_VERSION: Version = Version::new(2, 24, 0);
 
+/// The first NCCL with `ncclCommShrink` (and its `NCCL_SHRINK_ABORT` flag).
+pub const SHRINK_VERSION: Version = Version::new(2, 27, 0);
+
+/// The first NCCL with `ncclCommRevoke` (quiesce a communicator without freeing it; a finalize after it is invalid).
+pub const REVOKE_VERSION: Version = Version::new(2, 28, 7);
+
+/// The first NCCL with `ncclCommGrow` and `ncclCommGetUniqueId`.
+pub const GROW_VERSION: Version = Version::new(2, 29, 0);
+
 /// The newest NCCL whose config layout this crate knows; newer libraries get this layout, which they accept.
 pub const NEWEST_KNOWN_VERSION: Version = Version::new(2, 28, 0);
 

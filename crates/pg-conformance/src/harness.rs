@@ -66,6 +66,14 @@ pub enum Fault {
         /// The rank.
         rank: usize,
     },
+    /// `rank` is killed during its op number `op` (from 0) on a communicator: that op never completes on any rank,
+    /// the dead rank's own part ends at once without effect, and its case body stops there.
+    KillAt {
+        /// The rank.
+        rank: usize,
+        /// The op number on the communicator.
+        op: u64,
+    },
 }
 
 /// The optional capabilities of one world; every method's default says "not offered".

@@ -28,6 +28,6 @@ pub use harness::{
     Offers, Ran, Rank,
 };
 pub use registry::{
-    cases, collective_cases, dtype_cases, run_all, run_case, subgroup_cases, Case, CaseReport, Outcome,
+    cases, collective_cases, dtype_cases, recovery_cases, run_all, run_case, subgroup_cases, Case, CaseReport, Outcome,
 };
 pub use values::{decode, encode};

@@ -42,6 +42,7 @@ impl Capabilities<Mock> for MockCaps {
         self.0.inject(match fault {
             Fault::AsyncError { rank, after_ops } => pg_mock::Fault::AsyncError { rank, after_ops },
             Fault::NeverJoin { rank } => pg_mock::Fault::NeverJoin { rank },
+            Fault::KillAt { rank, op } => pg_mock::Fault::KillAt { rank, op },
         });
         true
     }

@@ -84,7 +84,13 @@ pub fn cases<H: Harness>() -> Vec<Case<H>> {
     all.extend(crate::cases::subgroups::cases::<H>());
     all.extend(crate::cases::interop::cases::<H>());
     all.extend(crate::cases::capture::cases::<H>());
+    all.extend(crate::cases::recovery::cases::<H>());
     all
+}
+
+/// The failure-and-recovery cases alone (a rank killed mid-op, revoke, the survivors' agreement, shrink).
+pub fn recovery_cases<H: Harness>() -> Vec<Case<H>> {
+    crate::cases::recovery::cases::<H>()
 }
 
 /// The cases of the collectives beyond the one-buffer set (reduce, gather, scatter, all-to-all, list forms,

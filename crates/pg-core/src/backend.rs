@@ -136,6 +136,19 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
         config: &CommConfig,
     ) -> Result<<Self::B as Backend>::Communicator>;
 
+    /// Joins a grown communicator as new rank `rank` of `size` with the `id` rank 0 of the existing communicator
+    /// passed to [`Communicator::grow`] (NCCL's `ncclCommGrow` with no parent); blocks like
+    /// [`Device::create_communicator`].
+    fn join_grown(
+        &self,
+        _id: &UniqueId,
+        _size: usize,
+        _rank: usize,
+        _config: &CommConfig,
+    ) -> Result<<Self::B as Backend>::Communicator> {
+        Err(crate::Error::unsupported("grow: joining a grown communicator on this backend"))
+    }
+
     /// The host's monotonic clock, as a duration since a fixed origin (virtual time on the simulated backend).
     fn now(&self) -> Duration;
 
@@ -508,6 +521,55 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         Self: Sized,
     {
         Err(unsupported_on::<Self::B>("split"))
+    }
+
+    /// Shrinks this communicator (NCCL's `ncclCommShrink`, 2.27): every rank of it but the `excluded` ones (ranks of
+    /// this communicator, never the caller's own) calls, with the same list; the new communicator holds the
+    /// others, ranked in their order here. Blocks until every such rank has called; the new communicator is ready
+    /// on return. With [`crate::ShrinkMode::Abort`] the ops of this communicator still in flight are stopped
+    /// first and this communicator is unusable afterwards; with [`crate::ShrinkMode::Default`] it stays usable,
+    /// and must have nothing in flight unless it was revoked.
+    ///
+    /// `config.timeout` bounds the wait for the other callers as in [`Communicator::split`] (this communicator
+    /// is aborted when it runs out). A backend or library without it is [`crate::Error::Unsupported`], naming
+    /// the version where there is one.
+    fn shrink(
+        &self,
+        _excluded: &[usize],
+        _mode: crate::ShrinkMode,
+        _config: &CommConfig,
+    ) -> Result<<Self::B as Backend>::Communicator>
+    where
+        Self: Sized,
+    {
+        Err(unsupported_on::<Self::B>("shrink"))
+    }
+
+    /// Grows this communicator by `added` new ranks (NCCL's `ncclCommGrow`, 2.29): every rank of it calls, the one
+    /// of rank 0 with the unique id the new ranks join with ([`Device::join_grown`]); the new communicator keeps
+    /// these ranks' numbers and gives the new ones the next. This communicator must have nothing in flight.
+    fn grow(
+        &self,
+        _added: usize,
+        _id: Option<&UniqueId>,
+        _config: &CommConfig,
+    ) -> Result<<Self::B as Backend>::Communicator>
+    where
+        Self: Sized,
+    {
+        Err(unsupported_on::<Self::B>("grow"))
+    }
+
+    /// Revokes the communicator (NCCL's `ncclCommRevoke`, 2.28.7): its ops in flight stop without effect (no
+    /// host blocks on them), and every later op, and a finalize, is refused with [`crate::Error::Revoked`]; what
+    /// is left is shrinking it, splitting it, or destroying it. Callable from any thread.
+    fn revoke(&self, _reason: &str) -> Result<()> {
+        Err(unsupported_on::<Self::B>("revoke"))
+    }
+
+    /// Whether [`Communicator::revoke`] (or a shrink with [`crate::ShrinkMode::Abort`]) was called.
+    fn is_revoked(&self) -> bool {
+        false
     }
 
     /// Whether a non-blocking init has finished (always true for a blocking one).

@@ -69,6 +69,32 @@ pub enum Error {
         /// Why it was aborted.
         reason: String,
     },
+    /// The group was revoked ([`crate::ProcessGroup::revoke`], or the watchdog's revoke on a failed peer with
+    /// `Options::revoke_on_error`), or it is the parent of an aborting shrink: its Works in flight failed, and
+    /// every later op, finalize and shutdown is refused. What is left to do with it is agreeing on the
+    /// survivors and shrinking it.
+    #[error("process group revoked: {reason}")]
+    Revoked {
+        /// Who revoked it, and why.
+        reason: String,
+    },
+    /// The survivors' agreement after a failure ([`crate::ProcessGroup::agree_survivors`]) left this rank out:
+    /// it did not check in before the list was decided, or another rank reported it dead. Every survivor acts
+    /// on the one decided list; this rank must not take part in the shrink.
+    #[error(
+        "rank {rank} is not among the survivors agreed in recovery round {round} of group '{group}' (survivors: \
+         {survivors:?}): it checked in too late or was reported dead"
+    )]
+    Excluded {
+        /// The group's name.
+        group: String,
+        /// The recovery round (from 0, counting this group's agreements).
+        round: u64,
+        /// This rank, in the group.
+        rank: usize,
+        /// The survivors decided, as ranks of the group.
+        survivors: Vec<usize>,
+    },
     /// The watchdog stopped making progress (PyTorch's heartbeat monitor).
     #[error("the watchdog made no progress for {} s (heartbeat timeout)", .elapsed.as_secs())]
     HeartbeatTimeout {
@@ -165,6 +191,10 @@ pub enum ErrorKind {
     Remote,
     /// [`Error::Aborted`].
     Aborted,
+    /// [`Error::Revoked`].
+    Revoked,
+    /// [`Error::Excluded`].
+    Excluded,
     /// [`Error::HeartbeatTimeout`].
     HeartbeatTimeout,
     /// A [`StoreError::Timeout`].
@@ -194,6 +224,8 @@ impl Error {
             Error::Communicator { .. } => ErrorKind::Communicator,
             Error::Remote { .. } => ErrorKind::Remote,
             Error::Aborted { .. } => ErrorKind::Aborted,
+            Error::Revoked { .. } => ErrorKind::Revoked,
+            Error::Excluded { .. } => ErrorKind::Excluded,
             Error::HeartbeatTimeout { .. } => ErrorKind::HeartbeatTimeout,
             Error::Store(error) if error.is_timeout() => ErrorKind::StoreTimeout,
             Error::Rendezvous { source, .. } if source.is_timeout() => ErrorKind::StoreTimeout,

@@ -44,6 +44,16 @@ pub(crate) fn on_error<B: Backend>(
     if first && options.dump_on_timeout {
         dump_once(group);
     }
+    if options.revoke_on_error {
+        // The group is left for the survivors' agreement and a shrink: nothing of it runs on, no host blocks, and
+        // the device stays usable for the group that follows (it is not poisoned).
+        let reason = format!("rank {}: revoked after a failure: {error}", group.rank);
+        if let Some(work) = timed_out {
+            work.set_exception(error.clone());
+        }
+        group.revoke(&Error::Revoked { reason });
+        return;
+    }
     let mode = options.error_handling;
     if options.end_process_on_error && mode.should_tear_down() {
         // As PyTorch: nothing of the failed group runs on, so no thread gets to see or use its data.

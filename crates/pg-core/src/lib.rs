@@ -25,6 +25,7 @@ mod op_type;
 mod options;
 mod poison;
 mod process_group;
+mod recovery;
 mod reuse;
 mod shared;
 mod signals;
@@ -49,13 +50,14 @@ pub use op_type::OpType;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
 pub use poison::Poison;
 pub use process_group::{Counters, ProcessGroup};
+pub use recovery::{AgreeOptions, ShrinkOptions, Survivors};
 pub use status::{ErrorType, GroupStatus};
 pub use stream_guard::StreamGuard;
 pub use subgroups::DeviceMesh;
 pub use torch_compat::{
     join_torch_default_group, torch_default_group_store, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT,
 };
-pub use types::{CommConfig, DType, ReduceOp, UniqueId};
+pub use types::{CommConfig, DType, ReduceOp, ShrinkMode, UniqueId};
 pub use work::{Work, WorkFuture, WorkHandle};
 
 pub use pg_store as store;

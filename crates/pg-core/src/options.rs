@@ -80,6 +80,12 @@ pub struct Options {
     pub nonblocking_init: bool,
     /// What the watchdog does on an error (`TORCH_NCCL_ASYNC_ERROR_HANDLING`).
     pub error_handling: ErrorHandling,
+    /// On a failed or dead peer (a Work timeout, a communicator error, a peer's `remote_error` key, a stuck
+    /// watchdog), revoke the group instead of what `error_handling` says ([`crate::ProcessGroup::revoke`]): the
+    /// Works in flight fail (the failed one with its error, the others with [`crate::Error::Revoked`]), the device
+    /// is not poisoned, and the group is left for [`crate::ProcessGroup::agree_survivors`] and
+    /// [`crate::ProcessGroup::shrink`] (pg's own; `PG_REVOKE_ON_ERROR`, default off).
+    pub revoke_on_error: bool,
     /// End the process as PyTorch does (`std::process::abort`, SIGABRT) once the watchdog found an error in a
     /// mode that tears down (1 or 3) and the flight recorder is dumped, or once the heartbeat monitor found the
     /// watchdog stuck (pg's own; `PG_END_PROCESS_ON_ERROR`, default off).
@@ -135,6 +141,7 @@ impl Default for Options {
             nonblocking_init: false,
             error_handling: ErrorHandling::SkipCleanUp,
             end_process_on_error: false,
+            revoke_on_error: false,
             enable_watchdog: true,
             watchdog_period: Duration::from_millis(100),
             blocking_wait_poll: Duration::from_millis(1),
@@ -194,6 +201,8 @@ impl OptionsBuilder {
         error_handling: ErrorHandling);
     setter!(/// Sets [`Options::end_process_on_error`].
         end_process_on_error: bool);
+    setter!(/// Sets [`Options::revoke_on_error`].
+        revoke_on_error: bool);
     setter!(/// Sets [`Options::enable_watchdog`].
         enable_watchdog: bool);
     setter!(/// Sets [`Options::watchdog_period`].
@@ -250,6 +259,7 @@ impl OptionsBuilder {
         env.bool(&["PG_REUSE_WORKS"], &mut o.reuse_works)?;
         env.bool(&["PG_CHECK_CHUNK_SIZES"], &mut o.check_chunk_sizes)?;
         env.bool(&["PG_END_PROCESS_ON_ERROR"], &mut o.end_process_on_error)?;
+        env.bool(&["PG_REVOKE_ON_ERROR"], &mut o.revoke_on_error)?;
         if let Some((name, code)) = env.int(&["TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"])? {
             o.error_handling = ErrorHandling::from_code(code)
                 .ok_or_else(|| Error::invalid(format!("{name}={code}: expected 0, 1, 2 or 3")))?;
@@ -358,6 +368,8 @@ mod tests {
         check(&[("PG_INPUT_READY_EVENTS", "1")], |o| assert_eq!(o.unwrap().input_ready_events, 1));
         check(&[], |o| assert!(!o.unwrap().end_process_on_error, "the process lives on by default"));
         check(&[("PG_END_PROCESS_ON_ERROR", "1")], |o| assert!(o.unwrap().end_process_on_error));
+        check(&[], |o| assert!(!o.unwrap().revoke_on_error, "a failed peer tears the group down by default"));
+        check(&[("PG_REVOKE_ON_ERROR", "1")], |o| assert!(o.unwrap().revoke_on_error));
     }
 
     #[test]

@@ -262,6 +262,11 @@ impl<B: Backend> ProcessGroup<B> {
         self.inner.local_id
     }
 
+    /// The state this group's handles share (for the recovery steps in `recovery.rs`).
+    pub(crate) fn shared(&self) -> &Arc<Shared<B>> {
+        &self.inner
+    }
+
     /// The group's place in the world, for a subgroup.
     pub(crate) fn membership(&self) -> Option<&Membership> {
         self.inner.membership.as_ref()
@@ -271,6 +276,11 @@ impl<B: Backend> ProcessGroup<B> {
     /// members and non-members alike).
     pub(crate) fn next_subgroup_index(&self) -> u64 {
         self.inner.subgroups.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// This group's collective communicator, if it exists (aborted or not).
+    pub(crate) fn collective(&self) -> Option<Arc<B::Communicator>> {
+        self.inner.collective.get().map(|entry| Arc::clone(&entry.comm))
     }
 
     /// This group's collective communicator, if it exists and is not aborted (what a subgroup splits from).
@@ -484,11 +494,40 @@ impl<B: Backend> ProcessGroup<B> {
         self.inner.signals.stop(&self.inner.device);
     }
 
+    /// Revokes the group (NCCL's `ncclCommRevoke` on each communicator, or `ncclCommAbort` where the loaded NCCL
+    /// is older than 2.28.7): the Works in flight whose op had not finished fail with [`Error::Revoked`] (at once:
+    /// no host blocks), every later op fails with it, and nothing of the group runs afterwards (its watchdog and
+    /// heartbeat monitor stop). A revoked group cannot be finalized ([`ProcessGroup::shutdown`] refuses); what is
+    /// left is [`ProcessGroup::agree_survivors`] and [`ProcessGroup::shrink`], or dropping it. Callable from any
+    /// thread; revoking twice keeps the first reason.
+    pub fn revoke(&self, reason: &str) {
+        self.inner.revoke(&Error::Revoked { reason: format!("rank {}: {reason}", self.inner.rank) });
+    }
+
+    /// Whether the group was revoked ([`ProcessGroup::revoke`], the watchdog with `Options::revoke_on_error`, or
+    /// a shrink of it with [`crate::ShrinkMode::Abort`]).
+    pub fn is_revoked(&self) -> bool {
+        self.inner.revoked.load(Ordering::SeqCst)
+    }
+
     /// Shuts the group down cleanly: finalizes every communicator; later calls return [`Error::Aborted`].
+    ///
+    /// A revoked group is not finalized (NCCL refuses a finalize after a revoke): its threads stop and its
+    /// communicators are released without it, and the call returns [`Error::Revoked`] saying so.
     pub fn shutdown(&self) -> Result<()> {
         let comms = self.inner.all_comms();
+        let revoked = self.is_revoked();
         self.inner.mark_shut_down(Error::Aborted { reason: "the process group was shut down".to_owned() });
-        let finalized = comms.iter().try_for_each(|comm| comm.finalize());
+        let finalized = match revoked {
+            false => comms.iter().try_for_each(|comm| comm.finalize()),
+            true => Err(Error::Revoked {
+                reason: format!(
+                    "rank {}: shutdown of a revoked group: its communicators cannot be finalized (NCCL refuses \
+                     ncclCommFinalize after ncclCommRevoke); they were released without it",
+                    self.inner.rank
+                ),
+            }),
+        };
         // Then destroy: the watchdog is stopped, the in-flight list released, and the communicators dropped.
         self.inner.stop_threads();
         // Finalizing ran every op to its end (or failed): a Work whose op did not finish fails.

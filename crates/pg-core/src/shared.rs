@@ -45,6 +45,16 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) subgroups: AtomicU64,
     /// How many ops had their chunk sizes checked across ranks: the next check's number (`chunk_check.rs`).
     pub(crate) chunk_checks: AtomicU64,
+    /// How many survivor agreements this rank made on the group: the next round's number.
+    pub(crate) recoveries: AtomicU64,
+    /// How many shrinks this rank made of the group, by excluded list: a rank excluded from a shrink does not
+    /// take part in it, so a shrink is named by its list and its number among the shrinks with that list.
+    pub(crate) shrinks: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
+    /// Whether the group was revoked (`ProcessGroup::revoke`, the watchdog's revoke, an aborting shrink): no
+    /// finalize may follow, and a shrink may.
+    pub(crate) revoked: AtomicBool,
+    /// Whether the group was the parent of a shrink with `ShrinkMode::Abort`: no later shrink may start from it.
+    pub(crate) superseded: AtomicBool,
     pub(crate) cache: Mutex<CommCache<B>>,
     /// This rank's collective communicator, also in the cache, for a lock-free hot path.
     pub(crate) collective: OnceLock<CommEntry<B>>,
@@ -99,6 +109,10 @@ impl<B: Backend> Shared<B> {
             membership,
             subgroups: AtomicU64::new(0),
             chunk_checks: AtomicU64::new(0),
+            recoveries: AtomicU64::new(0),
+            shrinks: Mutex::new(std::collections::HashMap::new()),
+            revoked: AtomicBool::new(false),
+            superseded: AtomicBool::new(false),
             cache: Mutex::new(CommCache::default()),
             collective: OnceLock::new(),
             lifecycle: Mutex::new(Lifecycle { error: None, shut_down: false }),
@@ -169,6 +183,52 @@ impl<B: Backend> Shared<B> {
         self.fail_unfinished_in_flight(error);
         self.abort_comms(reason);
         self.retire_in_flight();
+    }
+
+    /// Revokes the group with `error` (an [`Error::Revoked`]): every later call returns it, every Work in flight
+    /// whose op had not been seen finished fails with it (a Work that already failed keeps its error), and every
+    /// communicator is revoked (`Communicator::revoke`), or aborted where the backend has no revoke (NCCL before
+    /// 2.28.7). No host call blocks. The threads are told to stop; nothing waits for them.
+    pub(crate) fn revoke(&self, error: &Error) {
+        self.mark_revoked(error);
+        let reason = error.to_string();
+        for comm in self.all_comms() {
+            let revoked = match comm.revoke(&reason) {
+                Err(Error::Unsupported(why)) => {
+                    tracing::warn!(target: "pg", pg_id = self.local_id, %why, "no revoke here: aborting instead");
+                    comm.abort(&reason)
+                }
+                other => other,
+            };
+            if let Err(failure) = revoked {
+                tracing::warn!(target: "pg", pg_id = self.local_id, %failure, "revoking a communicator failed");
+            }
+        }
+        self.finish_revoke();
+    }
+
+    /// The group's half of a revoke, before its communicators are revoked (or shrunk with abort): every later call
+    /// returns `error`, and the Works in flight whose op had not been seen finished fail with it.
+    pub(crate) fn mark_revoked(&self, error: &Error) {
+        self.revoked.store(true, Ordering::SeqCst);
+        self.tear_down(error.clone());
+        for entry in self.lock_cache().ready.values() {
+            entry.aborting.store(true, Ordering::SeqCst);
+        }
+        // As for an abort: the Works fail first, so that a task woken as a stream drains finds the error.
+        self.fail_unfinished_in_flight(error);
+    }
+
+    /// The end of a revoke, once the communicators stopped: the Works leave the in-flight list and the threads are
+    /// told to stop.
+    pub(crate) fn finish_revoke(&self) {
+        self.retire_in_flight();
+        self.signals.stop(&self.device);
+    }
+
+    /// Whether `shutdown()` ran.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.lock_lifecycle().shut_down
     }
 
     /// Sets `error` on every in-flight Work whose end event has not passed ([`InFlight::finished`]), leaving them on

@@ -141,6 +141,16 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// Takes the number of this group's next subgroup call and publishes this rank's `view` of it.
     fn subgroup_call(&self, view: String) -> Result<SubgroupCall> {
+        if self.is_revoked() {
+            return Err(Error::Revoked {
+                reason: format!(
+                    "rank {}: {view} of revoked group '{}': a revoked group makes no subgroups; shrink it and make \
+                     them from the group shrink returns",
+                    self.rank(),
+                    self.options().group_name
+                ),
+            });
+        }
         let (parent, number) = (self.options().group_name.clone(), self.next_subgroup_index());
         SubgroupCall::publish(Arc::clone(self.store()), parent, (self.rank(), self.size()), number, view)
     }
@@ -287,6 +297,34 @@ impl<B: Backend> DeviceMesh<B> {
             groups.push(mine.ok_or_else(|| Error::invalid("DeviceMesh: this rank is in no slice (a bug)"))?);
         }
         Ok(Self { names, shape, coordinate, groups })
+    }
+
+    /// This mesh laid out again over `world`, a group shrunk from the one it was made on
+    /// ([`ProcessGroup::shrink`]): the first dimension (the outermost, data-parallel one by convention) takes
+    /// what is left, the others keep their sizes and names, and every group is made anew on `world` with
+    /// `options`. Refused by name when the others' sizes do not divide `world`'s ranks (a mesh `("dp", 2),
+    /// ("tp", 4)` survives 8 -> 4, not 8 -> 6), as [`Error::InvalidArgument`] naming the dimensions; the
+    /// groups of this mesh belong to the old world and stay as they are (revoke or drop them).
+    pub fn after_shrink(&self, world: &ProcessGroup<B>, options: &Options) -> Result<Self> {
+        let inner: usize = self.shape[1..].iter().product();
+        if world.size() % inner != 0 || world.size() < inner {
+            let dims: Vec<String> = self.names.iter().zip(&self.shape).map(|(n, s)| format!("{n}={s}")).collect();
+            return Err(Error::invalid(format!(
+                "DeviceMesh::after_shrink: the mesh ({}) keeps every dimension but '{}', whose {inner} ranks per \
+                 index do not divide the {} ranks of the shrunk world",
+                dims.join(", "),
+                self.names[0],
+                world.size()
+            )));
+        }
+        let dims: Vec<(&str, usize)> = self
+            .names
+            .iter()
+            .zip(&self.shape)
+            .enumerate()
+            .map(|(dim, (name, size))| (name.as_str(), if dim == 0 { world.size() / inner } else { *size }))
+            .collect();
+        DeviceMesh::new(world, &dims, options)
     }
 
     /// The mesh's shape.

@@ -189,3 +189,25 @@ pub struct CommConfig {
     /// [`crate::Error::InitTimeout`] (`None`: no bound). A non-blocking init returns at once and ignores it.
     pub timeout: Option<std::time::Duration>,
 }
+
+/// How a communicator is shrunk ([`crate::Communicator::shrink`], NCCL's `shrinkFlags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ShrinkMode {
+    /// `NCCL_SHRINK_DEFAULT`: the parent is healthy (or revoked, so nothing of it runs): it stays usable, and
+    /// an op of it still in flight is an error (NCCL would wait for it).
+    Default,
+    /// `NCCL_SHRINK_ABORT`: the excluded ranks are dead and the parent's ops in flight may never end: they are
+    /// stopped first. The parent is unusable afterwards (only dropping it is left).
+    #[default]
+    Abort,
+}
+
+impl ShrinkMode {
+    /// NCCL's flag value (`NCCL_SHRINK_DEFAULT` 0, `NCCL_SHRINK_ABORT` 1).
+    pub const fn nccl_flag(self) -> i32 {
+        match self {
+            ShrinkMode::Default => 0,
+            ShrinkMode::Abort => 1,
+        }
+    }
+}

@@ -123,9 +123,10 @@ fn pass<B: Backend>(group: &Shared<B>) {
                 work.seq
             );
             // An `Aborted` Work failed because its communicator was aborted on purpose (abort(), shutdown(), the
-            // group's drop, a failed wait, an earlier error's clean-up): that abort already did what an error
-            // calls for, so it is no new failure of the group (handling it would poison the device again).
-            if error.kind() == crate::ErrorKind::Aborted {
+            // group's drop, a failed wait, an earlier error's clean-up), a `Revoked` one because the group was
+            // revoked: that already did what an error calls for, so it is no new failure of the group (handling it
+            // would poison the device again).
+            if matches!(error.kind(), crate::ErrorKind::Aborted | crate::ErrorKind::Revoked) {
                 continue;
             }
             // A dump on the error shows the completions seen so far.

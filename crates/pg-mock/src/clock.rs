@@ -67,9 +67,15 @@ pub(crate) enum Cond {
     QueueNonEmpty(String),
     /// Every rank of communicator group `0` made its split number `1`, and the children's init cost has passed.
     SplitDone(usize, u64),
+    /// Every rank of the shrink's parent that it does not exclude called it, and the child's init cost has passed.
+    ShrinkDone(ShrinkKey),
     /// Nothing: only the deadline (or an interrupt) ends the wait.
     Never,
 }
+
+/// One shrink: the parent communicator group, its excluded ranks (ascending), and its number among the shrinks of
+/// that group with that list. Callers that name different lists wait for different shrinks, as on NCCL.
+pub(crate) type ShrinkKey = (usize, Vec<usize>, u64);
 
 /// A parked thread's registered wait.
 #[derive(Debug, Clone)]

@@ -7,14 +7,14 @@
 //! size) becomes the communicator's asynchronous error on every rank, and the operation never completes (NCCL
 //! would hang); an abort releases it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
 use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, Result};
 
 use crate::buffer::{MockBuffer, WeakBuffer};
-use crate::clock::{ns, transfer, Cond, OpRef, Time, Wake};
+use crate::clock::{ns, transfer, Cond, OpRef, ShrinkKey, Time, Wake};
 use crate::fault::Fault;
 use crate::hazard::{Accessor, Mode};
 use crate::sched::Inner;
@@ -375,6 +375,23 @@ impl State {
             return;
         }
         g.ranks[rank].aborted = Some(reason.to_owned());
+        self.release_rank(group, rank, time);
+    }
+
+    /// Revokes rank `rank` of `group` at `time` (NCCL's `ncclCommRevoke`): its pending operations finish then,
+    /// without effect; it stays a communicator that can be shrunk or split, on which nothing else may run.
+    pub(crate) fn revoke_rank(&mut self, group: usize, rank: usize, reason: &str, time: Time) {
+        let rc = &mut self.comms.groups[group].ranks[rank];
+        if rc.revoked.is_some() || rc.aborted.is_some() {
+            return;
+        }
+        rc.revoked = Some(reason.to_owned());
+        self.release_rank(group, rank, time);
+    }
+
+    /// Takes rank `rank`'s parts out of `group`'s pending operations: they finish at `time`, without effect.
+    fn release_rank(&mut self, group: usize, rank: usize, time: Time) {
+        let g = &mut self.comms.groups[group];
         let mut released = Vec::new();
         g.slots.retain(|_, slot| {
             if let Some(part) = slot.parts.remove(&rank) {
@@ -437,6 +454,48 @@ impl State {
         let asked = self.comms.splits.get(&(group, n)).map(|round| &round.asked);
         let missing = join_ranks((0..g.size).filter(|rank| asked.is_none_or(|a| !a.contains_key(rank))));
         format!("split {n} of communicator {} waits for rank(s) {missing} to call it", g.number)
+    }
+
+    /// Which ranks a shrink still waits for, for reports.
+    pub(crate) fn shrink_status(&self, key: &ShrinkKey) -> String {
+        let (group, excluded, n) = key;
+        let g = &self.comms.groups[*group];
+        let round = self.comms.shrinks.get(key);
+        let missing =
+            (0..g.size).filter(|rank| !excluded.contains(rank) && round.is_none_or(|r| !r.asked.contains(rank)));
+        format!(
+            "shrink {n} excluding {excluded:?} of communicator {} waits for rank(s) {} to call it",
+            g.number,
+            join_ranks(missing)
+        )
+    }
+
+    /// Records `rank`'s part of the next shrink of `group` that excludes `excluded` (ascending); the last rank not
+    /// excluded to call makes the child, its ranks the others in order.
+    fn shrink_part(&mut self, group: usize, rank: usize, excluded: &[usize], time: Time) -> Result<ShrinkKey> {
+        let counter = self.comms.groups[group].ranks[rank].shrinks.entry(excluded.to_vec()).or_default();
+        let key: ShrinkKey = (group, excluded.to_vec(), *counter);
+        *counter += 1;
+        let size = self.comms.groups[group].size;
+        let description = self.comms.groups[group].description.clone();
+        let round = self.comms.shrinks.entry(key.clone()).or_default();
+        round.asked.insert(rank);
+        if round.asked.len() + excluded.len() < size {
+            return Ok(key);
+        }
+        let members: Vec<usize> = (0..size).filter(|r| !excluded.contains(r)).collect();
+        let id = self.comms.new_unique_id();
+        let description = format!("{description} shrink {} excluding {excluded:?}", key.2);
+        let mut children = HashMap::new();
+        for (child_rank, &parent_rank) in members.iter().enumerate() {
+            let device = self.comms.groups[group].ranks[parent_rank].device.unwrap_or(usize::MAX);
+            let (child, _) = self.join_comm(&id, members.len(), child_rank, device, time, &description)?;
+            children.insert(parent_rank, (child, child_rank, members.len()));
+        }
+        let round = self.comms.shrinks.get_mut(&key).expect("inserted above");
+        round.children = children;
+        round.done = Some(time + crate::clock::ns(self.config.comm_init));
+        Ok(key)
     }
 
     /// Records `rank`'s part of split `n` of `group`; the last rank to call makes the children (one per color,
@@ -780,6 +839,9 @@ impl MockCommunicator {
             if let Some(reason) = &g.ranks[self.rank].aborted {
                 return Err(Error::Aborted { reason: format!("{name} on an aborted communicator: {reason}") });
             }
+            if let Some(reason) = &g.ranks[self.rank].revoked {
+                return Err(Error::Revoked { reason: format!("{name} on a revoked communicator: {reason}") });
+            }
             if g.ranks[self.rank].finalized {
                 return Err(Error::Aborted {
                     reason: format!("{name} on a finalized communicator (its group was shut down)"),
@@ -870,13 +932,18 @@ impl MockCommunicator {
                 _ => None,
             });
             let abort_during = st.faults.iter().find_map(|f| match f {
-                Fault::AbortDuringOp { rank, op, after } if *rank == self.device && *op == op_index => Some(*after),
+                Fault::AbortDuringOp { rank, op, after } if *rank == self.device && *op == op_index => {
+                    Some((*after, "aborted"))
+                }
+                Fault::KillAt { rank, op } if *rank == self.device && *op == op_index => {
+                    Some((std::time::Duration::ZERO, "killed"))
+                }
                 _ => None,
             });
             let hang = match abort_during {
-                Some(after) => {
+                Some((after, how)) => {
                     let at = part.enqueue + crate::clock::ns(after);
-                    let reason = format!("injected fault: rank {} aborted during operation {op_index}", self.device);
+                    let reason = format!("injected fault: rank {} {how} during operation {op_index}", self.device);
                     st.comms.groups[self.group].ranks[self.rank].scheduled_abort.get_or_insert((at, reason.clone()));
                     if let Some(o) = st.streams[op.stream].ops.get_mut(&op.seq) {
                         if let OpKind::Comm { abort_at, .. } = &mut o.kind {
@@ -967,6 +1034,88 @@ impl pg_core::Communicator for MockCommunicator {
             size,
             device: self.device,
         }))
+    }
+
+    fn shrink(&self, excluded: &[usize], mode: pg_core::ShrinkMode, config: &CommConfig) -> Result<MockCommunicator> {
+        let mut sorted = excluded.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != excluded.len() || sorted.iter().any(|&r| r >= self.size) || sorted.contains(&self.rank) {
+            return Err(Error::invalid(format!(
+                "shrink: excluded ranks {excluded:?} must be distinct ranks of a communicator of {}, without the \
+                 caller's rank {}",
+                self.size, self.rank
+            )));
+        }
+        if sorted.len() >= self.size {
+            return Err(Error::invalid("shrink: every rank is excluded"));
+        }
+        let tid = self.inner.require("shrink");
+        let mut state = self.inner.lock();
+        state.apply_scheduled_abort(self.group, self.rank);
+        let time = state.local(Some(tid));
+        let rc = &state.comms.groups[self.group].ranks[self.rank];
+        if let Some(reason) = &rc.aborted {
+            return Err(Error::Aborted { reason: format!("shrink of an aborted communicator: {reason}") });
+        }
+        if rc.finalized {
+            return Err(Error::Aborted { reason: "shrink of a finalized communicator".to_owned() });
+        }
+        if rc.revoked.is_none() {
+            match mode {
+                pg_core::ShrinkMode::Abort => {
+                    let reason = "the communicator was shrunk with NCCL_SHRINK_ABORT";
+                    state.revoke_rank(self.group, self.rank, reason, time);
+                }
+                pg_core::ShrinkMode::Default => {
+                    // NCCL's default shrink waits for the parent's ops; one that never ends would hang it.
+                    let pending =
+                        state.comms.groups[self.group].slots.values().any(|s| s.parts.contains_key(&self.rank));
+                    if pending {
+                        return Err(Error::invalid(
+                            "shrink: the communicator has ops in flight; revoke it first, or shrink with \
+                             ShrinkMode::Abort",
+                        ));
+                    }
+                }
+            }
+        }
+        let key = state.shrink_part(self.group, self.rank, &sorted, time)?;
+        let what = format!("shrinking communicator {} ({key:?})", state.comm_number(self.group));
+        let deadline = config.timeout.map(|timeout| time.saturating_add(ns(timeout)));
+        let (mut state, woke) = self.inner.park(state, tid, Cond::ShrinkDone(key.clone()), deadline, None, what);
+        if woke == Wake::Deadline {
+            // Not every survivor called in time: this rank leaves the shrink as NCCL does, by aborting the parent.
+            let waiting = state.shrink_status(&key);
+            let time = state.local(Some(tid));
+            state.abort_rank(self.group, self.rank, "a shrink of this communicator timed out", time);
+            self.inner.raise(state);
+            return Err(Error::InitTimeout {
+                cache_key: config.description.clone(),
+                timeout: config.timeout.unwrap_or_default(),
+                what: format!("{waiting}; the parent communicator was aborted"),
+            });
+        }
+        let round = state.comms.shrinks.get(&key);
+        let child = round.and_then(|r| r.children.get(&self.rank).copied());
+        self.inner.raise(state);
+        let (group, rank, size) =
+            child.ok_or_else(|| Error::Backend("shrink: the shrink ended without a child for this rank".to_owned()))?;
+        Ok(MockCommunicator { inner: Arc::clone(&self.inner), group, rank, size, device: self.device })
+    }
+
+    fn revoke(&self, reason: &str) -> Result<()> {
+        let tid = self.inner.current();
+        self.inner.with(|st| {
+            let time = st.local(tid);
+            tracing::info!(target: "pg_mock", group = self.group, rank = self.rank, reason, "communicator revoked");
+            st.revoke_rank(self.group, self.rank, reason, time);
+            Ok(())
+        })
+    }
+
+    fn is_revoked(&self) -> bool {
+        self.inner.lock().comms.groups[self.group].ranks[self.rank].revoked.is_some()
     }
 
     fn broadcast(&self, input: &MockBuffer, output: &MockBuffer, root: usize, stream: &MockStream) -> Result<()> {
@@ -1115,7 +1264,9 @@ impl pg_core::Communicator for MockCommunicator {
             st.apply_scheduled_abort(self.group, self.rank);
             let rc = &st.comms.groups[self.group].ranks[self.rank];
             match &rc.error {
-                Some((t, message)) if *t <= st.now && rc.aborted.is_none() => Err(Error::communicator(message.clone())),
+                Some((t, message)) if *t <= st.now && rc.aborted.is_none() && rc.revoked.is_none() => {
+                    Err(Error::communicator(message.clone()))
+                }
                 _ => Ok(()),
             }
         })
@@ -1140,6 +1291,15 @@ impl pg_core::Communicator for MockCommunicator {
     fn finalize(&self) -> Result<()> {
         let tid = self.inner.require("Communicator::finalize");
         let mut state = self.inner.lock();
+        if let Some(reason) = state.comms.groups[self.group].ranks[self.rank].revoked.clone() {
+            // NCCL answers ncclInvalidUsage: a revoked communicator's ops were stopped, there is nothing to flush.
+            self.inner.release(state);
+            return Err(Error::Revoked {
+                reason: format!(
+                    "finalize after revoke is invalid (NCCL: ncclInvalidUsage); destroy it instead: {reason}"
+                ),
+            });
+        }
         let mut pending: Vec<OpRef> = state.comms.groups[self.group].ranks[self.rank]
             .last_ops
             .iter()

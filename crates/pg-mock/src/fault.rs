@@ -47,6 +47,16 @@ pub enum Fault {
         /// How long after the enqueue the abort comes.
         after: Duration,
     },
+    /// The rank is killed during its operation `op` (0-based, per communicator), as a process that gets SIGKILL
+    /// mid-collective: the operation never completes on any rank (the others wait for data that never comes,
+    /// until they revoke or abort), and the dead rank's own part ends at once, without effect, its communicator
+    /// gone (later calls on it fail with `Aborted` naming the kill). The rank's code is expected to stop there.
+    KillAt {
+        /// The rank (device index).
+        rank: usize,
+        /// The operation number.
+        op: u64,
+    },
     /// The store stops answering: every store operation fails with a network error, at once (`fail_fast`) or
     /// after the store's timeout of virtual time.
     StoreDown {

@@ -301,6 +301,7 @@ impl State {
             Cond::StoreKeys(keys) => self.store.keys_time(keys),
             Cond::QueueNonEmpty(key) => self.store.queue_time(key),
             Cond::SplitDone(group, n) => self.comms.splits.get(&(*group, *n)).and_then(|round| round.done),
+            Cond::ShrinkDone(key) => self.comms.shrinks.get(key).and_then(|round| round.done),
             Cond::Never => None,
         }
     }
@@ -376,6 +377,9 @@ impl State {
                         }
                         Cond::SplitDone(group, n) => {
                             let _ = write!(out, "; {}", self.split_status(*group, *n));
+                        }
+                        Cond::ShrinkDone(key) => {
+                            let _ = write!(out, "; {}", self.shrink_status(key));
                         }
                         _ => {}
                     }

@@ -472,6 +472,12 @@ pub(crate) struct RankComm {
     /// How many splits this rank has made of the communicator.
     pub(crate) splits: u64,
     pub(crate) aborted: Option<String>,
+    /// Why the rank revoked its communicator (or shrank it with abort): its ops stopped, later ops and a finalize
+    /// are refused, a shrink or a split may follow.
+    pub(crate) revoked: Option<String>,
+    /// How many shrinks this rank has made of the communicator, by excluded list (ranks that were excluded from a
+    /// shrink did not take part in it, so shrinks are matched by their list and their number among those).
+    pub(crate) shrinks: HashMap<Vec<usize>, u64>,
     /// Whether the rank finalized its communicator: nothing may be issued on it afterwards.
     pub(crate) finalized: bool,
     /// An injected abort and the time it happens ([`Fault::AbortDuringOp`]).
@@ -503,6 +509,20 @@ pub(crate) struct Comms {
     pub(crate) created: usize,
     /// Splits by (parent group, split number): what each rank asked for and the children made.
     pub(crate) splits: HashMap<(usize, u64), SplitRound>,
+    /// Shrinks by (parent group, excluded ranks, number among the shrinks with that list): who called, and the
+    /// child made.
+    pub(crate) shrinks: HashMap<crate::clock::ShrinkKey, ShrinkRound>,
+}
+
+/// One shrink of a communicator: the callers, and once every rank not excluded has called, the child.
+#[derive(Debug, Default)]
+pub(crate) struct ShrinkRound {
+    /// The parent ranks that called.
+    pub(crate) asked: std::collections::BTreeSet<usize>,
+    /// By parent rank: (child group, rank in it, its size).
+    pub(crate) children: HashMap<usize, (usize, usize, usize)>,
+    /// When the child is ready.
+    pub(crate) done: Option<Time>,
 }
 
 /// One split of a communicator: every rank's color and key, and once all have called, the children.

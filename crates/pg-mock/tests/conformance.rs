@@ -5,7 +5,7 @@
 //! only cases that need more ranks than the world has may be not applicable.
 
 use pg_conformance::mock::MockHarness;
-use pg_conformance::{cases, collective_cases, dtype_cases, run_all, subgroup_cases, Case, Outcome};
+use pg_conformance::{cases, collective_cases, dtype_cases, recovery_cases, run_all, subgroup_cases, Case, Outcome};
 
 fn conformance_at(world_size: usize) {
     conformance_of(world_size, |_| true);
@@ -79,4 +79,9 @@ fn conformance_world_8() {
 #[test]
 fn arithmetic_world_16() {
     arithmetic_at(16);
+}
+
+#[test]
+fn recovery_world_3() {
+    only_at(3, recovery_cases());
 }

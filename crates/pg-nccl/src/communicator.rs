@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use nccl_sys::{Library, Status};
-use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, UniqueId};
+use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, ShrinkMode, UniqueId};
 
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
 use crate::exchange::{self, Call};
@@ -14,7 +14,7 @@ use crate::handle::RawComm;
 #[cfg(feature = "testing")]
 use crate::launches::{self, KernelKind};
 use crate::premul::{self, OpPlan};
-use crate::split::{self, Ended, SplitCall};
+use crate::split::{self, Ended, SplitCall, SplitKind};
 use crate::{Buffer, Nccl, Stream};
 
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
@@ -47,6 +47,10 @@ pub struct Communicator {
     /// The fault the conformance harness injected when this communicator was made.
     #[cfg(feature = "testing")]
     injected: Option<crate::fault::Injected>,
+    /// Why the communicator was revoked (`ncclCommRevoke`, or shrunk with `NCCL_SHRINK_ABORT`), once it was: no op
+    /// and no finalize may follow, a shrink, split or destroy may.
+    revoked: AtomicBool,
+    revoke_reason: Mutex<Option<String>>,
 }
 
 impl Communicator {
@@ -135,7 +139,65 @@ impl Communicator {
             abort_reason: Mutex::new(None),
             #[cfg(feature = "testing")]
             injected: crate::fault::for_new_communicator(),
+            revoked: AtomicBool::new(false),
+            revoke_reason: Mutex::new(None),
         })
+    }
+
+    /// A child NCCL just made (by a split or a shrink) from this communicator, on its device, blocking.
+    fn child(&self, handle: RawComm, description: String) -> pg_core::Result<Self> {
+        let mut child = Self {
+            library: self.library,
+            device: self.device.clone(),
+            rank: 0,
+            size: 0,
+            nonblocking: false,
+            description,
+            handle: RwLock::new(Some(handle)),
+            issue: Mutex::new(()),
+            ready: AtomicBool::new(true),
+            aborted: AtomicBool::new(false),
+            finalized: AtomicBool::new(false),
+            graphs: AtomicUsize::new(0),
+            abort_reason: Mutex::new(None),
+            revoked: AtomicBool::new(false),
+            revoke_reason: Mutex::new(None),
+            #[cfg(feature = "testing")]
+            injected: crate::fault::for_new_communicator(),
+        };
+        // SAFETY: `handle` is the live communicator NCCL just made, used by this thread only; a failure drops
+        // `child`, which destroys it.
+        child.rank = unsafe { self.library.comm_user_rank(handle.0) }.map_err(nccl_error)?;
+        // SAFETY: as above.
+        child.size = unsafe { self.library.comm_count(handle.0) }.map_err(nccl_error)?;
+        Ok(child)
+    }
+
+    /// Marks the communicator revoked for `reason`; whether it was not already.
+    fn mark_revoked(&self, reason: &str) -> bool {
+        self.revoke_reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.to_owned());
+        !self.revoked.swap(true, Ordering::AcqRel)
+    }
+
+    /// The error of a call on a revoked communicator.
+    fn revoked_error(&self, what: &str) -> Error {
+        let reason = self.revoke_reason.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
+        Error::Revoked { reason: format!("{what} on a revoked communicator: {reason}") }
+    }
+
+    /// The issue mutex, waiting at most [`ABORT_LOCK_WAIT`] for a thread inside NCCL; `None` past it.
+    fn lock_issue_briefly(&self) -> Option<MutexGuard<'_, ()>> {
+        let deadline = Instant::now() + ABORT_LOCK_WAIT;
+        loop {
+            match self.issue.try_lock() {
+                Ok(guard) => return Some(guard),
+                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(TryLockError::WouldBlock) => return None,
+            }
+        }
     }
 
     /// The loaded NCCL library.
@@ -235,6 +297,9 @@ impl Communicator {
         #[cfg(feature = "testing")]
         if let Some(error) = self.injected.as_ref().and_then(|fault| fault.error(self.rank)) {
             return Err(error);
+        }
+        if self.revoked.load(Ordering::Acquire) {
+            return Err(self.revoked_error(name));
         }
         if !self.ready.load(Ordering::Acquire) {
             self.wait_while_in_progress()?;
@@ -672,8 +737,7 @@ impl pg_core::Communicator for Communicator {
             library: self.library,
             device: self.device.clone(),
             parent: comm,
-            color: nccl_color,
-            key: nccl_key,
+            kind: SplitKind::Split { color: nccl_color, key: nccl_key },
         };
         let reason = "a split of this communicator timed out";
         let ended = match self.nonblocking {
@@ -702,33 +766,106 @@ impl pg_core::Communicator for Communicator {
         if handle.0.is_null() {
             return Ok(None);
         }
-        let mut child = Self {
-            library: self.library,
-            device: self.device.clone(),
-            rank: 0,
-            size: 0,
-            nonblocking: false,
-            description: match config.description.is_empty() {
-                true => format!("{} split color {nccl_color}", self.description),
-                false => config.description.clone(),
-            },
-            handle: RwLock::new(Some(handle)),
-            issue: Mutex::new(()),
-            ready: AtomicBool::new(true),
-            aborted: AtomicBool::new(false),
-            finalized: AtomicBool::new(false),
-            graphs: AtomicUsize::new(0),
-            abort_reason: Mutex::new(None),
-            #[cfg(feature = "testing")]
-            injected: crate::fault::for_new_communicator(),
+        let description = match config.description.is_empty() {
+            true => format!("{} split color {nccl_color}", self.description),
+            false => config.description.clone(),
         };
-        // SAFETY: `handle` is the live communicator NCCL just made, used by this thread only; a failure drops
-        // `child`, which destroys it.
-        child.rank = unsafe { self.library.comm_user_rank(handle.0) }.map_err(nccl_error)?;
-        // SAFETY: as above.
-        child.size = unsafe { self.library.comm_count(handle.0) }.map_err(nccl_error)?;
+        let child = self.child(handle, description)?;
         tracing::debug!(rank = child.rank, size = child.size, color = nccl_color, key, "NCCL communicator split");
         Ok(Some(child))
+    }
+
+    fn shrink(&self, excluded: &[usize], mode: ShrinkMode, config: &CommConfig) -> pg_core::Result<Self> {
+        let mut sorted = excluded.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != excluded.len() || sorted.iter().any(|&r| r >= self.size) || sorted.contains(&self.rank) {
+            return Err(Error::invalid(format!(
+                "shrink: excluded ranks {excluded:?} must be distinct ranks of a communicator of {}, without the \
+                 caller's rank {}",
+                self.size, self.rank
+            )));
+        }
+        let _issuing = self.lock_issue();
+        let comm = self.live()?;
+        let flags = match mode {
+            ShrinkMode::Default => nccl_sys::sys::NCCL_SHRINK_DEFAULT,
+            ShrinkMode::Abort => nccl_sys::sys::NCCL_SHRINK_ABORT,
+        };
+        if mode == ShrinkMode::Abort {
+            // NCCL stops the parent's ops; nothing may be issued on it afterwards.
+            self.mark_revoked("the communicator was shrunk with NCCL_SHRINK_ABORT");
+        }
+        let call = SplitCall {
+            library: self.library,
+            device: self.device.clone(),
+            parent: comm,
+            kind: SplitKind::Shrink { excluded: sorted.clone(), flags },
+        };
+        let reason = "a shrink of this communicator timed out";
+        let ended = match self.nonblocking {
+            false => split::split_bounded(call, config.timeout, || self.retire(reason))?,
+            true => {
+                let deadline = config.timeout.map(|timeout| Instant::now() + timeout);
+                let abort = || pg_core::Communicator::abort(self, reason);
+                split::split_nonblocking(&call, deadline, || self.async_state(), abort, |s| self.state_error(s))?
+            }
+        };
+        let handle = match ended {
+            Ended::Finished(result) => result?,
+            Ended::TimedOut => {
+                return Err(Error::InitTimeout {
+                    cache_key: config.description.clone(),
+                    timeout: config.timeout.unwrap_or_default(),
+                    what: format!(
+                        "rank {} of {} called ncclCommShrink excluding {sorted:?}, which did not finish in time (not \
+                         every other rank called it); the parent communicator was aborted",
+                        self.rank, self.size
+                    ),
+                })
+            }
+        };
+        if handle.0.is_null() {
+            return Err(Error::Backend("ncclCommShrink returned no communicator for a rank it keeps".to_owned()));
+        }
+        let description = match config.description.is_empty() {
+            true => format!("{} shrunk without {sorted:?}", self.description),
+            false => config.description.clone(),
+        };
+        let child = self.child(handle, description)?;
+        tracing::info!(rank = child.rank, size = child.size, excluded = ?sorted, ?mode, "NCCL communicator shrunk");
+        Ok(child)
+    }
+
+    fn revoke(&self, reason: &str) -> pg_core::Result<()> {
+        let comm = self.live()?;
+        // Checked before anything changes: an NCCL without revoke leaves the communicator as it was, and the
+        // process group aborts it instead.
+        if self.library.version() < nccl_sys::REVOKE_VERSION || self.library.functions().comm_revoke.is_none() {
+            return Err(nccl_error(nccl_sys::Error::TooOld {
+                call: "ncclCommRevoke",
+                version: self.library.version(),
+                needs: nccl_sys::REVOKE_VERSION,
+            }));
+        }
+        if !self.mark_revoked(reason) {
+            return Ok(());
+        }
+        // As abort: prefer the issue mutex, but revoke under a thread that stays inside NCCL.
+        let _issuing = self.lock_issue_briefly();
+        tracing::warn!(rank = self.rank, size = self.size, reason, "revoking NCCL communicator");
+        self.device.bind_to_thread().map_err(cuda_error)?;
+        // SAFETY: the handle is live (it is only taken out by abort and drop, and the revoked mark keeps every new
+        // call away); NCCL's revoke is meant to be called while ops of the communicator are stuck.
+        let status = unsafe { self.library.comm_revoke(comm.0) }.map_err(nccl_error)?;
+        if status.is_in_progress() {
+            self.wait_while_in_progress()?;
+        }
+        Ok(())
+    }
+
+    fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
     }
 
     fn is_ready(&self) -> pg_core::Result<bool> {
@@ -816,6 +953,10 @@ impl pg_core::Communicator for Communicator {
     fn finalize(&self) -> pg_core::Result<()> {
         let _issuing = self.lock_issue();
         let comm = self.live()?;
+        if self.revoked.load(Ordering::Acquire) {
+            // NCCL answers ncclInvalidUsage: the revoked communicator has nothing to flush; dropping destroys it.
+            return Err(self.revoked_error("ncclCommFinalize (invalid after ncclCommRevoke; destroy it instead)"));
+        }
         if self.graphs.load(Ordering::Acquire) > 0 {
             // NCCL's finalize would wait for the graphs to be destroyed: the communicator is marked finalized (no
             // op and no launch of those graphs runs on it), and the destroy that follows the last graph finalizes.

@@ -62,7 +62,7 @@ impl Capabilities<Nccl> for NcclCapabilities {
                 }
                 true
             }
-            Fault::NeverJoin { .. } => false,
+            Fault::NeverJoin { .. } | Fault::KillAt { .. } => false,
         }
     }
 }

@@ -151,6 +151,8 @@ pub(crate) fn nccl_error(err: nccl_sys::Error) -> Error {
     match err {
         nccl_sys::Error::Call { status, .. } => Error::communicator_code(status.0, err.to_string()),
         nccl_sys::Error::InvalidArgument { .. } => Error::invalid(err.to_string()),
+        // A call the loaded NCCL lacks: the message names the call and the versions.
+        nccl_sys::Error::TooOld { .. } | nccl_sys::Error::Unavailable { .. } => Error::unsupported(err.to_string()),
         other => Error::Backend(other.to_string()),
     }
 }

@@ -1,4 +1,6 @@
-//! `ncclCommSplit` bounded by a timeout. A split follows the parent's blocking mode (not the child's config).
+//! `ncclCommSplit` and `ncclCommShrink` bounded by a timeout. Both make a child from a parent the same way (NCCL
+//! writes the child's handle when the call has finished), so one machinery runs both; they follow the parent's
+//! blocking mode (not the child's config).
 //!
 //! NCCL cannot interrupt the split of a blocking communicator, so it runs on a helper thread while the caller
 //! waits at most the timeout; a caller that gives up retires the parent (no call can reach it any more) and hands
@@ -18,14 +20,42 @@ use pg_core::Error;
 use crate::conv::{cuda_error, nccl_error};
 use crate::handle::RawComm;
 
-/// One split: the parent and what to split it by.
+/// One split or shrink: the parent and what to make of it.
 pub(crate) struct SplitCall {
     pub(crate) library: &'static Library,
     pub(crate) device: pg_cuda::Device,
-    /// The parent's handle, live, which no other thread issues on while the split runs.
+    /// The parent's handle, live, which no other thread issues on while the call runs.
     pub(crate) parent: RawComm,
-    pub(crate) color: i32,
-    pub(crate) key: i32,
+    pub(crate) kind: SplitKind,
+}
+
+/// What a [`SplitCall`] makes of its parent.
+pub(crate) enum SplitKind {
+    /// `ncclCommSplit` by color (`NCCL_SPLIT_NOCOLOR` for none) and key.
+    Split { color: i32, key: i32 },
+    /// `ncclCommShrink` without these ranks, with these flags (`NCCL_SHRINK_DEFAULT` or `NCCL_SHRINK_ABORT`).
+    Shrink { excluded: Vec<usize>, flags: i32 },
+}
+
+impl SplitCall {
+    /// Issues the call, NCCL writing the child's handle to `newcomm`.
+    ///
+    /// # Safety
+    /// The parent is live and only this thread issues on it; `newcomm` stays valid for good.
+    unsafe fn issue(&self, newcomm: *mut nccl_sys::Comm) -> nccl_sys::Result<Status> {
+        match &self.kind {
+            SplitKind::Split { color, key } => {
+                let mut config = self.library.config(true);
+                // SAFETY: forwarded from this function's contract; `config` is valid for the call.
+                unsafe { self.library.comm_split(self.parent.0, *color, *key, newcomm, &mut config) }
+            }
+            SplitKind::Shrink { excluded, flags } => {
+                let mut config = self.library.config(true);
+                // SAFETY: forwarded from this function's contract; `config` is valid for the call.
+                unsafe { self.library.comm_shrink(self.parent.0, excluded, newcomm, &mut config, *flags) }
+            }
+        }
+    }
 }
 
 /// How a bounded split ended, for the caller.
@@ -139,11 +169,10 @@ fn abort_child(library: &Library, slot: &AtomicPtr<nccl_sys::sys::ncclComm>) {
 /// The split of a blocking parent, on the helper thread: the child's handle (null for no color).
 fn split_here(call: &SplitCall) -> pg_core::Result<RawComm> {
     call.device.bind_to_thread().map_err(cuda_error)?;
-    let mut config = call.library.config(true);
     let newcomm = slot();
     // SAFETY: the parent is live and only this thread issues on it while the caller holds its issue mutex (or,
     // once the caller gave up, while the parent is retired); `newcomm` is valid for good.
-    let status = unsafe { call.library.comm_split(call.parent.0, call.color, call.key, newcomm.as_ptr(), &mut config) };
+    let status = unsafe { call.issue(newcomm.as_ptr()) };
     if let Err(err) = status {
         abort_child(call.library, newcomm);
         return Err(nccl_error(err));
@@ -163,10 +192,9 @@ pub(crate) fn split_nonblocking(
     state_error: impl Fn(Status) -> Error,
 ) -> pg_core::Result<Ended> {
     call.device.bind_to_thread().map_err(cuda_error)?;
-    let mut config = call.library.config(true);
     let newcomm = slot();
     // SAFETY: the parent is live and the caller holds its issue mutex; `newcomm` is valid for good.
-    let status = unsafe { call.library.comm_split(call.parent.0, call.color, call.key, newcomm.as_ptr(), &mut config) };
+    let status = unsafe { call.issue(newcomm.as_ptr()) };
     let mut status = match status {
         Ok(status) => status,
         Err(err) => {

@@ -2,12 +2,15 @@
 //! column-major GEMM), and its step on the simulated backend: world 1, 2 and 4 (one thread per rank) follow the same
 //! loss curve to float tolerance (which they would not if a bucket's all_reduce were missing or wrong: each
 //! rank would then train on its own share), the loss falls, and a batch that does not split evenly is refused.
+//! The elastic loop loses a rank of 4 mid-run and goes on at 3 on the same curve.
 
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code, dead_code)] // A reason: the example's CUDA half, of which these tests use the pure parts.
 #[path = "../examples/ddp_mlp/cuda.rs"]
 mod cuda;
+#[path = "../examples/ddp_mlp/elastic.rs"]
+mod elastic;
 #[path = "../examples/ddp_mlp/host.rs"]
 mod host;
 #[path = "../examples/ddp_mlp/train.rs"]
@@ -196,4 +199,68 @@ fn the_generator_gives_the_numbers_the_pytorch_script_computes() {
     assert_eq!(first, [-0.13694406, 0.82519436, 0.49829936, 0.49156344]);
     let inputs: Vec<f32> = (100..102).map(|i| train::uniform(5, (1 << 32) + 3, i)).collect();
     assert_eq!(inputs, [-0.47416627, -0.16909039]);
+}
+
+/// Every rank's elastic run of a simulated world of `world` ranks in which world rank `kill.0` dies at step `kill.1`.
+fn elastic_runs(world: usize, config: &Config, kill: (usize, usize)) -> Vec<elastic::ElasticRun> {
+    let sim = pg_mock::World::new(pg_mock::WorldConfig { devices: world, ..Default::default() });
+    let store = sim.store();
+    let options = Options::builder()
+        .timeout(std::time::Duration::from_secs(2))
+        .revoke_on_error(true)
+        .dump_on_timeout(false)
+        .watchdog_period(std::time::Duration::from_millis(10))
+        .build();
+    let settings = elastic::Elastic { agree_timeout: std::time::Duration::from_millis(500), death: Some(kill) };
+    sim.run(world, |rank, device| {
+        let pg = ProcessGroup::<pg_mock::Mock>::new(Arc::clone(&store), rank, world, device.clone(), options.clone())
+            .unwrap();
+        elastic::train_elastic(&host::HostMath::new(device), &pg, config, &settings).unwrap()
+    })
+}
+
+#[test]
+fn elastic_training_loses_a_rank_of_4_goes_on_at_3_and_follows_world_1s_curve() {
+    let config = config();
+    let one: Vec<f64> = curves(1, &config).remove(0).unwrap().iter().map(|r| r.loss).collect();
+    let (victim, step) = (2, 10);
+    let runs = elastic_runs(4, &config, (victim, step));
+    for (rank, run) in runs.iter().enumerate() {
+        if rank == victim {
+            assert!(run.died, "the victim ran on");
+            assert_eq!(run.records.len(), step, "the victim's steps before it died");
+            continue;
+        }
+        assert!(!run.died);
+        let curve: Vec<f64> = run.records.iter().map(|r| r.loss).collect();
+        assert_eq!(curve.len(), config.steps, "rank {rank}: every step ran once");
+        for (i, (a, b)) in one.iter().zip(&curve).enumerate() {
+            assert!((a - b).abs() <= 1e-4 * a.abs(), "rank {rank} step {i}: {b} against world 1's {a}");
+        }
+        let [recovery] = run.recoveries[..] else { panic!("rank {rank}: recoveries {:?}", run.recoveries) };
+        assert_eq!((recovery.step, recovery.from, recovery.to), (step, 4, 3), "rank {rank}");
+        // Detection is the op timeout (2 s) plus a watchdog period; recovery is the agreement's timeout (500 ms,
+        // waiting for the dead rank) plus the shrink.
+        assert!((2000.0..2100.0).contains(&recovery.detect_ms), "rank {rank}: detection {recovery:?}");
+        assert!((500.0..1000.0).contains(&recovery.recover_ms), "rank {rank}: recovery {recovery:?}");
+    }
+    // Deterministic: the same run gives the same times.
+    let again = elastic_runs(4, &config, (victim, step));
+    for (a, b) in runs.iter().zip(&again) {
+        assert_eq!(a.recoveries, b.recoveries);
+    }
+}
+
+#[test]
+fn the_global_batch_is_redistributed_over_the_survivors_row_for_row() {
+    for world in 1..=8 {
+        let shares: Vec<_> = (0..world).map(|rank| elastic::rows(64, rank, world)).collect();
+        assert_eq!(shares.first().unwrap().start, 0);
+        assert_eq!(shares.last().unwrap().end, 64);
+        for pair in shares.windows(2) {
+            assert_eq!(pair[0].end, pair[1].start, "world {world}: {shares:?}");
+        }
+        let (min, max) = shares.iter().map(|r| r.len()).fold((usize::MAX, 0), |(a, b), n| (a.min(n), b.max(n)));
+        assert!(max - min <= 1, "world {world}: {shares:?}");
+    }
 }

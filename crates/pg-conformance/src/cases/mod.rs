@@ -7,6 +7,7 @@ pub(crate) mod dtypes;
 pub(crate) mod interop;
 pub(crate) mod lifecycle;
 pub(crate) mod ops;
+pub(crate) mod recovery;
 pub(crate) mod semantics;
 pub(crate) mod subgroups;
 
@@ -53,6 +54,15 @@ pub(crate) fn needs_hazards<H: Harness>(h: &H) -> Result<(), Outcome> {
     match h.offers().hazards {
         true => Ok(()),
         false => Err(Outcome::NotApplicable("the backend has no stream-hazard detector".into())),
+    }
+}
+
+pub(crate) fn needs_virtual_clock<H: Harness>(h: &H) -> Result<(), Outcome> {
+    match h.offers().clock {
+        Some(Clock::Virtual) => Ok(()),
+        _ => Err(Outcome::NotApplicable(
+            "needs a virtual host clock (it places host threads exactly or waits out timeouts)".into(),
+        )),
     }
 }
 

@@ -4,7 +4,12 @@
 //!
 //! ```text
 //! ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--buckets 1|2] [--json PATH]
+//!         [--kill RANK:STEP]
 //! ```
+//!
+//! `--kill RANK:STEP` runs the elastic loop (`elastic.rs`): world rank RANK dies at the start of step STEP (on the
+//! mock its thread stops; on NCCL its process aborts), the others revoke, agree, shrink and go on with the global
+//! batch redistributed; the JSON gains `"recoveries"` (step, from, to, detect_ms, recover_ms).
 //!
 //! `mock` runs N simulated ranks as threads of this process (host arithmetic on the mock's buffers). `nccl` is
 //! one process per GPU: at world size 1 it runs alone; otherwise start it as torchrun would (`RANK`,
@@ -16,6 +21,7 @@
 
 #[allow(unsafe_code)] // A reason: cuBLAS calls and kernel launches through cudarc are unsafe by signature.
 mod cuda;
+mod elastic;
 mod host;
 mod train;
 
@@ -28,7 +34,8 @@ use serde_json::json;
 use train::{Config, StepRecord};
 
 const USAGE: &str =
-    "usage: ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--seed N] [--buckets 1|2] [--json PATH]";
+    "usage: ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--seed N] [--buckets 1|2] \
+     [--json PATH] [--kill RANK:STEP]";
 
 #[derive(Debug)]
 struct Args {
@@ -36,10 +43,12 @@ struct Args {
     world_size: usize,
     config: Config,
     json: Option<String>,
+    /// The elastic loop's death: world rank and step.
+    kill: Option<(usize, usize)>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
-    let mut parsed = Args { backend: "mock".into(), world_size: 1, config: Config::default(), json: None };
+    let mut parsed = Args { backend: "mock".into(), world_size: 1, config: Config::default(), json: None, kill: None };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
@@ -53,6 +62,11 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--buckets" => parsed.config.buckets = number(value)?,
             "--lr" => parsed.config.lr = value.parse().map_err(|e| format!("--lr {value}: {e}"))?,
             "--json" => parsed.json = Some(value.clone()),
+            "--kill" => {
+                let (rank, step) =
+                    value.split_once(':').ok_or_else(|| format!("--kill {value}: expected RANK:STEP"))?;
+                parsed.kill = Some((number(rank)?, number(step)?));
+            }
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
     }
@@ -87,8 +101,51 @@ fn run_mock(world_size: usize, config: &Config) -> pg_core::Result<Vec<Vec<StepR
         .collect()
 }
 
-/// This process's rank of an NCCL job: its curve, and its rank.
-fn run_nccl(world_size: usize, config: &Config) -> pg_core::Result<(Vec<StepRecord>, usize)> {
+/// Options of a group that revokes itself on a dead peer, detected by a short op timeout.
+fn elastic_options() -> Options {
+    Options::builder()
+        .timeout(Duration::from_secs(2))
+        .revoke_on_error(true)
+        .dump_on_timeout(false)
+        .watchdog_period(Duration::from_millis(10))
+        .build()
+}
+
+/// The elastic loop's settings for a death at `kill`.
+fn elastic(kill: (usize, usize)) -> elastic::Elastic {
+    elastic::Elastic { agree_timeout: Duration::from_millis(500), death: Some(kill) }
+}
+
+/// Every simulated rank's elastic run, rank by rank.
+fn run_mock_elastic(
+    world_size: usize,
+    config: &Config,
+    kill: (usize, usize),
+) -> pg_core::Result<Vec<elastic::ElasticRun>> {
+    let world = pg_mock::World::new(pg_mock::WorldConfig { devices: world_size, ..Default::default() });
+    let store = world.store();
+    world
+        .run(world_size, |rank, device| {
+            let pg = ProcessGroup::<pg_mock::Mock>::new(
+                Arc::clone(&store),
+                rank,
+                world_size,
+                device.clone(),
+                elastic_options(),
+            )?;
+            elastic::train_elastic(&host::HostMath::new(device), &pg, config, &elastic(kill))
+        })
+        .into_iter()
+        .collect()
+}
+
+/// This process's rank of an NCCL job: its curve, its recoveries (elastic loop only), and its rank.
+#[allow(clippy::type_complexity)]
+fn run_nccl(
+    world_size: usize,
+    config: &Config,
+    kill: Option<(usize, usize)>,
+) -> pg_core::Result<(Vec<StepRecord>, Vec<elastic::Recovery>, usize)> {
     let (store, rank, size, ordinal) = if std::env::var_os("RANK").is_some() {
         let rendezvous = pg_core::store::rendezvous::env_rendezvous(Duration::from_secs(300))
             .map_err(|e| pg_core::Error::invalid(format!("env:// rendezvous: {e}")))?;
@@ -109,10 +166,19 @@ fn run_nccl(world_size: usize, config: &Config) -> pg_core::Result<(Vec<StepReco
     let (math, stream) = cuda::CudaMath::new(&device)?;
     // The caller's stream is the current one: collectives order after its kernels, `wait()` orders it after them.
     let _guard = StreamGuard::<pg_nccl::Nccl>::new(&device, &stream);
+    if let Some(kill) = kill {
+        let pg = ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), elastic_options())?;
+        let run = elastic::train_elastic(&math, &pg, config, &elastic(kill))?;
+        if run.died {
+            eprintln!("ddp_mlp: rank {rank} dies at step {} (--kill)", kill.1);
+            std::process::abort();
+        }
+        return Ok((run.records, run.recoveries, rank));
+    }
     let pg = ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), Options::builder().build())?;
     let records = train::train(&math, &pg, config)?;
     pg.shutdown()?;
-    Ok((records, rank))
+    Ok((records, Vec::new(), rank))
 }
 
 fn main() -> ExitCode {
@@ -124,17 +190,22 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match args.backend.as_str() {
-        "mock" => run_mock(args.world_size, &args.config).and_then(|curves| {
+    let result = match (args.backend.as_str(), args.kill) {
+        ("mock", None) => run_mock(args.world_size, &args.config).and_then(|curves| {
             let first = curves[0].clone();
             match curves.iter().all(|c| c.iter().map(|r| r.loss).eq(first.iter().map(|r| r.loss))) {
-                true => Ok((first, 0)),
+                true => Ok((first, Vec::new(), 0)),
                 false => Err(pg_core::Error::Backend("the simulated ranks' loss curves differ".into())),
             }
         }),
-        _ => run_nccl(args.world_size, &args.config),
+        ("mock", Some(kill)) => run_mock_elastic(args.world_size, &args.config, kill).map(|runs| {
+            // The first survivor's run (world rank 0 unless it is the one that dies).
+            let run = runs.into_iter().find(|run| !run.died).unwrap_or_default();
+            (run.records, run.recoveries, 0)
+        }),
+        _ => run_nccl(args.world_size, &args.config, args.kill),
     };
-    let (records, rank) = match result {
+    let (records, recoveries, rank) = match result {
         Ok(done) => done,
         Err(err) => {
             eprintln!("ddp_mlp: {err}");
@@ -147,6 +218,12 @@ fn main() -> ExitCode {
     for record in &records {
         println!("step {:4}  loss {:.6}  {:.3} ms", record.step, record.loss, record.ms);
     }
+    for r in &recoveries {
+        println!(
+            "recovered at step {}: world {} -> {}, detection {:.1} ms, recovery {:.1} ms",
+            r.step, r.from, r.to, r.detect_ms, r.recover_ms
+        );
+    }
     if let Some(path) = &args.json {
         let c = &args.config;
         let report = json!({
@@ -156,6 +233,8 @@ fn main() -> ExitCode {
             "model": {"input": c.input, "hidden": c.hidden, "output": c.output, "teacher_hidden": c.teacher_hidden,
                       "lr": c.lr, "seed": c.seed, "buckets": c.buckets},
             "steps": records.iter().map(|r| json!({"step": r.step, "loss": r.loss, "ms": r.ms})).collect::<Vec<_>>(),
+            "recoveries": recoveries.iter().map(|r| json!({"step": r.step, "from": r.from, "to": r.to,
+                "detect_ms": r.detect_ms, "recover_ms": r.recover_ms})).collect::<Vec<_>>(),
         });
         if let Err(err) = std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default() + "\n") {
             eprintln!("ddp_mlp: {path}: {err}");

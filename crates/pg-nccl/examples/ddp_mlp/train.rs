@@ -3,10 +3,9 @@
 //! its gradients all-reduced in DDP-style buckets while backward goes on.
 //!
 //! Every rank holds the whole model and takes its share of each global batch (rows `rank * b .. (rank + 1) * b`
-//! with `b = batch / world`). Backward produces the second layer's gradients first: with two buckets (the
-//! default) that bucket is all-reduced (`Avg`) at once, asynchronously, while the first layer's gradients are
-//! computed; with one bucket both layers' gradients are one array, all-reduced once backward is done. The
-//! optimizer waits on each Work before it reads the bucket. With equal shares, the average over ranks of the per-rank mean gradients is
+//! with `b = batch / world`). Backward produces the second layer's gradients first: that bucket is all-reduced
+//! (`Avg`) at once, asynchronously, while the first layer's gradients are computed; the optimizer waits on each
+//! Work before it reads the bucket. With equal shares, the average over ranks of the per-rank mean gradients is
 //! the global batch's mean gradient, so world N follows world 1's loss curve to float tolerance.
 
 use pg_core::{Backend, Device as _, ProcessGroup, ReduceOp, Result, WorkHandle};
@@ -147,25 +146,25 @@ pub fn uniform(seed: u64, key: u64, index: u64) -> f32 {
 }
 
 /// The streams of [`uniform`]: weights of the student and the teacher, then one stream of inputs per step.
-const KEY_W1: u64 = 1;
-const KEY_W2: u64 = 2;
+pub(crate) const KEY_W1: u64 = 1;
+pub(crate) const KEY_W2: u64 = 2;
 const KEY_TEACHER1: u64 = 3;
 const KEY_TEACHER2: u64 = 4;
 const KEY_INPUTS: u64 = 1 << 32;
 
 /// `count` uniform numbers of stream `key` scaled by `scale`.
-fn weights(config: &Config, key: u64, count: usize, scale: f32) -> Vec<f32> {
+pub(crate) fn weights(config: &Config, key: u64, count: usize, scale: f32) -> Vec<f32> {
     (0..count as u64).map(|i| uniform(config.seed, key, i) * scale).collect()
 }
 
 /// The teacher network: `t = w2 * tanh(w1 * x)`, no biases.
-struct Teacher {
+pub(crate) struct Teacher {
     w1: Vec<f32>,
     w2: Vec<f32>,
 }
 
 impl Teacher {
-    fn new(config: &Config) -> Self {
+    pub(crate) fn new(config: &Config) -> Self {
         let w1 =
             weights(config, KEY_TEACHER1, config.teacher_hidden * config.input, 3.0 / (config.input as f32).sqrt());
         let w2 = weights(
@@ -178,7 +177,7 @@ impl Teacher {
     }
 
     /// The inputs and targets of global rows `rows` of step `step`.
-    fn batch(&self, config: &Config, step: usize, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
+    pub(crate) fn batch(&self, config: &Config, step: usize, rows: std::ops::Range<usize>) -> (Vec<f32>, Vec<f32>) {
         let (i, h, o) = (config.input, config.teacher_hidden, config.output);
         let key = KEY_INPUTS + step as u64;
         let mut x = Vec::with_capacity(rows.len() * i);
@@ -195,23 +194,57 @@ impl Teacher {
     }
 }
 
-/// The model's arrays on one rank. Each layer's parameters are one array `[weight (out x in), bias (out)]`; the
-/// gradients are one array per bucket ([`grad_place`]), each layer's in the layout of its parameters.
-struct Model<A> {
-    params: [A; 2],
-    grads: Vec<A>,
-    x: A,
-    t: A,
+/// The model's arrays on one rank. Each layer's parameters are one array `[weight (out x in), bias (out)]`, and
+/// its gradients one array per bucket ([`grad_place`]), each layer's in the layout of its parameters.
+pub(crate) struct Model<A> {
+    pub(crate) params: [A; 2],
+    pub(crate) grads: Vec<A>,
+    pub(crate) x: A,
+    pub(crate) t: A,
     h: A,
     y: A,
     dy: A,
     dh: A,
-    ones: A,
-    loss: A,
+    pub(crate) ones: A,
+    pub(crate) loss: A,
+}
+
+impl<A> Model<A> {
+    /// The arrays of a rank that takes `b` rows of each batch (parameters zero).
+    pub(crate) fn new<M: Math<Array = A>>(math: &M, config: &Config, b: usize) -> Result<Self> {
+        let (i, h, o) = (config.input, config.hidden, config.output);
+        if !matches!(config.buckets, 1 | 2) {
+            return Err(pg_core::Error::invalid(format!("{} gradient buckets: 1 or 2", config.buckets)));
+        }
+        let grads = match config.buckets {
+            1 => vec![math.zeros(layer_len(config, 0) + layer_len(config, 1))?],
+            _ => vec![math.zeros(layer_len(config, 0))?, math.zeros(layer_len(config, 1))?],
+        };
+        let model = Model {
+            params: [math.zeros(layer_len(config, 0))?, math.zeros(layer_len(config, 1))?],
+            grads,
+            x: math.zeros(b * i)?,
+            t: math.zeros(b * o)?,
+            h: math.zeros(b * h)?,
+            y: math.zeros(b * o)?,
+            dy: math.zeros(b * o)?,
+            dh: math.zeros(b * h)?,
+            ones: math.zeros(b)?,
+            loss: math.zeros(1)?,
+        };
+        math.upload(&model.ones, &vec![1.0; b])?;
+        Ok(model)
+    }
+}
+
+/// The length of layer `l`'s array (weight and bias).
+pub(crate) fn layer_len(config: &Config, l: usize) -> usize {
+    let (inputs, outputs) = dims(config, l);
+    outputs * inputs + outputs
 }
 
 /// `(inputs, outputs)` of layer `l`.
-fn dims(config: &Config, l: usize) -> (usize, usize) {
+pub(crate) fn dims(config: &Config, l: usize) -> (usize, usize) {
     if l == 0 {
         (config.input, config.hidden)
     } else {
@@ -225,12 +258,6 @@ fn split<'a, A>(array: &'a A, offset: usize, (inputs, outputs): (usize, usize)) 
     (View { array, offset, len: weight }, View { array, offset: offset + weight, len: outputs })
 }
 
-/// The elements of layer `l`'s parameters (and gradients): weight then bias.
-fn layer_len(config: &Config, l: usize) -> usize {
-    let (inputs, outputs) = dims(config, l);
-    outputs * inputs + outputs
-}
-
 /// Where layer `l`'s gradients live: `(bucket, offset)`. Two buckets: one per layer. One bucket: layer 1's
 /// gradients, then layer 2's.
 fn grad_place(config: &Config, l: usize) -> (usize, usize) {
@@ -239,6 +266,25 @@ fn grad_place(config: &Config, l: usize) -> (usize, usize) {
         (1, _) => (0, layer_len(config, 0)),
         _ => (l, 0),
     }
+}
+
+/// Waits for each bucket's all_reduce (`works`, in bucket order) and takes the SGD step of the layers it holds.
+pub(crate) fn update<M: Math>(
+    math: &M,
+    config: &Config,
+    model: &Model<M::Array>,
+    works: &[WorkHandle<M::B>],
+) -> Result<()> {
+    for (bucket, work) in works.iter().enumerate() {
+        work.wait()?;
+        math.collect(&model.grads[bucket])?;
+        for l in (0..2).filter(|&l| grad_place(config, l).0 == bucket) {
+            let (len, offset) = (layer_len(config, l), grad_place(config, l).1);
+            let grad = View { array: &model.grads[bucket], offset, len };
+            math.sgd(all(&model.params[l], len), grad, config.lr)?;
+        }
+    }
+    Ok(())
 }
 
 /// Trains on `pg`'s ranks and returns the loss curve (the same on every rank). Rank 0 initialises the
@@ -251,35 +297,15 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
             config.batch
         )));
     }
-    if !matches!(config.buckets, 1 | 2) {
-        return Err(pg_core::Error::invalid(format!("{} gradient buckets: 1 or 2", config.buckets)));
-    }
     let b = config.batch / world;
-    let (i, h, o) = (config.input, config.hidden, config.output);
-    let layer_len = |l: usize| layer_len(config, l);
-    let grads = match config.buckets {
-        1 => vec![math.zeros(layer_len(0) + layer_len(1))?],
-        _ => vec![math.zeros(layer_len(0))?, math.zeros(layer_len(1))?],
-    };
-    let model = Model {
-        params: [math.zeros(layer_len(0))?, math.zeros(layer_len(1))?],
-        grads,
-        x: math.zeros(b * i)?,
-        t: math.zeros(b * o)?,
-        h: math.zeros(b * h)?,
-        y: math.zeros(b * o)?,
-        dy: math.zeros(b * o)?,
-        dh: math.zeros(b * h)?,
-        ones: math.zeros(b)?,
-        loss: math.zeros(1)?,
-    };
-    math.upload(&model.ones, &vec![1.0; b])?;
+    let o = config.output;
+    let model = Model::new(math, config, b)?;
     if rank == 0 {
         for l in 0..2 {
             let (inputs, outputs) = dims(config, l);
             let key = if l == 0 { KEY_W1 } else { KEY_W2 };
             let mut values = weights(config, key, outputs * inputs, (6.0 / inputs as f32).sqrt() / 2.0);
-            values.resize(layer_len(l), 0.0);
+            values.resize(layer_len(config, l), 0.0);
             math.upload(&model.params[l], &values)?;
         }
     }
@@ -299,16 +325,8 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
         math.upload(&model.x, x)?;
         math.upload(&model.t, t)?;
         math.upload(&model.loss, &[0.0])?;
-        let works = step_on_device(math, pg, config, &model, b)?;
-        for (bucket, work) in works.iter().enumerate() {
-            work.wait()?;
-            math.collect(&model.grads[bucket])?;
-            for l in (0..2).filter(|&l| grad_place(config, l).0 == bucket) {
-                let (_, offset) = grad_place(config, l);
-                let grad = View { array: &model.grads[bucket], offset, len: layer_len(l) };
-                math.sgd(all(&model.params[l], layer_len(l)), grad, config.lr)?;
-            }
-        }
+        let works = step_on_device(math, pg, config, &model, b, (2.0 / (b * o) as f32, ReduceOp::Avg))?;
+        update(math, config, &model, &works)?;
         let total = math.download(&model.loss)?[0] as f64;
         let ms = (device.now() - start).as_secs_f64() * 1e3;
         records.push(StepRecord { step, loss: total / (config.batch * o) as f64, ms });
@@ -316,14 +334,17 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
     Ok(records)
 }
 
-/// Forward, loss and backward of one step; returns the Works of the buckets (in bucket order: with two, layer
-/// 1's then layer 2's) and has all-reduced the loss (`Sum`, waited) into `model.loss`.
-fn step_on_device<M: Math>(
+/// Forward, loss and backward of one step on `b` rows; returns the Works of the buckets (in bucket order) and
+/// has all-reduced the loss (`Sum`, waited) into `model.loss`. The loss gradient is scaled by `reduce.0` and the
+/// buckets reduced with `reduce.1`: `2 / (b * outputs)` and `Avg` when every rank has `b` rows (each rank's mean,
+/// averaged), `2 / (batch * outputs)` and `Sum` when the shares differ (each rank's part of the global mean).
+pub(crate) fn step_on_device<M: Math>(
     math: &M,
     pg: &ProcessGroup<M::B>,
     config: &Config,
     model: &Model<M::Array>,
     b: usize,
+    reduce: (f32, ReduceOp),
 ) -> Result<Vec<WorkHandle<M::B>>> {
     let (i, h, o) = (config.input, config.hidden, config.output);
     let (w1, b1) = split(&model.params[0], 0, dims(config, 0));
@@ -344,7 +365,7 @@ fn step_on_device<M: Math>(
     math.gemm((false, true), (b, o, h), 1.0, hv, w2, 0.0, y)?;
     math.bias_act(y, b2, false)?;
     // The local mean's gradient; averaging over the ranks makes it the global mean's.
-    math.mse(y, t, dy, loss, 2.0 / (b * o) as f32)?;
+    math.mse(y, t, dy, loss, reduce.0)?;
 
     // Layer 2's gradients: dw2 = dy^T h, db2 = ones^T dy; with two buckets, all-reduced while the rest of
     // backward runs.
@@ -354,7 +375,7 @@ fn step_on_device<M: Math>(
         1 => None,
         _ => {
             math.publish(&model.grads[1])?;
-            Some(pg.all_reduce(math.buffer(&model.grads[1]), ReduceOp::Avg)?)
+            Some(pg.all_reduce(math.buffer(&model.grads[1]), reduce.1)?)
         }
     };
 
@@ -365,7 +386,7 @@ fn step_on_device<M: Math>(
     math.gemm((true, false), (h, i, b), 1.0, dh, x, 0.0, dw1)?;
     math.gemm((false, false), (1, h, b), 1.0, ones, dh, 0.0, db1)?;
     math.publish(&model.grads[0])?;
-    let first = pg.all_reduce(math.buffer(&model.grads[0]), ReduceOp::Avg)?;
+    let first = pg.all_reduce(math.buffer(&model.grads[0]), reduce.1)?;
 
     // The global loss, for the curve.
     math.publish(&model.loss)?;

@@ -1,0 +1,369 @@
+//! Failure and recovery: a rank killed mid-op, the survivors' revoke, their agreement on who is left, the shrink,
+//! and every misuse of a revoked or superseded group refused by name.
+
+use std::time::Duration;
+
+use pg_core::{
+    AgreeOptions, DeviceMesh, ErrorKind, Options, OptionsBuilder, ProcessGroup, ReduceOp, ShrinkMode, ShrinkOptions,
+};
+
+use super::{all_equal, case, communicator, need, needs_faults, needs_virtual_clock, on_each_rank, triangle};
+use crate::check::{Check, Context};
+use crate::harness::{Fault, Harness, Rank};
+use crate::registry::{Case, Outcome};
+use crate::{ensure, ensure_eq};
+
+pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
+    vec![
+        case!(a_rank_killed_mid_all_reduce_is_survived_by_revoke_agree_and_shrink, 2),
+        case!(a_communicator_error_revokes_the_group_with_revoke_on_error, 2),
+        case!(survivors_agree_on_one_list_and_a_late_or_reported_rank_is_excluded, 3),
+        case!(a_group_shrinks_twice_and_maps_its_ranks_to_the_world, 3),
+        case!(a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name, 4),
+        case!(misuse_of_a_revoked_or_shrunk_group_is_refused_by_name, 2),
+    ]
+}
+
+/// The timeout of the ops in these cases: a dead peer shows as a Work timeout after it.
+const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long survivors wait for each other to check in.
+const AGREE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Options of a group that revokes itself when a peer fails, with a watchdog quick enough for short timeouts.
+fn revoking() -> OptionsBuilder {
+    Options::builder()
+        .timeout(OP_TIMEOUT)
+        .revoke_on_error(true)
+        .dump_on_timeout(false)
+        .watchdog_period(Duration::from_millis(10))
+}
+
+/// Waits (in host time) until `group` is revoked, at most `limit`; the host time it took.
+fn until_revoked<B: pg_core::Backend>(r: &Rank<B>, group: &ProcessGroup<B>, limit: Duration) -> Check<Duration> {
+    let (revoked, took) = r.host_time(|| {
+        let start = now(r);
+        while !group.is_revoked() && now(r) - start < limit {
+            r.host_sleep(Duration::from_millis(10));
+        }
+        group.is_revoked()
+    });
+    ensure!(revoked, "rank {}: the group was not revoked within {limit:?}", r.rank);
+    Ok(took)
+}
+
+fn a_rank_killed_mid_all_reduce_is_survived_by_revoke_agree_and_shrink<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_faults(h));
+    need!(needs_virtual_clock(h));
+    let n = h.world_size();
+    let victim = 1;
+    on_each_rank(h, n, |r| {
+        // Op 0 of the communicator is ready_group's barrier; op 1 is the all_reduce the victim dies in.
+        if !r.caps.inject(Fault::KillAt { rank: victim, op: 1 }) {
+            return Err("the fault was refused".into());
+        }
+        let group = r.ready_group("0", revoking())?;
+        let dying = r.filled((r.rank + 1) as f64, 256)?;
+        let work = group.all_reduce(&dying, ReduceOp::Sum).ctx("the all_reduce the victim dies in")?;
+        if r.rank == victim {
+            // A killed process does nothing more.
+            return Ok(());
+        }
+        let behind = r.filled(1.0, 16)?;
+        let queued = group.all_reduce(&behind, ReduceOp::Sum).ctx("an all_reduce queued behind it")?;
+        work.wait().ctx("wait (orders the stream, does not block)")?;
+        let detected = until_revoked(r, &group, OP_TIMEOUT + Duration::from_secs(1))?;
+        ensure!(detected >= OP_TIMEOUT, "revoked after {detected:?}, before the op's timeout {OP_TIMEOUT:?}");
+        // The ops in flight at the death fail typed: the one the victim died in with its timeout, the one behind it
+        // revoked; nothing of the group runs any more, and no host blocks.
+        let first = work.exception().ok_or("the op the victim died in reports no error")?;
+        ensure_eq!(first.kind(), ErrorKind::WorkTimeout, "the dying op's error ({first})");
+        let second = queued.exception().ok_or("the op queued behind it reports no error")?;
+        ensure_eq!(second.kind(), ErrorKind::Revoked, "the queued op's error ({second})");
+        let later = group.all_reduce(&behind, ReduceOp::Sum).err().ok_or("an op of the revoked group was accepted")?;
+        ensure_eq!(later.kind(), ErrorKind::Revoked, "a later op's error ({later})");
+        // The device is not poisoned: the rank can read its memory (the failed op's output is whatever was there).
+        r.read(&dying).ctx("reading after the revoke")?;
+
+        let (survivors, agreed) =
+            r.host_time(|| group.agree_survivors(&AgreeOptions { timeout: AGREE_TIMEOUT, ..AgreeOptions::default() }));
+        let survivors = survivors.ctx("agree_survivors")?;
+        let others: Vec<usize> = (0..n).filter(|&rank| rank != victim).collect();
+        ensure_eq!(survivors.ranks, others, "the survivors");
+        ensure_eq!(survivors.excluded, vec![victim], "the excluded ranks");
+        ensure!(agreed <= AGREE_TIMEOUT + Duration::from_millis(100), "the agreement took {agreed:?}");
+
+        let (shrunk, shrinking) = r.host_time(|| group.shrink(&survivors.excluded, &ShrinkOptions::default()));
+        let shrunk = shrunk.ctx("shrink")?;
+        ensure!(shrinking < Duration::from_secs(1), "the shrink took {shrinking:?}");
+        ensure_eq!(shrunk.size(), n - 1, "the shrunk group's size");
+        ensure_eq!(Some(shrunk.rank()), survivors.new_rank(r.rank), "this rank in the shrunk group");
+        ensure_eq!(shrunk.global_ranks(), others, "the shrunk group's world ranks");
+        ensure_eq!(shrunk.group_rank(victim), None, "the victim's rank in the shrunk group");
+        // The survivors' next ops are right, twice over.
+        for round in 0..2 {
+            let buffer = r.filled((r.rank + 1) as f64, 256)?;
+            shrunk.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the shrunk group")?;
+            all_equal(&r.read(&buffer)?, triangle(n) - (victim + 1) as f64)
+                .map_err(|e| format!("round {round}: {e}"))?;
+        }
+        ensure!(group.is_revoked(), "the parent is still revoked");
+        shrunk.barrier_sync().ctx("barrier")?;
+        shrunk.shutdown().ctx("shutdown of the shrunk group")
+    })
+}
+
+fn a_communicator_error_revokes_the_group_with_revoke_on_error<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_faults(h));
+    need!(needs_virtual_clock(h));
+    on_each_rank(h, h.world_size(), |r| {
+        // Rank 0's communicator fails after the barrier and the first all_reduce.
+        if r.rank == 0 && !r.caps.inject(Fault::AsyncError { rank: 0, after_ops: 2 }) {
+            return Err("the fault was refused".into());
+        }
+        // The failing rank writes its `remote_error` key, so its peers revoke at their next watchdog pass instead of
+        // at the op's timeout, and every rank comes to the agreement at about the same time.
+        let group = r.ready_group("0", revoking().propagate_error(true))?;
+        let buffer = r.filled(1.0, 8)?;
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("the all_reduce before the error")?;
+        // Rank 0 revokes on its communicator error; the others revoke when this op times out on them.
+        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("the all_reduce the error hits")?;
+        until_revoked(r, &group, OP_TIMEOUT + Duration::from_secs(1))?;
+        let error = work.exception().ok_or("the op the error hit reports no error")?;
+        ensure!(
+            matches!(error.kind(), ErrorKind::Communicator | ErrorKind::Remote | ErrorKind::Revoked),
+            "the op's error: {error}"
+        );
+        let sticky = group.error().ok_or("the revoked group has no error")?;
+        ensure_eq!(sticky.kind(), ErrorKind::Revoked, "the group's error ({sticky})");
+        r.read(&buffer).ctx("the device is not poisoned by a revoke")?;
+        let survivors = group.agree_survivors(&AgreeOptions { timeout: AGREE_TIMEOUT, ..AgreeOptions::default() });
+        let survivors = survivors.ctx("agree_survivors")?;
+        ensure_eq!(survivors.ranks, (0..r.size).collect::<Vec<_>>(), "every rank is alive and agreed");
+        // A shrink that excludes nobody makes a working group of everyone, from the revoked one.
+        let again = group.shrink(&[], &ShrinkOptions::default()).ctx("shrink excluding nobody")?;
+        let ones = r.filled(1.0, 8)?;
+        again.all_reduce_sync(&ones, ReduceOp::Sum).ctx("all_reduce on the new group")?;
+        all_equal(&r.read(&ones)?, r.size as f64)?;
+        again.barrier_sync().ctx("barrier")
+    })
+}
+
+fn survivors_agree_on_one_list_and_a_late_or_reported_rank_is_excluded<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_virtual_clock(h));
+    let n = h.world_size();
+    let late = n - 1;
+    on_each_rank(h, n, |r| {
+        let group = r.group("0", Options::builder())?;
+        // Round 0: the last rank calls after everyone else's timeout: the others decide without it.
+        if r.rank == late {
+            r.host_sleep(AGREE_TIMEOUT * 3);
+            let error = group.agree_survivors(&AgreeOptions { timeout: AGREE_TIMEOUT, ..AgreeOptions::default() });
+            let error = error.err().ok_or("a rank that checked in after the decision was let in")?;
+            ensure_eq!(error.kind(), ErrorKind::Excluded, "the late rank's error ({error})");
+            ensure!(error.to_string().contains(&format!("rank {late}")), "the error names the rank: {error}");
+        } else {
+            let (agreed, took) = r.host_time(|| {
+                group.agree_survivors(&AgreeOptions { timeout: AGREE_TIMEOUT, ..AgreeOptions::default() })
+            });
+            let agreed = agreed.ctx("agree_survivors")?;
+            ensure_eq!(agreed.ranks, (0..late).collect::<Vec<_>>(), "round 0's survivors");
+            ensure_eq!(agreed.round, 0, "the round");
+            ensure!(took >= AGREE_TIMEOUT, "decided after {took:?}, before the timeout");
+        }
+        // Round 1: rank 0 reports rank 1 dead; nobody waits for it, and it is out even though it checks in.
+        let options = AgreeOptions {
+            timeout: Duration::from_secs(30),
+            dead: if r.rank == 0 { vec![1] } else { Vec::new() },
+            ..AgreeOptions::default()
+        };
+        if r.rank == 1 {
+            r.host_sleep(Duration::from_millis(100));
+        }
+        let (agreed, took) = r.host_time(|| group.agree_survivors(&options));
+        match (r.rank, agreed) {
+            (1, Err(error)) => ensure_eq!(error.kind(), ErrorKind::Excluded, "the reported rank's error ({error})"),
+            (1, Ok(list)) => return Err(format!("the rank reported dead was let in: {list:?}")),
+            (_, agreed) => {
+                let agreed = agreed.ctx("agree_survivors, round 1")?;
+                let want: Vec<usize> = (0..n).filter(|&rank| rank != 1).collect();
+                ensure_eq!(agreed.ranks, want, "round 1's survivors");
+                // The last rank comes to round 1 late (it slept through round 0), but nobody waits out the 30 s
+                // timeout for the rank reported dead.
+                ensure!(took < Duration::from_secs(5), "round 1 waited {took:?} for a rank reported dead");
+            }
+        }
+        // Bad input is refused by name.
+        let error = group.agree_survivors(&AgreeOptions { dead: vec![n], ..AgreeOptions::default() }).err();
+        ensure!(
+            error
+                .as_ref()
+                .is_some_and(|e| e.kind() == ErrorKind::InvalidArgument && e.to_string().contains("dead rank")),
+            "an out-of-range dead rank: {error:?}"
+        );
+        Ok(())
+    })
+}
+
+/// The ranks that leave at each of two shrinks of a world of `n`: the last quarter (at least one) each time.
+fn leaving(n: usize) -> usize {
+    (n / 4).max(1)
+}
+
+fn a_group_shrinks_twice_and_maps_its_ranks_to_the_world<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let k = leaving(n);
+    on_each_rank(h, n, |r| {
+        let world = r.ready_group("0", Options::builder())?;
+        let healthy = ShrinkOptions { mode: ShrinkMode::Default, ..ShrinkOptions::default() };
+        // First shrink: the last k ranks leave (they do not call it).
+        let first: Vec<usize> = (n - k..n).collect();
+        let once = match r.rank < n - k {
+            true => Some(world.shrink(&first, &healthy).ctx("the first shrink")?),
+            false => None,
+        };
+        // Second shrink: the last k ranks of the shrunk group leave too (8 -> 6 -> 4 at world 8).
+        let mut twice = None;
+        if let Some(once) = &once {
+            ensure_eq!(once.size(), n - k, "the first shrink's size");
+            let second: Vec<usize> = (n - 2 * k..n - k).collect();
+            if once.rank() < n - 2 * k {
+                let group = once.shrink(&second, &healthy).ctx("the second shrink")?;
+                ensure_eq!(group.size(), n - 2 * k, "the second shrink's size");
+                ensure_eq!(group.rank(), r.rank, "this rank in the twice-shrunk group");
+                ensure_eq!(group.global_ranks(), (0..n - 2 * k).collect::<Vec<_>>(), "its world ranks");
+                let buffer = r.filled((r.rank + 1) as f64, 64)?;
+                group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the twice-shrunk group")?;
+                all_equal(&r.read(&buffer)?, triangle(n - 2 * k))?;
+                twice = Some(group);
+            }
+            let buffer = r.filled(1.0, 8)?;
+            once.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the once-shrunk group")?;
+            all_equal(&r.read(&buffer)?, (n - k) as f64)?;
+        }
+        // A shrink of a healthy group with ShrinkMode::Default leaves it usable by every rank.
+        let buffer = r.filled(1.0, 8)?;
+        world.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the world after the shrinks")?;
+        all_equal(&r.read(&buffer)?, n as f64)?;
+        for group in [twice, once].into_iter().flatten() {
+            group.barrier_sync().ctx("barrier")?;
+        }
+        Ok(())
+    })
+}
+
+fn a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    if n % 2 != 0 {
+        return Ok(Outcome::NotApplicable(format!("a mesh with a dimension of 2 needs an even world, not {n}")));
+    }
+    on_each_rank(h, n, |r| {
+        let world = r.ready_group("0", Options::builder())?;
+        let mesh = DeviceMesh::new(&world, &[("dp", n / 2), ("tp", 2)], &Options::builder().build()).ctx("mesh")?;
+        let healthy = ShrinkOptions { mode: ShrinkMode::Default, ..ShrinkOptions::default() };
+        // The last two ranks (one dp index) leave: the mesh keeps tp = 2 and loses one dp index.
+        let (first, second) = (caller_of(r.rank, &[n - 2, n - 1]), caller_of(r.rank, &[n - 1]));
+        if let Some(excluded) = first {
+            let shrunk = world.shrink(&excluded, &healthy).ctx("shrink by two")?;
+            let rebuilt = mesh.after_shrink(&shrunk, &Options::builder().build()).ctx("after_shrink")?;
+            ensure_eq!(rebuilt.shape(), &[n / 2 - 1, 2][..], "the rebuilt mesh's shape");
+            let tp = rebuilt.group_named("tp").ctx("tp group")?;
+            let buffer = r.filled((r.rank + 1) as f64, 8)?;
+            tp.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce over tp")?;
+            let pair = r.rank - r.rank % 2;
+            all_equal(&r.read(&buffer)?, (2 * pair + 3) as f64)?;
+            shrunk.barrier_sync().ctx("barrier")?;
+        }
+        // One rank leaves: tp = 2 does not divide the n - 1 left, and the mesh refuses by name.
+        if let Some(excluded) = second {
+            let shrunk = world.shrink(&excluded, &healthy).ctx("shrink by one")?;
+            let refused = mesh.after_shrink(&shrunk, &Options::builder().build()).err();
+            ensure!(
+                refused
+                    .as_ref()
+                    .is_some_and(|e| e.kind() == ErrorKind::InvalidArgument && e.to_string().contains("'dp'")),
+                "a mesh that cannot hold the survivors: {refused:?}"
+            );
+            shrunk.barrier_sync().ctx("barrier")?;
+        }
+        Ok(())
+    })
+}
+
+fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        // Bad shrink arguments, before anything happens.
+        let group = r.ready_group("0", Options::builder())?;
+        let bad: [(Vec<usize>, &str); 4] = [
+            (vec![r.rank], "own excluded list"),
+            (vec![n], "out of range"),
+            (vec![(r.rank + 1) % n, (r.rank + 1) % n], "listed twice"),
+            ((0..n).filter(|&x| x != r.rank).chain([r.rank]).collect(), "own excluded list"),
+        ];
+        for (excluded, says) in bad {
+            let error = group.shrink(&excluded, &ShrinkOptions::default()).err();
+            ensure!(
+                error.as_ref().is_some_and(|e| e.kind() == ErrorKind::InvalidArgument && e.to_string().contains(says)),
+                "shrink excluding {excluded:?}: {error:?}"
+            );
+        }
+        // A revoked group: ops, subgroups and shutdown (a finalize) are refused by name.
+        let buffer = r.filled(1.0, 8)?;
+        group.revoke("the case revokes it");
+        ensure!(group.is_revoked(), "is_revoked after revoke");
+        let op = group.all_reduce(&buffer, ReduceOp::Sum).err();
+        ensure!(op.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked), "an op after revoke: {op:?}");
+        let sub = group.new_group(&[0], Options::builder().build()).err();
+        ensure!(
+            sub.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked && e.to_string().contains("new_group")),
+            "new_group of a revoked group: {sub:?}"
+        );
+        // An aborting shrink of it supersedes it: a second shrink of the parent is refused; the child works.
+        let child = group.shrink(&[], &ShrinkOptions::default()).ctx("shrink of the revoked group")?;
+        let again = group.shrink(&[], &ShrinkOptions::default()).err();
+        ensure!(
+            again.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked && e.to_string().contains("already shrunk")),
+            "a second shrink of a superseded parent: {again:?}"
+        );
+        child.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the child")?;
+        all_equal(&r.read(&buffer)?, n as f64)?;
+        // A live parent shrunk with abort is revoked by it.
+        let parent = child;
+        let grandchild = parent.shrink(&[], &ShrinkOptions::default()).ctx("an aborting shrink of a live group")?;
+        let op = parent.all_reduce(&buffer, ReduceOp::Sum).err();
+        ensure!(op.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked), "an op of a superseded parent: {op:?}");
+        grandchild.barrier_sync().ctx("barrier on the grandchild")?;
+        let shut = group.shutdown().err();
+        ensure!(
+            shut.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked && e.to_string().contains("finalize")),
+            "shutdown (finalize) of a revoked group: {shut:?}"
+        );
+        // The backend's rule under the group's: a revoked communicator refuses a finalize and every op.
+        let comm = communicator(r, "raw_revoke")?;
+        match pg_core::Communicator::revoke(&comm, "the case revokes the communicator") {
+            Err(error) if error.kind() == ErrorKind::Unsupported => return Ok(()),
+            other => other.ctx("revoke")?,
+        }
+        ensure!(pg_core::Communicator::is_revoked(&comm), "the communicator says it is revoked");
+        let finalize = pg_core::Communicator::finalize(&comm).err();
+        ensure!(
+            finalize.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked),
+            "finalize after revoke: {finalize:?}"
+        );
+        let stream = pg_core::Device::current_stream(&r.device);
+        let op = pg_core::Communicator::all_reduce(&comm, &buffer, &buffer, ReduceOp::Sum, &stream).err();
+        ensure!(op.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked), "an op after revoke: {op:?}");
+        Ok(())
+    })
+}
+
+/// The rank's host clock.
+fn now<B: pg_core::Backend>(r: &Rank<B>) -> Duration {
+    pg_core::Device::now(&r.device)
+}
+
+/// `excluded` when `rank` is not among them (it calls the shrink), else `None`.
+fn caller_of(rank: usize, excluded: &[usize]) -> Option<Vec<usize>> {
+    (!excluded.contains(&rank)).then(|| excluded.to_vec())
+}
