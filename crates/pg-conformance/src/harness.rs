@@ -311,6 +311,15 @@ impl<B: Backend> Rank<B> {
         waited.map_err(|e| format!("rank {}: the end-of-world barrier: {e}", self.rank))
     }
 
+    /// Waits until every rank of the world has got here (a store barrier named `name`, at most a minute): for a case
+    /// in which a rank is about to abort a communicator on purpose, so that no peer is still in an earlier op on it.
+    pub fn barrier(&self, name: &str) -> Check {
+        let key = format!("pg_conformance/barrier/{name}");
+        self.store
+            .barrier(&key, self.size as i64, Some(Duration::from_secs(60)))
+            .map_err(|e| format!("rank {}: the barrier '{name}': {e}", self.rank))
+    }
+
     /// `numel` f32 elements set to `value` on the current stream.
     pub fn filled(&self, value: f64, numel: usize) -> Check<B::Buffer> {
         self.filled_as(DType::F32, value, numel)

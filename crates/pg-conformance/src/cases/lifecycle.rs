@@ -773,7 +773,9 @@ fn works_are_usable_through_dyn_work<H: Harness>(h: &H) -> Check<Outcome> {
         works[1].wait_timeout(Duration::from_secs(60)).ctx("wait_timeout")?;
         ensure!(works.iter().all(|w| w.is_completed()), "not completed after wait_timeout");
         all_equal(&r.read(&buffer)?, triangle(n))?;
-        // A wait_timeout that runs out is a WorkTimeout.
+        // A wait_timeout that runs out is a WorkTimeout (and aborts the communicator): every rank is done with the
+        // ops above first.
+        r.barrier("before the slow op")?;
         r.sleep_current(SLEEP)?;
         let slow: Box<dyn Work> = Box::new(group.all_reduce(&buffer, ReduceOp::Max).ctx("all_reduce")?);
         let error = slow.wait_timeout(Duration::from_millis(1)).err().ok_or("wait_timeout did not run out")?;

@@ -141,6 +141,8 @@ pub(crate) fn held_all_reduce<B: Backend>(
     buffer: &B::Buffer,
 ) -> Check<(ProcessGroup<B>, WorkHandle<B>)> {
     let group = r.ready_group(name, options)?;
+    // Cases abort or time out the held op: no rank may do so while a peer is still in the ready barrier.
+    r.barrier(&format!("held {name}"))?;
     r.sleep_current(SLEEP)?;
     let work = group.all_reduce(buffer, ReduceOp::Sum).ctx("all_reduce")?;
     Ok((group, work))

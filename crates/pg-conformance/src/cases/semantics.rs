@@ -599,12 +599,14 @@ fn s16_barrier_synchronises_the_current_stream_not_the_device<H: Harness>(h: &H)
         let group = r.group("0", Options::builder())?;
         group.barrier_sync().ctx("barrier")?;
         let other = r.device.stream_from_pool(false).ctx("stream")?;
-        r.device.sleep_kernel(&other, SLEEP * 3).ctx("sleep")?;
+        // The other stream's kernel is far longer than the current one's: the barrier also waits for the slowest
+        // rank's current stream, which on a shared machine may lag by a few time slices.
+        r.device.sleep_kernel(&other, SLEEP * 10).ctx("sleep")?;
         r.sleep_current(SLEEP)?;
         let (result, host) = r.host_time(|| group.barrier_sync());
         result.ctx("barrier")?;
         ensure!(host >= SLEEP / 2, "the host did not wait for its current stream: {host:?}");
-        ensure!(host < SLEEP * 3, "the host waited for the device's other streams: {host:?}");
+        ensure!(host < SLEEP * 8, "the host waited for the device's other streams: {host:?}");
         ensure!(!other.query().ctx("query")?, "the other stream finished: the barrier synchronised the device");
         Ok(())
     })

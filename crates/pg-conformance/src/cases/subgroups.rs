@@ -239,7 +239,8 @@ fn bad_subgroup_arguments_are_refused_by_name<H: Harness>(h: &H) -> Check<Outcom
         refused("an unknown mesh dimension", mesh.group_named("tp"), "no dimension")?;
         // The refusals made no subgroup: the group still works, and so does the mesh's one group.
         sums_over_members(r, &world, "the group after the refusals")?;
-        sums_over_members(r, mesh.group(0).ctx("dp")?, "the mesh's group")?;
+        let dp = r.keep(mesh.group(0).ctx("dp")?.clone());
+        sums_over_members(r, &dp, "the mesh's group")?;
         Ok(())
     })?;
     ran.no_hazards()?;

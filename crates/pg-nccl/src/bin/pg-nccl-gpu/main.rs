@@ -77,7 +77,7 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
         bench_trials: 5,
         bench_profile: profile::Profile::Nvlink,
         train_buckets: Vec::new(),
-        timeout: Duration::from_secs(300),
+        timeout: Duration::from_secs(600),
     };
     let (command, rest) = args.split_first().ok_or_else(|| USAGE.to_owned())?;
     let mut task = None;
