@@ -144,7 +144,8 @@ impl Inner {
         what: String,
     ) -> (MutexGuard<'a, State>, Wake) {
         let time_limit = ns(self.config.time_limit);
-        let mut park = Park { cond, deadline, interrupt_epoch: None, what };
+        let since = state.local(Some(tid));
+        let mut park = Park { cond, deadline, interrupt_epoch: None, what, since };
         let mut last_version = state.version;
         let mut last_change = Instant::now();
         loop {
@@ -169,6 +170,7 @@ impl Inner {
                     thread.local = now;
                 }
                 state.version += 1;
+                state.trace_blocked(tid, &park.what, since, now);
                 return (state, why);
             }
             if interrupt.is_some() {
