@@ -17,6 +17,8 @@ mod gpu_faults;
 mod gpu_test;
 mod interop;
 mod mock_trace;
+mod plot;
+mod plot_timeline;
 mod tidy;
 
 const HELP: &str = "\
@@ -35,6 +37,8 @@ Tasks:
                          the fault matrix: hangs, errors, aborts, dead peers
   fr-analyze DIR [--trace OUT.json]
                          reads every rank's flight-recorder dump and reports the first divergence
+  plot [--results DIR] | plot --timeline TRACE.json --out PICTURE.svg
+                         SVG charts of the benchmark results (next to their JSON), or a trace as a picture
   tidy                   repository checks (also run by cargo test)
 
 Run `cargo xtask <task> --help` for a task's options.
@@ -67,6 +71,7 @@ fn main() -> ExitCode {
         "bench" => bench_allreduce::run(rest),
         "faults" => faults::run(rest),
         "fr-analyze" => fr_analyze::run(rest),
+        "plot" => plot::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     match result {

@@ -104,11 +104,7 @@ impl Trace {
             let previous = last_end.insert(track, end);
             if previous.is_none() {
                 let desc = if comm.description.is_empty() { String::new() } else { format!(" ({})", comm.description) };
-                out.thread(
-                    track,
-                    &format!("communicator {}{desc}: ops, issue to end", comm.communicator),
-                    track.tid as i64,
-                );
+                out.thread(track, &format!("communicator {}{desc}", comm.communicator), track.tid as i64);
             }
             // An op issued while the one before was still running starts, on this track, where that one ended.
             let start = ns(span.enqueued).max(previous.unwrap_or(0)).min(end);
