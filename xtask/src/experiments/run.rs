@@ -298,8 +298,8 @@ mod tests {
             // arrow from the current stream ends at it.
             let before = events
                 .iter()
-                .filter(|e| e["ph"] == "X" && key(e) == key(op) && e["ts"].as_f64() <= op["ts"].as_f64() && *e != *op)
-                .last()
+                .rev()
+                .find(|e| e["ph"] == "X" && key(e) == key(op) && e["ts"].as_f64() <= op["ts"].as_f64() && *e != *op)
                 .expect("a slice before the op on its stream");
             assert_eq!(before["name"], "wait_event", "{before}");
             assert!(end(before) <= op["ts"].as_f64().unwrap());
