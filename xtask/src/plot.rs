@@ -292,8 +292,16 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The contents of the SVG's text elements.
+    pub(crate) fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0.trim().to_owned()))
+            .collect()
+    }
 
     fn committed(name: &str) -> Value {
         let path = crate::tidy::project_root().join(format!("bench/results/{name}.json"));
@@ -315,20 +323,24 @@ mod tests {
     fn a_chart_has_a_line_per_contestant_and_its_labels() {
         let svg = chart("allreduce-h200x2", &committed("allreduce-h200x2")).unwrap().unwrap();
         assert!(svg.starts_with("<svg"));
+        let texts = texts(&svg);
         for text in ["raw NCCL", "pg", "PyTorch", "bus bandwidth, GB/s", "device time per op, us", "1 GiB", "1 MiB"] {
-            assert!(svg.contains(&format!(">{text}<")), "{text} missing");
+            assert!(texts.iter().any(|t| t == text), "{text} missing from {texts:?}");
         }
-        // Three panels of three lines each.
-        assert_eq!(svg.matches("<polyline").count(), 9 + 3, "lines and the legend's samples");
+        // Each contestant: a line in each of the three panels, and its legend sample.
+        for color in ["#1F77B4", "#D62728", "#2CA02C"] {
+            let lines = svg.split("<polyline").filter(|p| p.split('>').next().is_some_and(|p| p.contains(color)));
+            assert_eq!(lines.count(), 3 + 1, "{color}");
+        }
     }
 
     #[test]
     fn a_result_without_rows_is_skipped_and_zero_bandwidth_drops_its_panel() {
         assert!(chart("p2p-h200x1", &committed("p2p-h200x1")).unwrap().is_none());
         let svg = chart("allreduce-h200x1", &committed("allreduce-h200x1")).unwrap().unwrap();
-        assert!(!svg.contains(">bus bandwidth, GB/s<"));
-        assert!(svg.contains("bus bandwidth 0 at this world size"));
-        let splits = chart("all-to-all-h200x1", &committed("all-to-all-h200x1")).unwrap().unwrap();
-        assert!(splits.contains(">pg (skewed)<") && splits.contains(">pg (equal)<"));
+        assert!(!texts(&svg).iter().any(|t| t == "bus bandwidth, GB/s"));
+        assert!(texts(&svg).iter().any(|t| t.ends_with("bus bandwidth 0 at this world size")));
+        let splits = texts(&chart("all-to-all-h200x1", &committed("all-to-all-h200x1")).unwrap().unwrap());
+        assert!(splits.iter().any(|t| t == "pg (skewed)") && splits.iter().any(|t| t == "pg (equal)"), "{splits:?}");
     }
 }

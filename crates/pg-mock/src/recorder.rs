@@ -1,6 +1,8 @@
 //! Recording the timeline into the trace ring (see `trace.rs`) where the simulation decides what happens, and
 //! reading it back as a [`Trace`] with what is unfinished at that moment.
 
+use std::sync::Arc;
+
 use crate::clock::{dur, OpRef, Time};
 use crate::hazard::HazardKind;
 use crate::state::{OpKind, SlotKey, State};
@@ -54,7 +56,8 @@ impl State {
     /// Records that thread `tid` was blocked from `start` to `end` (nothing for a wait that took no time).
     pub(crate) fn trace_blocked(&mut self, tid: usize, what: &str, start: Time, end: Time) {
         if self.trace.on() && end > start {
-            self.trace.push(Record::Blocked { thread: tid, what: what.to_owned(), start, end });
+            let Some((name, device)) = self.trace.threads.get(&tid).cloned() else { return };
+            self.trace.push(Record::Blocked { thread: tid, name, device, what: what.to_owned(), start, end });
         }
     }
 
@@ -94,14 +97,9 @@ impl State {
                 .iter()
                 .map(|s| TraceStream { device: s.device, stream: s.id, high_priority: s.high_priority })
                 .collect(),
-            threads: self
-                .trace
-                .threads
-                .iter()
-                .map(|(tid, (name, device))| TraceThread { thread: *tid, name: name.clone(), device: *device })
-                .collect(),
             ..Trace::default()
         };
+        let mut threads = self.trace.threads.clone();
         for record in &self.trace.records {
             match record {
                 Record::Span { stream: index, name, kind, enqueued, start, end, comm: slot } => {
@@ -128,12 +126,15 @@ impl State {
                         ready: dur(*ready),
                     });
                 }
-                Record::Blocked { thread, what, start, end } => trace.blocked.push(HostBlock {
-                    thread: *thread,
-                    what: what.clone(),
-                    start: dur(*start),
-                    end: Some(dur(*end)),
-                }),
+                Record::Blocked { thread, name, device, what, start, end } => {
+                    threads.entry(*thread).or_insert_with(|| (Arc::clone(name), *device));
+                    trace.blocked.push(HostBlock {
+                        thread: *thread,
+                        what: what.clone(),
+                        start: dur(*start),
+                        end: Some(dur(*end)),
+                    });
+                }
                 Record::Hazard { stream: index, at, kind, access, earlier, message } => {
                     let (device, stream) = stream(*index);
                     trace.hazards.push(HazardMark {
@@ -165,6 +166,10 @@ impl State {
                 comm: slot.map(comm),
             });
         }
+        trace.threads = threads
+            .into_iter()
+            .map(|(thread, (name, device))| TraceThread { thread, name: name.to_string(), device })
+            .collect();
         for (tid, thread) in &self.threads {
             if let Some(park) = &thread.park {
                 let what = park.what.clone();

@@ -51,6 +51,7 @@ impl Drop for Enter {
         let id = self.inner.id;
         let _ = REGISTERED.try_with(|r| r.borrow_mut().retain(|(w, _)| *w != id));
         let mut state = self.inner.lock();
+        state.trace.forget_thread(self.tid);
         if let Some(thread) = state.threads.remove(&self.tid) {
             if std::thread::panicking() {
                 state.panicked.push((self.tid, thread.name));
@@ -229,6 +230,7 @@ impl Inner {
     pub(crate) fn unregister(&self, tid: usize) {
         let mut state = self.lock();
         state.threads.remove(&tid);
+        state.trace.forget_thread(tid);
         state.version += 1;
         drop(state);
         self.notify();

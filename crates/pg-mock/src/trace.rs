@@ -9,6 +9,7 @@
 //! [`WorldConfig::trace_capacity`]: crate::WorldConfig::trace_capacity
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Time;
@@ -155,7 +156,7 @@ pub struct Trace {
     pub dropped: u64,
     /// Every stream of the world.
     pub streams: Vec<TraceStream>,
-    /// Every host thread the world registered.
+    /// The host threads running when the trace was taken, and those its records name.
     pub threads: Vec<TraceThread>,
     /// What the streams ran, by start time; the operation each stream was at when the trace was taken is last,
     /// without an end.
@@ -175,8 +176,8 @@ pub(crate) enum Record {
     Span { stream: usize, name: String, kind: SpanKind, enqueued: Time, start: Time, end: Time, comm: Option<CommSlot> },
     /// A wait on `stream`, reached at `reached` and over at `ready`, for `marked` (start, end) on `from`.
     Wait { from: usize, marked: (Time, Time), stream: usize, reached: Time, ready: Time },
-    /// Thread `thread` was blocked from `start` to `end`.
-    Blocked { thread: usize, what: String, start: Time, end: Time },
+    /// Thread `thread` (`name`, working for `device`) was blocked from `start` to `end`.
+    Blocked { thread: usize, name: Arc<str>, device: Option<usize>, what: String, start: Time, end: Time },
     /// A hazard found by an access on `stream` launched at `at`.
     Hazard { stream: usize, at: Time, kind: HazardKind, access: String, earlier: String, message: String },
 }
@@ -190,14 +191,14 @@ pub(crate) struct CommSlot {
     pub(crate) message: Option<(usize, usize, u64)>,
 }
 
-/// The ring of records and the names of the threads they refer to.
+/// The ring of records and the names of the running threads (a record keeps the name of its own).
 #[derive(Debug)]
 pub(crate) struct TraceLog {
     capacity: usize,
     pub(crate) records: VecDeque<Record>,
     pub(crate) dropped: u64,
-    /// Every thread registered: its name and device.
-    pub(crate) threads: BTreeMap<usize, (String, Option<usize>)>,
+    /// Every running thread: its name and device.
+    pub(crate) threads: BTreeMap<usize, (Arc<str>, Option<usize>)>,
 }
 
 impl TraceLog {
@@ -224,13 +225,18 @@ impl TraceLog {
     /// Names thread `tid` (at its registration).
     pub(crate) fn thread(&mut self, tid: usize, name: &str, device: Option<usize>) {
         if self.on() {
-            self.threads.insert(tid, (name.to_owned(), device));
+            self.threads.insert(tid, (Arc::from(name), device));
         }
     }
 
     /// The device thread `tid` works for.
     pub(crate) fn thread_device(&self, tid: usize) -> Option<usize> {
         self.threads.get(&tid).and_then(|(_, device)| *device)
+    }
+
+    /// Forgets thread `tid`, which ended (the records that name it keep its name).
+    pub(crate) fn forget_thread(&mut self, tid: usize) {
+        self.threads.remove(&tid);
     }
 
     /// Sets the device of thread `tid` (a rank's thread).
