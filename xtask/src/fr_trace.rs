@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use pg_core::trace_event::{TraceEvents, Track};
 use serde_json::{json, Value};
 
 use crate::fr_analyze::{Finding, GroupReport};
@@ -12,79 +13,73 @@ use crate::fr_analyze::{Finding, GroupReport};
 /// The time fields of an entry, in nanoseconds, that a slice may start or end at.
 const TIME_FIELDS: [&str; 3] = ["time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"];
 
-/// Nanoseconds to the trace's microseconds.
-fn micros(ns: u64) -> f64 {
-    ns as f64 / 1000.0
+/// The trace of `dumps` (rank, parsed JSON), with `reports` (the analysis of the same dumps) marking the first
+/// divergence of each group.
+pub fn trace(dumps: &[(usize, Value)], reports: &[GroupReport]) -> Value {
+    let mut events = TraceEvents::new();
+    let ranks: Vec<usize> = dumps.iter().map(|(rank, _)| *rank).collect();
+    for rank in &ranks {
+        events.process(*rank as u64, &format!("rank {rank}"), *rank as i64);
+    }
+    add(&mut events, dumps, reports, 0);
+    events.into_json()
 }
 
-/// The trace of `dumps` (file name, parsed JSON, rank), with `reports` (the analysis of the same dumps) marking
-/// the first divergence of each group.
-pub fn trace(dumps: &[(usize, Value)], reports: &[GroupReport]) -> Value {
-    let mut events = Vec::new();
+/// Adds the ranks' dumps and findings to `events`: rank `r`'s group tracks go on process `r`, numbered from
+/// `first_tid` on (so that they can sit beside other tracks of the same process); returns the next free number.
+pub fn add(events: &mut TraceEvents, dumps: &[(usize, Value)], reports: &[GroupReport], first_tid: u64) -> u64 {
     // Every group any rank names gets one track number, the same on every rank.
-    let mut tracks: BTreeMap<String, usize> = BTreeMap::new();
+    let mut tracks: BTreeMap<String, u64> = BTreeMap::new();
     for (_, dump) in dumps {
         for entry in entries(dump) {
-            let group = group_of(entry);
-            let next = tracks.len();
-            tracks.entry(group).or_insert(next);
+            let next = first_tid + tracks.len() as u64;
+            tracks.entry(group_of(entry)).or_insert(next);
         }
     }
     for report in reports {
-        let next = tracks.len();
+        let next = first_tid + tracks.len() as u64;
         tracks.entry(report.name.clone()).or_insert(next);
     }
     for (rank, dump) in dumps {
-        events.push(
-            json!({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": format!("rank {rank}")}}),
-        );
+        let pid = *rank as u64;
         for (group, tid) in &tracks {
             let desc = dump.pointer(&format!("/pg_config/{group}/desc")).and_then(Value::as_str).unwrap_or_default();
             let name = if desc.is_empty() { format!("group {group}") } else { format!("group {group} ({desc})") };
-            events.push(json!({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}}));
+            events.thread(Track::new(pid, *tid), &name, *tid as i64);
         }
         // An op that never completed runs to the last time this rank's dump knows.
-        let last =
-            entries(dump).flat_map(|e| TIME_FIELDS.iter().filter_map(|f| e.get(*f).and_then(Value::as_u64))).max();
+        let last = last_time(dump);
         for entry in entries(dump) {
             let time = |field: &str| entry.get(field).and_then(Value::as_u64);
             let Some(start) = time("time_created_ns").or_else(|| time("time_discovered_started_ns")) else { continue };
             let end = time("time_discovered_completed_ns").or(last).unwrap_or(start).max(start);
             let name = entry.get("profiling_name").and_then(Value::as_str).unwrap_or("?");
             let field = |f: &str| entry.get(f).cloned().unwrap_or(Value::Null);
-            events.push(json!({
-                "ph": "X", "name": name, "cat": "op", "pid": rank, "tid": tracks[&group_of(entry)],
-                "ts": micros(start), "dur": micros(end - start),
-                "args": {
-                    "state": field("state"), "collective_seq_id": field("collective_seq_id"),
-                    "p2p_seq_id": field("p2p_seq_id"), "input_sizes": field("input_sizes"),
-                    "input_dtypes": field("input_dtypes"), "output_sizes": field("output_sizes"),
-                    "output_dtypes": field("output_dtypes"), "completed": time("time_discovered_completed_ns").is_some(),
-                },
-            }));
+            let args = json!({
+                "state": field("state"), "collective_seq_id": field("collective_seq_id"),
+                "p2p_seq_id": field("p2p_seq_id"), "input_sizes": field("input_sizes"),
+                "input_dtypes": field("input_dtypes"), "output_sizes": field("output_sizes"),
+                "output_dtypes": field("output_dtypes"), "completed": time("time_discovered_completed_ns").is_some(),
+            });
+            events.slice(Track::new(pid, tracks[&group_of(entry)]), name, "op", start, end, args);
         }
     }
     for report in reports {
         let tid = tracks[&report.name];
         for finding in &report.findings {
             for (rank, name, why) in divergence(finding) {
-                let ts = dumps
-                    .iter()
-                    .find(|(r, _)| *r == rank)
-                    .and_then(|(_, dump)| {
-                        entries(dump)
-                            .flat_map(|e| TIME_FIELDS.iter().filter_map(|f| e.get(*f).and_then(Value::as_u64)))
-                            .max()
-                    })
-                    .unwrap_or(0);
-                events.push(json!({
-                    "ph": "i", "s": "p", "name": name, "cat": "divergence", "pid": rank, "tid": tid, "ts": micros(ts),
-                    "args": {"group": report.name, "why": why},
-                }));
+                let at = dumps.iter().find(|(r, _)| *r == rank).and_then(|(_, dump)| last_time(dump)).unwrap_or(0);
+                let args = json!({"group": report.name, "why": why});
+                events.process_instant(Track::new(rank as u64, tid), &name, "divergence", at, args);
             }
         }
     }
-    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+    first_tid + tracks.len() as u64
+}
+
+/// The last time, in nanoseconds, that any entry of `dump` names.
+fn last_time(dump: &Value) -> Option<u64> {
+    entries(dump).flat_map(|e| TIME_FIELDS.iter().filter_map(|f| e.get(*f).and_then(Value::as_u64))).max()
 }
 
 /// The instant events of one finding: (rank, name, why), for the ranks the finding names.

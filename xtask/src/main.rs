@@ -16,13 +16,16 @@ mod gpu;
 mod gpu_faults;
 mod gpu_test;
 mod interop;
+mod mock_trace;
+mod plot;
+mod plot_timeline;
 mod tidy;
 
 const HELP: &str = "\
 cargo xtask <task> [options]
 
 Tasks:
-  experiments [--backend mock|nccl] [--world-size N] [--json PATH]
+  experiments [--backend mock|nccl] [--world-size N] [--json PATH] [--trace DIR]
                          three experiments: the communicator cache, completion semantics, streams
   conformance --backend mock|nccl [--world-size N] [--json PATH]
                          the conformance suite: every promised semantic and every op, pass/fail/not_applicable
@@ -30,9 +33,12 @@ Tasks:
   bench [store|store-hostile|all-reduce|all-to-all|p2p|host] [options]
                          benchmarks; results go to bench/results/
   interop                store interop tests against PyTorch (sets up a virtual environment)
-  faults [--backend mock|nccl] [--json PATH]
+  faults [--backend mock|nccl] [--json PATH] [--trace DIR]
                          the fault matrix: hangs, errors, aborts, dead peers
-  fr-analyze DIR         reads every rank's flight-recorder dump and reports the first divergence
+  fr-analyze DIR [--trace OUT.json]
+                         reads every rank's flight-recorder dump and reports the first divergence
+  plot [--results DIR] | plot --timeline TRACE.json --out PICTURE.svg
+                         SVG charts of the benchmark results (next to their JSON), or a trace as a picture
   tidy                   repository checks (also run by cargo test)
 
 Run `cargo xtask <task> --help` for a task's options.
@@ -65,6 +71,7 @@ fn main() -> ExitCode {
         "bench" => bench_allreduce::run(rest),
         "faults" => faults::run(rest),
         "fr-analyze" => fr_analyze::run(rest),
+        "plot" => plot::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };
     match result {

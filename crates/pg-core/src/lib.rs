@@ -34,6 +34,7 @@ mod stream_guard;
 mod subgroup_call;
 mod subgroups;
 mod torch_compat;
+pub mod trace_event;
 mod types;
 mod watchdog;
 mod work;

@@ -41,9 +41,8 @@ impl State {
             if let Some(thread) = tid.and_then(|t| self.threads.get(&t)) {
                 owner.join(&thread.clock);
             }
-            let stream_id = self.streams[stream].id;
-            let device = self.streams[stream].device;
-            self.check_reuse(id, &owner, device, buffer, stream_id);
+            let at = self.local(tid);
+            self.check_reuse(id, &owner, (stream, at), buffer);
             return id;
         }
         let id = self.alloc.next_block;
@@ -124,6 +123,7 @@ impl State {
         }
         for (kind, prior) in found {
             let message = conflict_message(kind, who, &prior);
+            self.trace_hazard((who.actor, who.at), kind, who.describe(kind, &prior), &message);
             self.hazard(Hazard { kind, device: who.device, buffer: who.buffer, message });
         }
         let access = Access {
@@ -144,9 +144,10 @@ impl State {
         }
     }
 
-    /// Checks that every earlier access to `block` is ordered before its new owner (clock `owner`); then forgets
-    /// the history (the memory now belongs to buffer `buffer`).
-    pub(crate) fn check_reuse(&mut self, block: u64, owner: &VClock, device: usize, buffer: u64, stream_id: u64) {
+    /// Checks that every earlier access to `block` is ordered before its new owner (clock `owner`, allocating on
+    /// `stream` at `at`); then forgets the history (the memory now belongs to buffer `buffer`).
+    pub(crate) fn check_reuse(&mut self, block: u64, owner: &VClock, (stream, at): (usize, u64), buffer: u64) {
+        let (device, stream_id) = (self.streams[stream].device, self.streams[stream].id);
         let Some(b) = self.alloc.blocks.get_mut(&block) else { return };
         let history = std::mem::take(&mut b.history);
         let unordered = history.write.iter().chain(&history.reads).find(|a| !a.ordered_before(owner));
@@ -157,7 +158,11 @@ impl State {
                  buffer alive until the Work completes)",
                 prior.buffer, prior.op, prior.stream_id
             );
-            self.hazard(Hazard { kind: HazardKind::ReuseWhileInUse, device, buffer, message });
+            let kind = HazardKind::ReuseWhileInUse;
+            let access = format!("allocation of buffer #{buffer} on stream {stream_id}");
+            let earlier = format!("use of buffer #{} by {} on stream {}", prior.buffer, prior.op, prior.stream_id);
+            self.trace_hazard((stream, at), kind, (access, earlier), &message);
+            self.hazard(Hazard { kind, device, buffer, message });
         }
     }
 }

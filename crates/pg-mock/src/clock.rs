@@ -87,6 +87,8 @@ pub(crate) struct Park {
     pub(crate) interrupt_epoch: Option<u64>,
     /// What the thread is doing, for deadlock reports.
     pub(crate) what: String,
+    /// When it parked (its local time then), for the trace.
+    pub(crate) since: Time,
 }
 
 /// Why a parked thread woke.

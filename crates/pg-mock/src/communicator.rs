@@ -897,6 +897,7 @@ impl MockCommunicator {
                 stream_id: s.id,
                 op: label,
                 collective: true,
+                at: st.local(Some(tid)),
             };
             for &(buffer, mode) in accesses {
                 who.buffer = buffer.id();

@@ -62,6 +62,9 @@ pub struct WorldConfig {
     pub streams_per_pool: usize,
     /// How many kernel records each device keeps (the oldest are dropped).
     pub kernel_log_capacity: usize,
+    /// How many timeline records the world keeps for [`World::trace`](crate::World::trace) (stream spans, waits,
+    /// blocked host threads, hazards; the oldest are dropped); 0 records nothing.
+    pub trace_capacity: usize,
     /// Virtual time after which the world stops with a report (a livelock guard).
     pub time_limit: Duration,
     /// Real time with no simulated progress after which a parked thread stops with a report (a registered
@@ -85,6 +88,7 @@ impl Default for WorldConfig {
             launch_queue_depth: 1024,
             streams_per_pool: 32,
             kernel_log_capacity: 4096,
+            trace_capacity: 16_384,
             time_limit: Duration::from_secs(24 * 3600),
             stall_limit: Duration::from_secs(30),
             faults: Vec::new(),

@@ -16,8 +16,9 @@ use crate::clock::{dur, ns, show_duration, transfer, Cond, OpRef};
 use crate::communicator::MockCommunicator;
 use crate::hazard::{Accessor, Mode};
 use crate::sched::Inner;
-use crate::state::{Effect, KernelKind, OpKind, State};
+use crate::state::{Effect, OpKind, State};
 use crate::stream::{sync_streams, MockEvent, MockStream};
+use crate::trace::KernelKind;
 use crate::Mock;
 
 /// A stream as the thread-local map keeps it: (global index, id, high priority).
@@ -183,6 +184,7 @@ fn launch_locked(
             stream_id: stream.id,
             op: name.to_owned(),
             collective: false,
+            at: st.local(Some(tid)),
         };
         st.access(buffer.block(), mode, &who);
     }

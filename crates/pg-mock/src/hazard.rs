@@ -126,17 +126,35 @@ pub(crate) struct Accessor {
     pub(crate) stream_id: u64,
     pub(crate) op: String,
     pub(crate) collective: bool,
+    /// When the access was launched (the launching thread's local time), for the trace.
+    pub(crate) at: u64,
+}
+
+impl Accessor {
+    /// The access and the earlier one it conflicts with, in words (for the trace).
+    pub(crate) fn describe(&self, kind: HazardKind, prior: &Access) -> (String, String) {
+        let (verb, prior_verb) = verbs(kind);
+        (
+            format!("{verb} of buffer #{} by {} on stream {}", self.buffer, self.op, self.stream_id),
+            format!("{prior_verb} of buffer #{} by {} on stream {}", prior.buffer, prior.op, prior.stream_id),
+        )
+    }
+}
+
+/// What the access of a hazard of `kind` and the earlier access did.
+fn verbs(kind: HazardKind) -> (&'static str, &'static str) {
+    match kind {
+        HazardKind::ReadAfterWrite => ("read", "write"),
+        HazardKind::WriteAfterWrite => ("write", "write"),
+        HazardKind::WriteAfterRead | HazardKind::ReuseWhileInUse => ("write", "read"),
+    }
 }
 
 const FUTURE_HINT: &str =
     "(if a Future said done: Future::is_done() only means the outputs were marked, not that the GPU finished)";
 
 pub(crate) fn conflict_message(kind: HazardKind, who: &Accessor, prior: &Access) -> String {
-    let (verb, prior_verb) = match kind {
-        HazardKind::ReadAfterWrite => ("read", "write"),
-        HazardKind::WriteAfterWrite => ("write", "write"),
-        HazardKind::WriteAfterRead | HazardKind::ReuseWhileInUse => ("write", "read"),
-    };
+    let (verb, prior_verb) = verbs(kind);
     let mut message = format!(
         "hazard on rank {}: {verb} of buffer #{} by {} on stream {} is not ordered after its {prior_verb} by {} on \
          stream {}",

@@ -55,7 +55,9 @@
 //!
 //! # Looking inside
 //!
-//! Tests read what a real machine hides: [`World::hazards`], [`World::kernel_log`], [`World::host_threads`] (which
+//! Tests read what a real machine hides: [`World::trace`] (the whole timeline: what each stream ran, waits as
+//! arrows between streams, blocked host threads, hazards; [`Trace::to_chrome_json`] opens it in Perfetto),
+//! [`World::hazards`], [`World::kernel_log`], [`World::host_threads`] (which
 //! helper threads still run), [`MockDevice::recorded_streams`] (the streams a block waits for before reuse), and
 //! [`RecordingStore`], a store over any other that logs which keys a group reads and writes.
 //!
@@ -98,11 +100,14 @@ mod conv;
 mod device;
 mod fault;
 mod hazard;
+mod recorder;
 mod recording;
 mod sched;
 mod state;
 mod store;
 mod stream;
+mod trace;
+mod trace_json;
 mod world;
 
 pub use buffer::MockBuffer;
@@ -113,9 +118,12 @@ pub use device::MockDevice;
 pub use fault::Fault;
 pub use hazard::{Hazard, HazardKind, HazardMode};
 pub use recording::RecordingStore;
-pub use state::{KernelKind, KernelRecord};
+pub use state::KernelRecord;
 pub use store::SimStore;
 pub use stream::{MockEvent, MockGraph, MockStream};
+pub use trace::{
+    CommOp, EventWait, HazardMark, HostBlock, KernelKind, SpanKind, StreamSpan, Trace, TraceStream, TraceThread,
+};
 pub use world::World;
 
 /// The simulated backend: devices, streams, events, buffers and communicators of a [`World`].

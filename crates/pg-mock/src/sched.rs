@@ -51,6 +51,7 @@ impl Drop for Enter {
         let id = self.inner.id;
         let _ = REGISTERED.try_with(|r| r.borrow_mut().retain(|(w, _)| *w != id));
         let mut state = self.inner.lock();
+        state.trace.forget_thread(self.tid);
         if let Some(thread) = state.threads.remove(&self.tid) {
             if std::thread::panicking() {
                 state.panicked.push((self.tid, thread.name));
@@ -144,7 +145,8 @@ impl Inner {
         what: String,
     ) -> (MutexGuard<'a, State>, Wake) {
         let time_limit = ns(self.config.time_limit);
-        let mut park = Park { cond, deadline, interrupt_epoch: None, what };
+        let since = state.local(Some(tid));
+        let mut park = Park { cond, deadline, interrupt_epoch: None, what, since };
         let mut last_version = state.version;
         let mut last_change = Instant::now();
         loop {
@@ -169,6 +171,7 @@ impl Inner {
                     thread.local = now;
                 }
                 state.version += 1;
+                state.trace_blocked(tid, &park.what, since, now);
                 return (state, why);
             }
             if interrupt.is_some() {
@@ -227,6 +230,7 @@ impl Inner {
     pub(crate) fn unregister(&self, tid: usize) {
         let mut state = self.lock();
         state.threads.remove(&tid);
+        state.trace.forget_thread(tid);
         state.version += 1;
         drop(state);
         self.notify();

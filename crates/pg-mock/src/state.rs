@@ -10,23 +10,11 @@ use std::time::Duration;
 
 use pg_core::{DType, ReduceOp};
 
-/// What kind of kernel a [`KernelRecord`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelKind {
-    /// A communication kernel (a collective or point-to-point op).
-    Comm,
-    /// A sleep/spin kernel.
-    Sleep,
-    /// A fill kernel.
-    Fill,
-    /// A copy between host and device.
-    Copy,
-}
-
 use crate::clock::{ns, OpRef, Park, Time};
 use crate::config::WorldConfig;
 use crate::fault::Fault;
 use crate::hazard::{Hazard, HazardMode, History, VClock};
+use crate::trace::{KernelKind, TraceLog};
 
 /// One registered host thread.
 #[derive(Debug)]
@@ -75,6 +63,8 @@ pub(crate) struct State {
     /// bytes, so none are kept.
     pub(crate) abandoned_to_host: std::collections::HashSet<OpRef>,
     pub(crate) kernel_log_capacity: usize,
+    /// The timeline's record ring ([`crate::World::trace`]).
+    pub(crate) trace: TraceLog,
     pub(crate) hazard_mode: HazardMode,
     /// A copy of the world's configuration (the cost model).
     pub(crate) config: WorldConfig,
@@ -105,6 +95,7 @@ impl State {
             to_host: HashMap::new(),
             abandoned_to_host: std::collections::HashSet::new(),
             kernel_log_capacity: config.kernel_log_capacity,
+            trace: TraceLog::new(config.trace_capacity),
             hazard_mode: config.hazard_mode,
             config: config.clone(),
         };
@@ -148,6 +139,9 @@ impl State {
             Some(p) => (p.local.max(self.now), p.clock.clone()),
             None => (self.now, VClock::default()),
         };
+        // A thread works for the device of the thread that started it (a rank's watchdog for that rank).
+        let device = parent.and_then(|p| self.trace.thread_device(p));
+        self.trace.thread(tid, &name, device);
         self.threads.insert(tid, ThreadState { name, local, clock, park: None, helper });
         self.version += 1;
         tid

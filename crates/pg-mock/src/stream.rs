@@ -18,7 +18,8 @@ use crate::capture::{Ended, Kept, Step};
 use crate::clock::{dur, Cond, OpRef, Time};
 use crate::hazard::VClock;
 use crate::sched::Inner;
-use crate::state::{Effect, KernelKind, KernelRecord, Op, OpKind, Recorded, State, StreamState};
+use crate::state::{Effect, KernelRecord, Op, OpKind, Recorded, State, StreamState};
+use crate::trace::KernelKind;
 use crate::Mock;
 
 impl State {
@@ -175,6 +176,7 @@ impl State {
                     let dep = op.dep;
                     self.streams[stream].ops.get_mut(&seq).expect("present").ready_at = Some(ready);
                     if let Some(d) = dep {
+                        self.trace_wait(r, d, ready);
                         self.unpin(d);
                     }
                     progressed = true;
@@ -210,13 +212,15 @@ impl State {
         let s = &mut self.streams[op.stream];
         debug_assert_eq!(s.first_unresolved, op.seq, "operations resolve in stream order");
         s.first_unresolved = op.seq + 1;
-        s.last_finish = finish;
+        let previous_finish = std::mem::replace(&mut s.last_finish, finish);
         if let Some(slot) = op.seq.checked_sub(s.inflight_base).and_then(|i| usize::try_from(i).ok()) {
             if let Some(entry) = s.inflight.get_mut(slot) {
                 *entry = Some(finish);
             }
         }
         let (device, stream_id) = (s.device, s.id);
+        self.trace_span(op, (start, finish), previous_finish);
+        let s = &mut self.streams[op.stream];
         let o = s.ops.get_mut(&op.seq).expect("present");
         o.ready_at.get_or_insert(start);
         o.finish = Some(finish);

@@ -72,6 +72,12 @@ impl World {
         );
         // Register every rank before any runs, so that no rank sees a world without the others.
         let tids: Vec<usize> = (0..n).map(|rank| self.inner.register(&format!("rank{rank}"), false)).collect();
+        {
+            let mut state = self.inner.lock();
+            for (rank, tid) in tids.iter().enumerate() {
+                state.trace.set_thread_device(*tid, rank);
+            }
+        }
         let body = &body;
         std::thread::scope(|scope| {
             let mut handles = Vec::with_capacity(n);
@@ -136,6 +142,16 @@ impl World {
     /// The kernels device `device` has run (oldest dropped beyond the log capacity), in start order.
     pub fn kernel_log(&self, device: usize) -> Vec<KernelRecord> {
         self.inner.lock().kernel_log(device)
+    }
+
+    /// The timeline so far, in virtual time: what every stream ran (kernels, copies, communication kernels, waits
+    /// for events), the waits as arrows from the operation the event marked, when host threads were blocked, and
+    /// the hazards found; what is unfinished now (a hung collective, a thread still blocked) has no end.
+    /// [`Trace::to_chrome_json`](crate::Trace::to_chrome_json) makes it a file for Perfetto or chrome://tracing.
+    ///
+    /// The world keeps the latest [`WorldConfig::trace_capacity`](crate::WorldConfig::trace_capacity) records.
+    pub fn trace(&self) -> crate::Trace {
+        self.inner.lock().trace()
     }
 
     /// How many communicators (rank-local handles, as NCCL counts them) have been created.

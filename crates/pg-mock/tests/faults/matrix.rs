@@ -61,6 +61,8 @@ pub struct Outcome {
     pub not_applicable: bool,
     /// Evidence worth printing under the table (a desync report).
     pub details: Vec<String>,
+    /// The timeline of each world the scenario ran, named when it ran several (`cargo xtask faults --trace`).
+    pub traces: Vec<(String, pg_mock::Trace)>,
 }
 
 impl Outcome {
@@ -282,6 +284,7 @@ fn rank_skips_a_collective(env: &Env) -> Outcome {
         );
     }
     let dumps = check_dumps(&dir, SIZE, SKIPPER, 5, &mut out);
+    out.traces.push((String::new(), world.trace()));
     out.latency = ranks.iter().filter_map(|s| s.latency).max();
     out.details.extend(ranks[0].report.clone());
     out.observed = format!(
@@ -328,6 +331,7 @@ fn error_propagates_through_the_store(env: &Env) -> Outcome {
         (status.error, status.error_type, status.error_detected_at, timed_out_at)
     });
     let mut out = Outcome::default();
+    out.traces.push((String::new(), world.trace()));
     let (e0, t0, _, timed_out_at) = &ranks[0];
     let (e1, t1, detected1, _) = &ranks[1];
     out.check(*t0 == ErrorType::Timeout, format!("rank 0: {t0:?}"));
@@ -352,7 +356,7 @@ struct CommFailure {
     later_call: Result<(), ErrorKind>,
 }
 
-fn comm_failure(dir: &Path, mode: ErrorHandling) -> CommFailure {
+fn comm_failure(dir: &Path, mode: ErrorHandling) -> (CommFailure, pg_mock::Trace) {
     const FAILING: usize = 1;
     let world = World::new(WorldConfig {
         faults: vec![Fault::AsyncError { rank: FAILING, after_ops: 3 }],
@@ -381,7 +385,7 @@ fn comm_failure(dir: &Path, mode: ErrorHandling) -> CommFailure {
         pg.abort("end of scenario 2");
         seen
     });
-    ranks[FAILING].clone()
+    (ranks[FAILING].clone(), world.trace())
 }
 
 fn async_communicator_error(env: &Env) -> Outcome {
@@ -396,7 +400,8 @@ fn async_communicator_error(env: &Env) -> Outcome {
     let mut out = Outcome::default();
     let mut latencies = Vec::new();
     for (mode, aborted, torn_down, later) in cases {
-        let seen = comm_failure(&dir, mode);
+        let (seen, trace) = comm_failure(&dir, mode);
+        out.traces.push((format!("{mode:?}"), trace));
         out.check(seen.error_type == ErrorType::CommError, format!("{mode:?}: error type {:?}", seen.error_type));
         out.check(
             seen.work_error == Some(ErrorKind::Communicator),
@@ -437,6 +442,7 @@ fn blocking_wait_on_a_hung_op(env: &Env) -> Outcome {
         (result.err().map(|e| e.kind()), returned_after, pg.status().aborted_comms)
     });
     let mut out = Outcome::default();
+    out.traces.push((String::new(), world.trace()));
     for (rank, (error, after, aborted)) in ranks.iter().enumerate() {
         out.check(*error == Some(ErrorKind::WorkTimeout), format!("rank {rank}: wait() gave {error:?}"));
         out.check(*after >= TIMEOUT && *after <= TIMEOUT + PERIOD, format!("rank {rank}: returned after {after:?}"));
@@ -470,6 +476,7 @@ fn store_dies_during_rendezvous(env: &Env) -> Outcome {
         (result.err(), device.now().saturating_sub(start))
     });
     let mut out = Outcome::default();
+    out.traces.push((String::new(), world.trace()));
     for (rank, (error, after)) in ranks.iter().enumerate() {
         // A rank waiting for the unique id gives up at the group's timeout when it is the shorter one.
         let store_error =
@@ -504,6 +511,7 @@ fn wedged_watchdog(env: &Env) -> Outcome {
     });
     let (error, error_type, latency, later, dumps) = ranks[0];
     let mut out = Outcome { latency, ..Outcome::default() };
+    out.traces.push((String::new(), world.trace()));
     out.check(error == Some(ErrorKind::HeartbeatTimeout), format!("error {error:?}"));
     out.check(error_type == ErrorType::HeartbeatTimeout, format!("error type {error_type:?}"));
     out.check(latency.is_some_and(|l| l <= 2 * HEARTBEAT + PERIOD), format!("latency {latency:?}"));
@@ -515,7 +523,7 @@ fn wedged_watchdog(env: &Env) -> Outcome {
 
 // ===== 6: abort from a second thread =====
 
-fn abort_case(dir: &Path, blocking: bool) -> (Option<ErrorKind>, Option<Duration>) {
+fn abort_case(dir: &Path, blocking: bool) -> (Option<ErrorKind>, Option<Duration>, pg_mock::Trace) {
     let world =
         World::new(WorldConfig { faults: vec![Fault::HangAt { rank: 0, op: 1 }], ..WorldConfig::with_devices(2) });
     let store = world.store();
@@ -544,7 +552,7 @@ fn abort_case(dir: &Path, blocking: bool) -> (Option<ErrorKind>, Option<Duration
         let aborted_at = aborted_at.lock().unwrap().expect("abort time");
         (result.err().map(|e| e.kind()), Some(returned.saturating_sub(aborted_at)))
     });
-    ranks[0]
+    (ranks[0].0, ranks[0].1, world.trace())
 }
 
 fn abort_from_a_second_thread(env: &Env) -> Outcome {
@@ -552,7 +560,8 @@ fn abort_from_a_second_thread(env: &Env) -> Outcome {
     let mut out = Outcome::default();
     let mut latencies = Vec::new();
     for (blocking, label) in [(true, "blocking wait"), (false, "wait_timeout with the watchdog")] {
-        let (error, latency) = abort_case(&dir, blocking);
+        let (error, latency, trace) = abort_case(&dir, blocking);
+        out.traces.push((if blocking { "blocking" } else { "watchdog" }.to_owned(), trace));
         out.check(error == Some(ErrorKind::Aborted), format!("{label}: the waiter got {error:?}"));
         out.check(
             latency.is_some_and(|l| l <= Duration::from_millis(2)),
@@ -586,8 +595,8 @@ const PEAK_BOUND: usize = 2 * OPS_PER_STEP * 100;
 /// sequence number.
 type UnwaitedRank = (Vec<Books>, Option<u64>);
 
-/// One run of scenario 7; also returns how many hazards the world recorded.
-fn unwaited_run(dir: &Path, ops: usize, avoid_record_streams: bool) -> (Vec<UnwaitedRank>, usize) {
+/// One run of scenario 7; also returns how many hazards the world recorded, and its trace.
+fn unwaited_run(dir: &Path, ops: usize, avoid_record_streams: bool) -> (Vec<UnwaitedRank>, usize, pg_mock::Trace) {
     // Record, so that the check below names the count rather than stopping at the first hazard.
     let world = World::new(WorldConfig { hazard_mode: HazardMode::Record, ..WorldConfig::with_devices(2) });
     let store = world.store();
@@ -621,7 +630,7 @@ fn unwaited_run(dir: &Path, ops: usize, avoid_record_streams: bool) -> (Vec<Unwa
         }
         (snapshots, pg.status().last_completed_seq)
     });
-    (ranks, world.hazards().len())
+    (ranks, world.hazards().len(), world.trace())
 }
 
 fn unwaited_ops_stay_flat(env: &Env) -> Outcome {
@@ -630,7 +639,8 @@ fn unwaited_ops_stay_flat(env: &Env) -> Outcome {
     let mut out = Outcome::default();
     let mut observed = vec![format!("{ops} ops per rank and variant")];
     for (avoid, label) in [(false, "record_stream"), (true, "avoid_record_streams")] {
-        let (ranks, hazards) = unwaited_run(&dir, ops, avoid);
+        let (ranks, hazards, trace) = unwaited_run(&dir, ops, avoid);
+        out.traces.push((label.to_owned(), trace));
         for (rank, (snapshots, last)) in ranks.iter().enumerate() {
             let end = snapshots[snapshots.len() - 1];
             let what = format!("{label}, rank {rank}: {snapshots:?}");
@@ -704,6 +714,7 @@ fn new_group_after_an_error(env: &Env) -> Outcome {
         (old_error, read.map_err(|e| e.kind()))
     });
     let mut out = Outcome::default();
+    out.traces.push((String::new(), world.trace()));
     out.check(ranks[0].0 == Some(ErrorKind::WorkTimeout), format!("rank 0's old group gave {:?}", ranks[0].0));
     for (rank, (_, read)) in ranks.iter().enumerate() {
         out.check(*read == Ok(vec![3.0; 4]), format!("rank {rank}: the new group's all_reduce gave {read:?}"));

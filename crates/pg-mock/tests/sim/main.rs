@@ -12,3 +12,4 @@ mod hazards;
 mod memory;
 mod store;
 mod streams;
+mod trace;
