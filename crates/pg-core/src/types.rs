@@ -203,6 +203,24 @@ pub enum ShrinkMode {
 }
 
 impl ShrinkMode {
+    /// `excluded`, sorted, checked as the ranks a shrink of rank `rank`'s communicator of `size` may leave out:
+    /// distinct ranks of the communicator, not the caller's, and not every rank.
+    pub fn checked_exclusion(excluded: &[usize], size: usize, rank: usize) -> Result<Vec<usize>> {
+        let mut sorted = excluded.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != excluded.len() || sorted.iter().any(|&r| r >= size) || sorted.contains(&rank) {
+            return Err(Error::invalid(format!(
+                "shrink: excluded ranks {excluded:?} must be distinct ranks of a communicator of {size}, without the \
+                 caller's rank {rank}"
+            )));
+        }
+        if sorted.len() >= size {
+            return Err(Error::invalid("shrink: every rank is excluded"));
+        }
+        Ok(sorted)
+    }
+
     /// NCCL's flag value (`NCCL_SHRINK_DEFAULT` 0, `NCCL_SHRINK_ABORT` 1).
     pub const fn nccl_flag(self) -> i32 {
         match self {

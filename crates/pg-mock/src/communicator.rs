@@ -1038,19 +1038,7 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn shrink(&self, excluded: &[usize], mode: pg_core::ShrinkMode, config: &CommConfig) -> Result<MockCommunicator> {
-        let mut sorted = excluded.to_vec();
-        sorted.sort_unstable();
-        sorted.dedup();
-        if sorted.len() != excluded.len() || sorted.iter().any(|&r| r >= self.size) || sorted.contains(&self.rank) {
-            return Err(Error::invalid(format!(
-                "shrink: excluded ranks {excluded:?} must be distinct ranks of a communicator of {}, without the \
-                 caller's rank {}",
-                self.size, self.rank
-            )));
-        }
-        if sorted.len() >= self.size {
-            return Err(Error::invalid("shrink: every rank is excluded"));
-        }
+        let sorted = pg_core::ShrinkMode::checked_exclusion(excluded, self.size, self.rank)?;
         let tid = self.inner.require("shrink");
         let mut state = self.inner.lock();
         state.apply_scheduled_abort(self.group, self.rank);

@@ -144,6 +144,35 @@ impl Communicator {
         })
     }
 
+    /// Runs `call` (a split or a shrink of this communicator) bounded by `config`'s timeout: blocking on a helper
+    /// thread, or polled where the communicator is non-blocking. One that times out aborts this communicator (for
+    /// `reason`) and is an [`Error::InitTimeout`] saying this rank called `what`.
+    fn split_with_timeout(
+        &self,
+        call: SplitCall,
+        config: &CommConfig,
+        reason: &str,
+        what: &str,
+    ) -> pg_core::Result<RawComm> {
+        let ended = match self.nonblocking {
+            false => split::split_bounded(call, config.timeout, || self.retire(reason))?,
+            true => {
+                let deadline = config.timeout.map(|timeout| Instant::now() + timeout);
+                // The abort waits briefly for the issue mutex, which the caller holds, then aborts under it.
+                let abort = || pg_core::Communicator::abort(self, reason);
+                split::split_nonblocking(&call, deadline, || self.async_state(), abort, |s| self.state_error(s))?
+            }
+        };
+        match ended {
+            Ended::Finished(result) => result,
+            Ended::TimedOut => Err(Error::InitTimeout {
+                cache_key: config.description.clone(),
+                timeout: config.timeout.unwrap_or_default(),
+                what: format!("rank {} of {} called {what}; the parent communicator was aborted", self.rank, self.size),
+            }),
+        }
+    }
+
     /// A child NCCL just made (by a split or a shrink) from this communicator, on its device, blocking.
     fn child(&self, handle: RawComm, description: String) -> pg_core::Result<Self> {
         let mut child = Self {
@@ -739,30 +768,8 @@ impl pg_core::Communicator for Communicator {
             parent: comm,
             kind: SplitKind::Split { color: nccl_color, key: nccl_key },
         };
-        let reason = "a split of this communicator timed out";
-        let ended = match self.nonblocking {
-            false => split::split_bounded(call, config.timeout, || self.retire(reason))?,
-            true => {
-                let deadline = config.timeout.map(|timeout| Instant::now() + timeout);
-                // The abort waits briefly for the issue mutex, which this thread holds, then aborts under it.
-                let abort = || pg_core::Communicator::abort(self, reason);
-                split::split_nonblocking(&call, deadline, || self.async_state(), abort, |s| self.state_error(s))?
-            }
-        };
-        let handle = match ended {
-            Ended::Finished(result) => result?,
-            Ended::TimedOut => {
-                return Err(Error::InitTimeout {
-                    cache_key: config.description.clone(),
-                    timeout: config.timeout.unwrap_or_default(),
-                    what: format!(
-                        "rank {} of {} called ncclCommSplit, which did not finish in time (not every rank of the \
-                         parent called it); the parent communicator was aborted",
-                        self.rank, self.size
-                    ),
-                })
-            }
-        };
+        let call_name = "ncclCommSplit, which did not finish in time (not every rank of the parent called it)";
+        let handle = self.split_with_timeout(call, config, "a split of this communicator timed out", call_name)?;
         if handle.0.is_null() {
             return Ok(None);
         }
@@ -776,16 +783,7 @@ impl pg_core::Communicator for Communicator {
     }
 
     fn shrink(&self, excluded: &[usize], mode: ShrinkMode, config: &CommConfig) -> pg_core::Result<Self> {
-        let mut sorted = excluded.to_vec();
-        sorted.sort_unstable();
-        sorted.dedup();
-        if sorted.len() != excluded.len() || sorted.iter().any(|&r| r >= self.size) || sorted.contains(&self.rank) {
-            return Err(Error::invalid(format!(
-                "shrink: excluded ranks {excluded:?} must be distinct ranks of a communicator of {}, without the \
-                 caller's rank {}",
-                self.size, self.rank
-            )));
-        }
+        let sorted = ShrinkMode::checked_exclusion(excluded, self.size, self.rank)?;
         let _issuing = self.lock_issue();
         let comm = self.live()?;
         let flags = match mode {
@@ -802,29 +800,10 @@ impl pg_core::Communicator for Communicator {
             parent: comm,
             kind: SplitKind::Shrink { excluded: sorted.clone(), flags },
         };
-        let reason = "a shrink of this communicator timed out";
-        let ended = match self.nonblocking {
-            false => split::split_bounded(call, config.timeout, || self.retire(reason))?,
-            true => {
-                let deadline = config.timeout.map(|timeout| Instant::now() + timeout);
-                let abort = || pg_core::Communicator::abort(self, reason);
-                split::split_nonblocking(&call, deadline, || self.async_state(), abort, |s| self.state_error(s))?
-            }
-        };
-        let handle = match ended {
-            Ended::Finished(result) => result?,
-            Ended::TimedOut => {
-                return Err(Error::InitTimeout {
-                    cache_key: config.description.clone(),
-                    timeout: config.timeout.unwrap_or_default(),
-                    what: format!(
-                        "rank {} of {} called ncclCommShrink excluding {sorted:?}, which did not finish in time (not \
-                         every other rank called it); the parent communicator was aborted",
-                        self.rank, self.size
-                    ),
-                })
-            }
-        };
+        let what = format!(
+            "ncclCommShrink excluding {sorted:?}, which did not finish in time (not every other rank called it)"
+        );
+        let handle = self.split_with_timeout(call, config, "a shrink of this communicator timed out", &what)?;
         if handle.0.is_null() {
             return Err(Error::Backend("ncclCommShrink returned no communicator for a rank it keeps".to_owned()));
         }
