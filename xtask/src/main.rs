@@ -14,6 +14,7 @@ mod fr_analyze;
 mod fr_trace;
 mod gpu;
 mod gpu_faults;
+mod gpu_recovery;
 mod gpu_test;
 mod interop;
 mod mock_trace;
@@ -35,6 +36,8 @@ Tasks:
   interop                store interop tests against PyTorch (sets up a virtual environment)
   faults [--backend mock|nccl] [--json PATH] [--trace DIR]
                          the fault matrix: hangs, errors, aborts, dead peers
+  recovery --backend nccl [--world-size N] [--json PATH] [--md PATH]
+                         a rank SIGKILLed mid-all_reduce; the survivors revoke, agree, shrink and go on
   fr-analyze DIR [--trace OUT.json]
                          reads every rank's flight-recorder dump and reports the first divergence
   plot [--results DIR] | plot --timeline TRACE.json --out PICTURE.svg
@@ -68,6 +71,8 @@ fn main() -> ExitCode {
         "gpu-test" => gpu_test::run(rest),
         gpu::RANK_TASK => gpu::rank_main(rest),
         gpu_faults::RANK_TASK => gpu_faults::rank_main(rest),
+        gpu_recovery::RANK_TASK => gpu_recovery::rank_main(rest),
+        "recovery" => gpu_recovery::run(rest),
         "bench" => bench_allreduce::run(rest),
         "faults" => faults::run(rest),
         "fr-analyze" => fr_analyze::run(rest),
