@@ -438,6 +438,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "torch_placement.py",
             "torch_profile.py",
             "torch_mixed.py",
+            "torch_recovery.py",
             "stream_pairs.py",
         ] {
             std::fs::copy(root().join("bench").join(script), dir.join(script))
@@ -449,8 +450,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         set_executable(&run_sh)?;
         println!(
             "bundle ready in {}: run.sh, pg-nccl-gpu, pg-xtask, ddp_mlp, torch_allreduce.py, torch_exchange.py, \
-             torch_ddp_mlp.py, torch_experiments.py, torch_placement.py, torch_profile.py, torch_mixed.py, stream_pairs.py, \
-             COMMIT",
+             torch_ddp_mlp.py, torch_experiments.py, torch_placement.py, torch_profile.py, torch_mixed.py, torch_recovery.py, \
+             stream_pairs.py, COMMIT",
             dir.display()
         );
         return Ok(());
