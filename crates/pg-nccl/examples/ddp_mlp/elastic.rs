@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pg_core::{AgreeOptions, Device as _, ProcessGroup, ReduceOp, Result, ShrinkOptions};
 
-use crate::train::{dims, layer_len, step_on_device, update, weights, Config, Math, Model, StepRecord, Teacher};
+use crate::train::{init_params, step_on_device, update, Config, Math, Model, StepRecord, Teacher};
 
 /// What the elastic loop is told.
 #[derive(Debug, Clone, Copy)]
@@ -64,20 +64,7 @@ pub fn train_elastic<M: Math>(
     let me = pg.rank();
     let mut group = pg.clone();
     let mut model = Model::new(math, config, rows(config.batch, group.rank(), group.size()).len())?;
-    if me == 0 {
-        for l in 0..2 {
-            let (inputs, outputs) = dims(config, l);
-            let key = if l == 0 { crate::train::KEY_W1 } else { crate::train::KEY_W2 };
-            let mut values = weights(config, key, outputs * inputs, (6.0 / inputs as f32).sqrt() / 2.0);
-            values.resize(layer_len(config, l), 0.0);
-            math.upload(&model.params[l], &values)?;
-        }
-    }
-    for params in &model.params {
-        math.publish(params)?;
-        group.broadcast(math.buffer(params), 0)?.wait()?;
-        math.collect(params)?;
-    }
+    init_params(math, &group, config, &model)?;
     let teacher = Teacher::new(config);
     let device = math.device();
     let mut run = ElasticRun::default();

@@ -79,8 +79,13 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(parsed)
 }
 
-/// Every simulated rank's curve (they must agree), rank 0's first.
-fn run_mock(world_size: usize, config: &Config) -> pg_core::Result<Vec<Vec<StepRecord>>> {
+/// Runs `body` on each of `world_size` simulated ranks, each with its host arithmetic and a group made with
+/// `options`; the ranks' results, rank 0's first.
+fn on_mock_ranks<T: Send>(
+    world_size: usize,
+    options: &Options,
+    body: impl Fn(&host::HostMath, &ProcessGroup<pg_mock::Mock>) -> pg_core::Result<T> + Sync,
+) -> pg_core::Result<Vec<T>> {
     let world = pg_mock::World::new(pg_mock::WorldConfig { devices: world_size, ..Default::default() });
     let store = world.store();
     world
@@ -90,15 +95,21 @@ fn run_mock(world_size: usize, config: &Config) -> pg_core::Result<Vec<Vec<StepR
                 rank,
                 world_size,
                 device.clone(),
-                Options::builder().build(),
+                options.clone(),
             )?;
-            let math = host::HostMath::new(device);
-            let records = train::train(&math, &pg, config);
-            pg.shutdown()?;
-            records
+            body(&host::HostMath::new(device), &pg)
         })
         .into_iter()
         .collect()
+}
+
+/// Every simulated rank's curve (they must agree), rank 0's first.
+fn run_mock(world_size: usize, config: &Config) -> pg_core::Result<Vec<Vec<StepRecord>>> {
+    on_mock_ranks(world_size, &Options::builder().build(), |math, pg| {
+        let records = train::train(math, pg, config);
+        pg.shutdown()?;
+        records
+    })
 }
 
 /// Options of a group that revokes itself on a dead peer, detected by a short op timeout.
@@ -122,21 +133,7 @@ fn run_mock_elastic(
     config: &Config,
     kill: (usize, usize),
 ) -> pg_core::Result<Vec<elastic::ElasticRun>> {
-    let world = pg_mock::World::new(pg_mock::WorldConfig { devices: world_size, ..Default::default() });
-    let store = world.store();
-    world
-        .run(world_size, |rank, device| {
-            let pg = ProcessGroup::<pg_mock::Mock>::new(
-                Arc::clone(&store),
-                rank,
-                world_size,
-                device.clone(),
-                elastic_options(),
-            )?;
-            elastic::train_elastic(&host::HostMath::new(device), &pg, config, &elastic(kill))
-        })
-        .into_iter()
-        .collect()
+    on_mock_ranks(world_size, &elastic_options(), |math, pg| elastic::train_elastic(math, pg, config, &elastic(kill)))
 }
 
 /// This process's rank of an NCCL job: its curve, its recoveries (elastic loop only), and its rank.

@@ -287,20 +287,15 @@ pub(crate) fn update<M: Math>(
     Ok(())
 }
 
-/// Trains on `pg`'s ranks and returns the loss curve (the same on every rank). Rank 0 initialises the
-/// parameters and broadcasts them, as DDP does at construction.
-pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Result<Vec<StepRecord>> {
-    let (rank, world) = (pg.rank(), pg.size());
-    if config.batch == 0 || config.batch % world != 0 {
-        return Err(pg_core::Error::invalid(format!(
-            "a global batch of {} rows does not split evenly between {world} ranks",
-            config.batch
-        )));
-    }
-    let b = config.batch / world;
-    let o = config.output;
-    let model = Model::new(math, config, b)?;
-    if rank == 0 {
+/// Rank 0 of `pg` initialises `model`'s parameters and broadcasts them to the other ranks, as DDP does at
+/// construction.
+pub(crate) fn init_params<M: Math>(
+    math: &M,
+    pg: &ProcessGroup<M::B>,
+    config: &Config,
+    model: &Model<M::Array>,
+) -> Result<()> {
+    if pg.rank() == 0 {
         for l in 0..2 {
             let (inputs, outputs) = dims(config, l);
             let key = if l == 0 { KEY_W1 } else { KEY_W2 };
@@ -314,6 +309,23 @@ pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Res
         pg.broadcast(math.buffer(params), 0)?.wait()?;
         math.collect(params)?;
     }
+    Ok(())
+}
+
+/// Trains on `pg`'s ranks and returns the loss curve (the same on every rank). Rank 0 initialises the
+/// parameters and broadcasts them, as DDP does at construction.
+pub fn train<M: Math>(math: &M, pg: &ProcessGroup<M::B>, config: &Config) -> Result<Vec<StepRecord>> {
+    let (rank, world) = (pg.rank(), pg.size());
+    if config.batch == 0 || config.batch % world != 0 {
+        return Err(pg_core::Error::invalid(format!(
+            "a global batch of {} rows does not split evenly between {world} ranks",
+            config.batch
+        )));
+    }
+    let b = config.batch / world;
+    let o = config.output;
+    let model = Model::new(math, config, b)?;
+    init_params(math, pg, config, &model)?;
 
     // The data of every step, made before the loop so that a step's time is the device's work and its upload.
     let teacher = Teacher::new(config);

@@ -290,13 +290,7 @@ pub fn merge(dir: &Path, label: &str) -> Result<bool, String> {
         }
         let passed = json_runs.iter().all(|r| r["passed"] == true);
         let merged = json!({ "task": "mixed", "label": label, "world_size": world, "passed": passed, "ops": OPS, "runs": json_runs });
-        let stem = dir.join(format!("mixed-nccl-{world}"));
-        std::fs::write(stem.with_extension("md"), &md).map_err(|e| e.to_string())?;
-        std::fs::write(
-            stem.with_extension("json"),
-            serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n",
-        )
-        .map_err(|e| e.to_string())?;
+        crate::report::write_pair(dir, &format!("mixed-nccl-{world}"), &merged, &md)?;
         print!("{md}");
     }
     Ok(all_passed)

@@ -55,10 +55,15 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
 
 /// Writes `<task>.json` and `<task>.md` into the output directory.
 fn write(settings: &Settings, task: &str, merged: &Value, markdown: &str) -> Result<(), String> {
-    let json_path = settings.out.join(format!("{task}.json"));
+    write_pair(&settings.out, task, merged, markdown)
+}
+
+/// Writes `dir/<stem>.json` (pretty, with a final newline) and `dir/<stem>.md`.
+pub fn write_pair(dir: &std::path::Path, stem: &str, merged: &Value, markdown: &str) -> Result<(), String> {
+    let json_path = dir.join(format!("{stem}.json"));
     std::fs::write(&json_path, serde_json::to_string_pretty(merged).map_err(|e| e.to_string())? + "\n")
         .map_err(|e| format!("{}: {e}", json_path.display()))?;
-    let md_path = settings.out.join(format!("{task}.md"));
+    let md_path = dir.join(format!("{stem}.md"));
     std::fs::write(&md_path, markdown).map_err(|e| format!("{}: {e}", md_path.display()))
 }
 
@@ -732,12 +737,7 @@ pub fn merge_train(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         let _ = writeln!(md, "| {step} | {loss:.6} | {ms:.3} | {tl} | {tm} |");
     }
     let merged = json!({ "passed": ok, "label": label, "summary": rows, "max_relative_loss_gap": gap, "pg": pg, "torch": torch });
-    std::fs::write(
-        dir.join("train-mlp.json"),
-        serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n",
-    )
-    .map_err(|e| format!("train-mlp.json: {e}"))?;
-    std::fs::write(dir.join("train-mlp.md"), &md).map_err(|e| format!("train-mlp.md: {e}"))?;
+    write_pair(dir, "train-mlp", &merged, &md)?;
     print!("{md}");
     Ok(ok)
 }
@@ -869,12 +869,7 @@ pub fn merge_train_layouts(dir: &std::path::Path, label: &str, layouts: &[usize]
         }
     }
     let merged = json!({ "passed": ok, "label": label, "layouts": rows });
-    std::fs::write(
-        dir.join("train-mlp.json"),
-        serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())? + "\n",
-    )
-    .map_err(|e| format!("train-mlp.json: {e}"))?;
-    std::fs::write(dir.join("train-mlp.md"), &md).map_err(|e| format!("train-mlp.md: {e}"))?;
+    write_pair(dir, "train-mlp", &merged, &md)?;
     print!("{md}");
     Ok(ok)
 }
