@@ -128,7 +128,8 @@ def report(out, world):
         values = sorted(r[key] for r in rows or [] if key in r)
         return values[len(values) // 2] if values else None
 
-    lines = [f"# A lost rank survived: pg and PyTorch on NCCL, world {world}", "",
+    label = os.environ.get("PG_RUN_LABEL", "machine not given (set PG_RUN_LABEL)")
+    lines = [f"# A lost rank survived: pg and PyTorch on NCCL, world {world}", "", label, "",
              "The last rank SIGKILLed during its sixth 64 MiB all_reduce; ms of wall-clock time, medians over the survivors.",
              "", "| | detect | recover | total | every survivor correct | path |", "| --- | ---: | ---: | ---: | --- | --- |"]
     for name, doc, path in [("pg", pg, "revoke, agree_survivors, shrink (ncclCommShrink)"),
@@ -143,7 +144,7 @@ def report(out, world):
     with open(os.path.join(out, f"recovery-nccl-{world}.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, f"recovery-nccl-{world}.json"), "w") as f:
-        json.dump({"world_size": world, "pg": pg, "torch": torch}, f, indent=1)
+        json.dump({"machine": label, "world_size": world, "pg": pg, "torch": torch}, f, indent=1)
     print(text)
 
 
