@@ -36,10 +36,19 @@ def launch(world, out):
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RECOVERY_PORT=str(second),
-                   # Clean up only: a failed communicator is aborted and the error raised, the process lives on.
-                   TORCH_NCCL_ASYNC_ERROR_HANDLING="2")
+                   # No handling: the watchdog neither aborts the failed communicator (shrink_group needs it) nor
+                   # ends the process; the error is raised by the wait, and the recovery path deals with it.
+                   TORCH_NCCL_ASYNC_ERROR_HANDLING="0")
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--out", out], env=env))
-    codes = [p.wait(timeout=300) for p in procs]
+    # A rank stuck in PyTorch's recovery (a hung abort or a rendezvous a peer never reaches) is killed and reported.
+    deadline = time.time() + 150
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append("killed after 150 s")
     rows = []
     for rank in range(world - 1):
         path = os.path.join(out, f"recovery-torch-rank{rank}.json")
@@ -84,13 +93,20 @@ def worker(out):
     detected = time.time() * 1e3
     survivors = [r for r in range(world) if r != victim]
     new_rank = survivors.index(rank)
-    path = "none"
+    killed_at = float(store.get("killed_at"))
+    group = None
+    path = "destroy_process_group + init_process_group"
     if hasattr(dist, "shrink_group"):
-        path = "shrink_group"
-        group = dist.shrink_group([victim])
-    else:
-        path = "destroy_process_group + init_process_group"
-        killed_at = float(store.get("killed_at"))
+        # The excluded rank is dead: NCCL_SHRINK_ABORT, where this version names it.
+        flags = getattr(dist, "SHRINK_ABORT", getattr(dist.distributed_c10d, "SHRINK_ABORT", None))
+        try:
+            kwargs = {} if flags is None else {"shrink_flags": flags}
+            group = dist.shrink_group([victim], **kwargs)
+            path = "shrink_group" + (" (SHRINK_ABORT)" if flags is not None else "")
+        except Exception as e:  # then the fallback, timed from the same start
+            path = f"shrink_group failed ({type(e).__name__}: {str(e)[:120]}), then destroy + init"
+            group = None
+    if group is None:
         try:
             dist.destroy_process_group()
         except Exception as e:
@@ -98,15 +114,12 @@ def worker(out):
         new_store = dist.TCPStore("127.0.0.1", int(os.environ["RECOVERY_PORT"]), len(survivors), new_rank == 0,
                                   timeout=timedelta(seconds=60))
         dist.init_process_group("nccl", store=new_store, rank=new_rank, world_size=len(survivors), device_id=device)
-        group = None
     buffer.fill_(rank + 1)
     dist.all_reduce(buffer, group=group)
     torch.cuda.synchronize()
     ready = time.time() * 1e3
     want = float(sum(r + 1 for r in survivors))
     correct = bool(torch.all(buffer == want).item())
-    if path == "shrink_group":
-        killed_at = float(store.get("killed_at"))
     row = {"rank": rank, "new_rank": new_rank, "survivors": survivors, "path": path, "error": error,
            "detect_ms": detected - killed_at, "recover_ms": ready - detected, "correct": correct}
     with open(os.path.join(out, f"recovery-torch-rank{rank}.json"), "w") as f:

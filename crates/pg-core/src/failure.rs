@@ -34,7 +34,7 @@ pub(crate) fn on_error<B: Backend>(
     }
     if first && !group.store_link.broken.load(Ordering::Relaxed) {
         let rank = i32::try_from(group.rank).unwrap_or(i32::MAX).to_ne_bytes();
-        if options.propagate_error && error.kind() != ErrorKind::Remote {
+        if options.signals_peers() && error.kind() != ErrorKind::Remote {
             signal(group, &remote_error_key(&options.group_name), &rank);
         }
         if options.dump_on_timeout {

@@ -84,7 +84,10 @@ pub struct Options {
     /// watchdog), revoke the group instead of what `error_handling` says ([`crate::ProcessGroup::revoke`]): the
     /// Works in flight fail (the failed one with its error, the others with [`crate::Error::Revoked`]), the device
     /// is not poisoned, and the group is left for [`crate::ProcessGroup::agree_survivors`] and
-    /// [`crate::ProcessGroup::shrink`] (pg's own; `PG_REVOKE_ON_ERROR`, default off).
+    /// [`crate::ProcessGroup::shrink`] (pg's own; `PG_REVOKE_ON_ERROR`, default off). Such a group also tells
+    /// its peers through the store and listens for theirs, as with [`Options::propagate_error`]: on NCCL only the
+    /// ranks that exchange data with a dead one see its sockets close, and every survivor must reach the
+    /// agreement in time.
     pub revoke_on_error: bool,
     /// End the process as PyTorch does (`std::process::abort`, SIGABRT) once the watchdog found an error in a
     /// mode that tears down (1 or 3) and the flight recorder is dumped, or once the heartbeat monitor found the
@@ -106,7 +109,8 @@ pub struct Options {
     pub dump_on_timeout: bool,
     /// Where dumps go: the rank is appended (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE`, default `/tmp/nccl_trace_rank_`).
     pub dump_path_prefix: String,
-    /// Write the failing rank to the store so peers learn of it (`TORCH_NCCL_PROPAGATE_ERROR`).
+    /// Write the failing rank to the store so peers learn of it (`TORCH_NCCL_PROPAGATE_ERROR`). A group with
+    /// [`Options::revoke_on_error`] does so whatever this says (see [`Options::signals_peers`]).
     pub propagate_error: bool,
     /// Desync debugging: trace keys in the store and a desync report on timeout (`TORCH_NCCL_DESYNC_DEBUG`).
     pub desync_debug: bool,
@@ -165,6 +169,12 @@ impl Options {
     /// A builder starting from PyTorch's defaults.
     pub fn builder() -> OptionsBuilder {
         OptionsBuilder { options: Options::default() }
+    }
+
+    /// Whether the group writes its failure to the store for its peers and polls for theirs each watchdog pass:
+    /// [`Options::propagate_error`], or [`Options::revoke_on_error`] (whose recovery needs every survivor).
+    pub fn signals_peers(&self) -> bool {
+        self.propagate_error || self.revoke_on_error
     }
 }
 

@@ -15,8 +15,8 @@
 //! no part in a shrink, so a count of all shrinks would differ between ranks), its ranks mapped to the parent's
 //! world ranks. Its collective
 //! communicator is the parent's shrunk ([`crate::Communicator::shrink`], NCCL's `ncclCommShrink`), or, when the
-//! parent has none or it was aborted (a revoke on an NCCL older than 2.28.7 aborts), a new one made by a
-//! rendezvous under that prefix.
+//! parent has none or it was aborted (a revoke on an NCCL older than 2.28.7 aborts), or the list is empty (NCCL's
+//! shrink needs a rank to exclude), a new one made by a rendezvous under that prefix.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -227,7 +227,9 @@ impl<B: Backend> ProcessGroup<B> {
             inner.superseded.store(true, Ordering::SeqCst);
             inner.mark_revoked(&Error::Revoked { reason });
         }
-        let child = match self.collective().filter(|comm| !comm.is_aborted()) {
+        // NCCL's shrink needs a rank to exclude (as PyTorch's `shrink_group`): a shrink that excludes none makes
+        // a new communicator of the same ranks by rendezvous, after revoking the parent's when aborting.
+        let child = match self.collective().filter(|comm| !comm.is_aborted() && !excluded.is_empty()) {
             Some(parent) => {
                 let config = CommConfig {
                     nonblocking: false,
@@ -252,6 +254,7 @@ impl<B: Backend> ProcessGroup<B> {
             }
             None => {
                 if aborting {
+                    inner.revoke_comms(&format!("rank {rank}: shrunk with abort"));
                     inner.finish_revoke();
                 }
                 // Nothing to shrink: the survivors rendezvous for a new communicator under the new prefix.

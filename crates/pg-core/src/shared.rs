@@ -191,9 +191,15 @@ impl<B: Backend> Shared<B> {
     /// 2.28.7). No host call blocks. The threads are told to stop; nothing waits for them.
     pub(crate) fn revoke(&self, error: &Error) {
         self.mark_revoked(error);
-        let reason = error.to_string();
-        for comm in self.all_comms() {
-            let revoked = match comm.revoke(&reason) {
+        self.revoke_comms(&error.to_string());
+        self.finish_revoke();
+    }
+
+    /// Revokes every communicator of the group not yet revoked or aborted (aborts it where the backend cannot
+    /// revoke): the middle of a revoke.
+    pub(crate) fn revoke_comms(&self, reason: &str) {
+        for comm in self.all_comms().into_iter().filter(|comm| !comm.is_aborted() && !comm.is_revoked()) {
+            let revoked = match comm.revoke(reason) {
                 Err(Error::Unsupported(why)) => {
                     tracing::warn!(target: "pg", pg_id = self.local_id, %why, "no revoke here: aborting instead");
                     comm.abort(&reason)
@@ -204,7 +210,6 @@ impl<B: Backend> Shared<B> {
                 tracing::warn!(target: "pg", pg_id = self.local_id, %failure, "revoking a communicator failed");
             }
         }
-        self.finish_revoke();
     }
 
     /// The group's half of a revoke, before its communicators are revoked (or shrunk with abort): every later call

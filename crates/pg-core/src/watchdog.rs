@@ -59,7 +59,7 @@ pub(crate) fn watchdog_loop<B: Backend>(
 /// A new Work wakes it ([`Shared::track`]); on the simulated backend, an idle watchdog lets the clock jump.
 fn idle_sleep<B: Backend>(group: &Shared<B>, signals: &Signals) -> Option<Duration> {
     let options = &group.options;
-    if options.propagate_error {
+    if options.signals_peers() {
         return None;
     }
     // Announce idleness before looking at the list, so that a Work pushed meanwhile sees it and wakes us.
@@ -86,7 +86,7 @@ fn pass<B: Backend>(group: &Shared<B>) {
         }
     }
     let options = &group.options;
-    if options.propagate_error {
+    if options.signals_peers() {
         check_remote_error(group);
     }
     if options.dump_on_timeout {
