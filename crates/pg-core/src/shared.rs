@@ -202,7 +202,7 @@ impl<B: Backend> Shared<B> {
             let revoked = match comm.revoke(reason) {
                 Err(Error::Unsupported(why)) => {
                     tracing::warn!(target: "pg", pg_id = self.local_id, %why, "no revoke here: aborting instead");
-                    comm.abort(&reason)
+                    comm.abort(reason)
                 }
                 other => other,
             };
