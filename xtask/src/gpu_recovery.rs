@@ -178,17 +178,57 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
     let [out, _world] = args else {
         return Err(format!("usage: {RANK_TASK} OUT_JSON WORLD"));
     };
-    let result = rank_body();
+    if std::env::var_os("RUST_LOG").is_some() {
+        // pg's own events (the error found, the revoke, the survivors agreed, the shrink) with their times.
+        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    }
+    let mut phases = Phases::default();
+    let (rendezvous, device) = crate::gpu::join_job(Duration::from_secs(120))?;
+    let store: Arc<dyn Store> = Arc::new(PrefixStore::new("recovery/", Arc::clone(&rendezvous.store)));
+    let (rank, world) = (rendezvous.rank, rendezvous.world_size);
+    let result = rank_body(rank, world, &store, &device, &mut phases).map_err(|why| {
+        // Where the rank got to, from the kill: what a failure needs to be understood.
+        let killed_at = store.get("killed_at").ok().and_then(|v| String::from_utf8_lossy(&v).parse::<f64>().ok());
+        let times: Vec<String> = phases
+            .0
+            .iter()
+            .map(|(what, at)| format!("{what} {:+.1} ms", killed_at.map_or(f64::NAN, |k| at - k)))
+            .collect();
+        format!("{why} (from the kill: {})", times.join(", "))
+    });
     let json = serde_json::to_string(&result).map_err(|e| e.to_string())?;
-    std::fs::write(out, json).map_err(|e| format!("{out}: {e}"))
+    std::fs::write(out, json).map_err(|e| format!("{out}: {e}"))?;
+    // Rank 0 hosts the store: it stays until every survivor is done with it (or a minute has passed).
+    let _ = store.add("done", 1);
+    if rank == 0 {
+        let start = std::time::Instant::now();
+        while store.add("done", 0).is_ok_and(|done| done < (world - 1) as i64) && start.elapsed().as_secs() < 60 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
 }
 
-fn rank_body() -> Result<Row, String> {
+/// The wall-clock times (ms since the epoch) a rank reached each step of its recovery.
+#[derive(Default)]
+struct Phases(Vec<(&'static str, f64)>);
+
+impl Phases {
+    fn mark(&mut self, what: &'static str) {
+        self.0.push((what, wall_ms()));
+    }
+}
+
+fn rank_body(
+    rank: usize,
+    world: usize,
+    store: &Arc<dyn Store>,
+    device: &pg_nccl::Device,
+    phases: &mut Phases,
+) -> Result<Row, String> {
     let e = |e: pg_core::Error| e.to_string();
-    let (rendezvous, device) = crate::gpu::join_job(Duration::from_secs(120))?;
-    let (rank, world) = (rendezvous.rank, rendezvous.world_size);
+    let device = device.clone();
     let victim = world - 1;
-    let store: Arc<dyn Store> = Arc::new(PrefixStore::new("recovery/", Arc::clone(&rendezvous.store)));
     let options = Options::builder()
         .group_name("recovery".to_owned())
         .revoke_on_error(true)
@@ -214,7 +254,10 @@ fn rank_body() -> Result<Row, String> {
         let result =
             group.all_reduce(&buffer, ReduceOp::Sum).and_then(|work| work.wait_timeout(Duration::from_secs(10)));
         match result {
-            Err(error) => break error.to_string(),
+            Err(error) => {
+                phases.mark("op failed");
+                break error.to_string();
+            }
             Ok(()) if group.is_revoked() => break "the group was revoked".to_owned(),
             Ok(()) => op += 1,
         }
@@ -229,14 +272,17 @@ fn rank_body() -> Result<Row, String> {
         polls += 1;
     }
     let detected = wall_ms();
+    phases.mark("revoked");
     let agree_start = std::time::Instant::now();
     let survivors = group
         .agree_survivors(&AgreeOptions { timeout: Duration::from_millis(500), ..AgreeOptions::default() })
         .map_err(e)?;
     let agree_ms = agree_start.elapsed().as_secs_f64() * 1e3;
+    phases.mark("agreed");
     let shrink_start = std::time::Instant::now();
     let shrunk = group.shrink(&survivors.excluded, &ShrinkOptions::default()).map_err(e)?;
     let shrink_ms = shrink_start.elapsed().as_secs_f64() * 1e3;
+    phases.mark("shrunk");
     // A fresh device record: the failed group's buffers are not read again.
     device.poison().clear();
     device.fill(&buffer, (rank + 1) as f64, &current).map_err(e)?;

@@ -45,6 +45,7 @@ pub(crate) fn on_error<B: Backend>(
         dump_once(group);
     }
     if options.revoke_on_error {
+        crate::recovery::check_in_early(group);
         // The group is left for the survivors' agreement and a shrink: nothing of it runs on, no host blocks, and
         // the device stays usable for the group that follows (it is not poisoned).
         let reason = format!("rank {}: revoked after a failure: {error}", group.rank);

@@ -3,7 +3,8 @@
 //!
 //! **Agreement** ([`ProcessGroup::agree_survivors`]). Round `n` of a group (the n-th agreement its ranks make)
 //! lives under the group's store at `recovery.{n}/`: each rank that calls sets `alive/{rank}`, and marks the ranks
-//! it knows are dead at `dead/{rank}`. A rank waits until every rank of the group is either in or marked dead, or
+//! it knows are dead at `dead/{rank}` (a group with `revoke_on_error` checks in when its watchdog finds the failure,
+//! before the caller gets here). A rank waits until every rank of the group is either in or marked dead, or
 //! until its timeout, then proposes the ranks it saw in (less those marked dead) with one `compare_set` of
 //! `decision` from empty: the first proposal is the decision, every later caller reads it instead of writing its
 //! own. So every rank acts on the one list in the store (no split brain); a rank that is not on it gets
@@ -101,7 +102,7 @@ impl<B: Backend> ProcessGroup<B> {
         }
         let round = self.shared().recoveries.fetch_add(1, Ordering::Relaxed);
         let store = self.store().as_ref();
-        let key = |what: &str, rank: usize| format!("recovery.{round}/{what}/{rank}");
+        let key = |what: &str, rank: usize| round_key(round, what, rank);
         let decision_key = format!("recovery.{round}/decision");
         for &dead in &options.dead {
             store.set(&key("dead", dead), b"1")?;
@@ -266,6 +267,23 @@ impl<B: Backend> ProcessGroup<B> {
             size = members.len(), ?excluded, shrunk = child.is_some(), "shrinking the group");
         let kind = Kind::Subgroup(Membership { global_ranks, call: None });
         ProcessGroup::build(store, (new_rank, members.len()), self.device().clone(), group_options, kind, child)
+    }
+}
+
+/// The store key of `rank`'s `what` (`alive`, `dead`) in agreement round `round`.
+fn round_key(round: u64, what: &str, rank: usize) -> String {
+    format!("recovery.{round}/{what}/{rank}")
+}
+
+/// Checks this rank in to the group's next agreement as soon as its revoking watchdog found the failure, before
+/// the revoke itself (which may wait on a dead peer's connections) and before the caller gets to
+/// [`ProcessGroup::agree_survivors`]: ranks learn of a failure at different times (a dead rank's neighbours from
+/// its sockets, the others through the store), and a live rank must not miss the others' window for being late.
+pub(crate) fn check_in_early<B: Backend>(group: &crate::shared::Shared<B>) {
+    let round = group.recoveries.load(Ordering::Relaxed);
+    let key = round_key(round, "alive", group.rank);
+    if let Some(Err(error)) = group.store_op(|store| store.set(&key, b"1")) {
+        tracing::warn!(target: "pg", pg_id = group.local_id, %error, "could not check in to the agreement early");
     }
 }
 

@@ -112,10 +112,18 @@ fn run_mock(world_size: usize, config: &Config) -> pg_core::Result<Vec<Vec<StepR
     })
 }
 
-/// Options of a group that revokes itself on a dead peer, detected by a short op timeout.
-fn elastic_options() -> Options {
+/// The elastic group's op timeout on the mock, where a dead rank's peers find it by this timeout.
+const MOCK_OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The elastic group's op timeout on NCCL. It also bounds the creation of the communicator, which over sockets
+/// on a loaded machine can take seconds; a dead rank is found long before it (its neighbours' sockets close, and
+/// they tell the others through the store).
+const NCCL_OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Options of a group that revokes itself on a dead peer (found by its sockets, a peer's report, or `timeout`).
+fn elastic_options(timeout: Duration) -> Options {
     Options::builder()
-        .timeout(Duration::from_secs(2))
+        .timeout(timeout)
         .revoke_on_error(true)
         .dump_on_timeout(false)
         .watchdog_period(Duration::from_millis(10))
@@ -133,7 +141,9 @@ fn run_mock_elastic(
     config: &Config,
     kill: (usize, usize),
 ) -> pg_core::Result<Vec<elastic::ElasticRun>> {
-    on_mock_ranks(world_size, &elastic_options(), |math, pg| elastic::train_elastic(math, pg, config, &elastic(kill)))
+    on_mock_ranks(world_size, &elastic_options(MOCK_OP_TIMEOUT), |math, pg| {
+        elastic::train_elastic(math, pg, config, &elastic(kill))
+    })
 }
 
 /// This process's rank of an NCCL job: its curve, its recoveries (elastic loop only), and its rank.
@@ -164,7 +174,8 @@ fn run_nccl(
     // The caller's stream is the current one: collectives order after its kernels, `wait()` orders it after them.
     let _guard = StreamGuard::<pg_nccl::Nccl>::new(&device, &stream);
     if let Some(kill) = kill {
-        let pg = ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), elastic_options())?;
+        let pg =
+            ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), elastic_options(NCCL_OP_TIMEOUT))?;
         let run = elastic::train_elastic(&math, &pg, config, &elastic(kill))?;
         if run.died {
             eprintln!("ddp_mlp: rank {rank} dies at step {} (--kill)", kill.1);
