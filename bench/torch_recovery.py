@@ -41,14 +41,14 @@ def launch(world, out):
                    TORCH_NCCL_ASYNC_ERROR_HANDLING="0")
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--out", out], env=env))
     # A rank stuck in PyTorch's recovery (a hung abort or a rendezvous a peer never reaches) is killed and reported.
-    deadline = time.time() + 150
+    deadline = time.time() + 200
     codes = []
     for p in procs:
         try:
             codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
         except subprocess.TimeoutExpired:
             p.kill()
-            codes.append("killed after 150 s")
+            codes.append("killed after 200 s")
     rows = []
     for rank in range(world - 1):
         path = os.path.join(out, f"recovery-torch-rank{rank}.json")
