@@ -268,13 +268,21 @@ fn a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name<H: Harness>(h: &H)
     on_each_rank(h, n, |r| {
         let world = r.ready_group("0", Options::builder())?;
         let mesh = DeviceMesh::new(&world, &[("dp", n / 2), ("tp", 2)], &Options::builder().build()).ctx("mesh")?;
+        for dim in 0..mesh.shape().len() {
+            r.keep(mesh.group(dim).ctx("a group of the mesh")?.clone());
+        }
         let healthy = ShrinkOptions { mode: ShrinkMode::Default, ..ShrinkOptions::default() };
         // The last two ranks (one dp index) leave: the mesh keeps tp = 2 and loses one dp index.
         let (first, second) = (caller_of(r.rank, &[n - 2, n - 1]), caller_of(r.rank, &[n - 1]));
         if let Some(excluded) = first {
-            let shrunk = world.shrink(&excluded, &healthy).ctx("shrink by two")?;
+            // Kept until every rank is done with them: a rank that let go of a group while its peers were still
+            // in its barrier would close the connections under them.
+            let shrunk = r.keep(world.shrink(&excluded, &healthy).ctx("shrink by two")?);
             let rebuilt = mesh.after_shrink(&shrunk, &Options::builder().build()).ctx("after_shrink")?;
             ensure_eq!(rebuilt.shape(), &[n / 2 - 1, 2][..], "the rebuilt mesh's shape");
+            for dim in 0..rebuilt.shape().len() {
+                r.keep(rebuilt.group(dim).ctx("a group of the rebuilt mesh")?.clone());
+            }
             let tp = rebuilt.group_named("tp").ctx("tp group")?;
             let buffer = r.filled((r.rank + 1) as f64, 8)?;
             tp.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce over tp")?;
@@ -284,7 +292,7 @@ fn a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name<H: Harness>(h: &H)
         }
         // One rank leaves: tp = 2 does not divide the n - 1 left, and the mesh refuses by name.
         if let Some(excluded) = second {
-            let shrunk = world.shrink(&excluded, &healthy).ctx("shrink by one")?;
+            let shrunk = r.keep(world.shrink(&excluded, &healthy).ctx("shrink by one")?);
             let refused = mesh.after_shrink(&shrunk, &Options::builder().build()).err();
             ensure!(
                 refused
@@ -328,7 +336,9 @@ fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> 
             "new_group of a revoked group: {sub:?}"
         );
         // An aborting shrink of it supersedes it: a second shrink of the parent is refused; the child works.
-        let child = group.shrink(&[], &ShrinkOptions::default()).ctx("shrink of the revoked group")?;
+        // The groups made here are kept until every rank is done with them (a rank that let go of one while its
+        // peers were still in its barrier would close the connections under them).
+        let child = r.keep(group.shrink(&[], &ShrinkOptions::default()).ctx("shrink of the revoked group")?);
         let again = group.shrink(&[], &ShrinkOptions::default()).err();
         ensure!(
             again.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked && e.to_string().contains("already shrunk")),
@@ -338,7 +348,8 @@ fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> 
         all_equal(&r.read(&buffer)?, n as f64)?;
         // A live parent shrunk with abort is revoked by it.
         let parent = child;
-        let grandchild = parent.shrink(&[], &ShrinkOptions::default()).ctx("an aborting shrink of a live group")?;
+        let grandchild =
+            r.keep(parent.shrink(&[], &ShrinkOptions::default()).ctx("an aborting shrink of a live group")?);
         let op = parent.all_reduce(&buffer, ReduceOp::Sum).err();
         ensure!(op.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked), "an op of a superseded parent: {op:?}");
         grandchild.barrier_sync().ctx("barrier on the grandchild")?;
