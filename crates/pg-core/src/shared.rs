@@ -340,11 +340,13 @@ impl<B: Backend> Shared<B> {
     }
 
     /// Runs a store operation for the watchdog unless the group is stopping; marked as under way meanwhile.
+    ///
+    /// It is marked before the stop flag is read, so a stopping group (which sets the flag, then looks for an
+    /// operation under way) either finds it under way and waits for it, or it sees the flag and does not start:
+    /// never a store operation that starts while the group joins the thread (a blocking join, which on the mock
+    /// keeps virtual time from reaching the operation's turn).
     pub(crate) fn store_op<R>(&self, op: impl FnOnce(&dyn Store) -> R) -> Option<R> {
-        if self.signals.terminate.load(Ordering::SeqCst) {
-            return None;
-        }
-        Some(self.store_link.run(|| op(self.store.as_ref())))
+        self.store_link.run(|| (!self.signals.terminate.load(Ordering::SeqCst)).then(|| op(self.store.as_ref())))
     }
 
     /// Stops the group's threads (see [`Threads::stop`]).

@@ -71,6 +71,11 @@ pub(crate) enum Cond {
     ShrinkDone(ShrinkKey),
     /// Nothing: only the deadline (or an interrupt) ends the wait.
     Never,
+    /// Thread `tid`'s store operation at virtual time `at` may run: the clock has reached `at` (no thread can
+    /// act before it any more) and no other thread waits to run a store operation at an earlier time, or at the
+    /// same time with a lower [`crate::state::ThreadState::order`]. So the store sees its operations in one
+    /// order that virtual time alone decides, whatever order the host threads run in.
+    StoreTurn { tid: usize, at: Time },
 }
 
 /// One shrink: the parent communicator group, its excluded ranks (ascending), and its number among the shrinks of

@@ -480,6 +480,9 @@ impl State {
         let description = self.comms.groups[group].description.clone();
         let round = self.comms.shrinks.entry(key.clone()).or_default();
         round.asked.insert(rank);
+        // The child is made at the latest caller's time, whichever caller came last in real time.
+        round.latest = round.latest.max(time);
+        let time = round.latest;
         if round.asked.len() + excluded.len() < size {
             return Ok(key);
         }
@@ -508,6 +511,9 @@ impl State {
         let description = self.comms.groups[group].description.clone();
         let round = self.comms.splits.entry((group, n)).or_default();
         round.asked.insert(rank, part);
+        // The children are made at the latest caller's time, whichever caller came last in real time.
+        round.latest = round.latest.max(time);
+        let time = round.latest;
         if round.asked.len() < size {
             return Ok(n);
         }
