@@ -104,6 +104,7 @@ mod config;
 mod conv;
 mod device;
 mod fault;
+mod grow;
 mod hazard;
 mod recorder;
 mod recording;

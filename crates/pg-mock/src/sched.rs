@@ -306,6 +306,7 @@ impl State {
             Cond::QueueNonEmpty(key) => self.store.queue_time(key),
             Cond::SplitDone(group, n) => self.comms.splits.get(&(*group, *n)).and_then(|round| round.done),
             Cond::ShrinkDone(key) => self.comms.shrinks.get(key).and_then(|round| round.done),
+            Cond::GrowDone(key) => self.comms.grows.get(key).and_then(|round| round.done),
             Cond::StoreTurn { tid, at } => self.store_turn(*tid, *at).then_some(*at),
             Cond::Never => None,
         }
@@ -399,6 +400,9 @@ impl State {
                         }
                         Cond::ShrinkDone(key) => {
                             let _ = write!(out, "; {}", self.shrink_status(key));
+                        }
+                        Cond::GrowDone(key) => {
+                            let _ = write!(out, "; {}", self.grow_status(key));
                         }
                         _ => {}
                     }

@@ -490,6 +490,8 @@ pub(crate) struct RankComm {
     /// How many shrinks this rank has made of the communicator, by excluded list (ranks that were excluded from a
     /// shrink did not take part in it, so shrinks are matched by their list and their number among those).
     pub(crate) shrinks: HashMap<Vec<usize>, u64>,
+    /// How many grows this rank has made of the communicator (every rank takes part in each).
+    pub(crate) grows: u64,
     /// Whether the rank finalized its communicator: nothing may be issued on it afterwards.
     pub(crate) finalized: bool,
     /// An injected abort and the time it happens ([`Fault::AbortDuringOp`]).
@@ -524,6 +526,28 @@ pub(crate) struct Comms {
     /// Shrinks by (parent group, excluded ranks, number among the shrinks with that list): who called, and the
     /// child made.
     pub(crate) shrinks: HashMap<crate::clock::ShrinkKey, ShrinkRound>,
+    /// Grows by (group, number among its grows): who called, and the grown communicator.
+    pub(crate) grows: HashMap<crate::clock::GrowKey, GrowRound>,
+    /// The ids `grow_unique_id` made, by the grow they name, until that grow has made its communicator.
+    pub(crate) grow_ids: HashMap<Vec<u8>, crate::clock::GrowKey>,
+}
+
+/// One grow of a communicator: the ranks that called, the new ranks that joined, and once all have, the grown
+/// communicator.
+#[derive(Debug, Default)]
+pub(crate) struct GrowRound {
+    /// The grown size, as the first caller asked.
+    pub(crate) size: Option<usize>,
+    /// The ranks of the communicator that called.
+    pub(crate) asked: BTreeSet<usize>,
+    /// The new ranks that joined, with their devices.
+    pub(crate) joined: BTreeMap<usize, usize>,
+    /// The latest local time of a caller so far.
+    pub(crate) latest: Time,
+    /// The grown communicator's group, once made.
+    pub(crate) child: Option<usize>,
+    /// When it is ready.
+    pub(crate) done: Option<Time>,
 }
 
 /// One shrink of a communicator: the callers, and once every rank not excluded has called, the child.
