@@ -67,7 +67,8 @@ pub enum Fault {
         rank: usize,
     },
     /// `rank` is killed during its op number `op` (from 0) on a communicator: that op never completes on any rank,
-    /// the dead rank's own part ends at once without effect, and its case body stops there.
+    /// the dead rank's own part ends at once without effect, and its case body stops there (or goes on as the
+    /// rank's replacement, a new process on the same device: the kill fires once).
     KillAt {
         /// The rank.
         rank: usize,

@@ -136,9 +136,19 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
         config: &CommConfig,
     ) -> Result<<Self::B as Backend>::Communicator>;
 
+    /// Whether communicators of this backend can grow ([`Communicator::grow`], [`Device::join_grown`]): `Ok` when
+    /// they can, else [`crate::Error::Unsupported`] saying why (on NCCL: the loaded version, and 2.29, which has
+    /// `ncclCommGrow`). Every rank of a group-level grow, the new ones included, asks before anything else, so
+    /// that all of them refuse by name instead of waiting for the others.
+    ///
+    /// The default refuses.
+    fn grow_support(&self) -> Result<()> {
+        Err(unsupported_on::<Self::B>("grow"))
+    }
+
     /// Joins a grown communicator as new rank `rank` of `size` with the `id` rank 0 of the existing communicator
-    /// passed to [`Communicator::grow`] (NCCL's `ncclCommGrow` with no parent); blocks like
-    /// [`Device::create_communicator`].
+    /// passed to [`Communicator::grow`] (NCCL's `ncclCommGrow` with no parent); blocks until every rank, old and
+    /// new, has called. `config.timeout` bounds the wait ([`crate::Error::InitTimeout`] past it).
     fn join_grown(
         &self,
         _id: &UniqueId,
@@ -146,7 +156,7 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
         _rank: usize,
         _config: &CommConfig,
     ) -> Result<<Self::B as Backend>::Communicator> {
-        Err(crate::Error::unsupported("grow: joining a grown communicator on this backend"))
+        Err(unsupported_on::<Self::B>("grow (joining a grown communicator)"))
     }
 
     /// The host's monotonic clock, as a duration since a fixed origin (virtual time on the simulated backend).
@@ -545,9 +555,24 @@ pub trait Communicator: Send + Sync + Debug + 'static {
         Err(unsupported_on::<Self::B>("shrink"))
     }
 
-    /// Grows this communicator by `added` new ranks (NCCL's `ncclCommGrow`, 2.29): every rank of it calls, the one
-    /// of rank 0 with the unique id the new ranks join with ([`Device::join_grown`]); the new communicator keeps
-    /// these ranks' numbers and gives the new ones the next. This communicator must have nothing in flight.
+    /// The unique id the new ranks of this communicator's next grow join with (NCCL's `ncclCommGetUniqueId`,
+    /// 2.29): rank 0 makes it, passes it to [`Communicator::grow`] and hands it to the new ranks (through the store),
+    /// which pass it to [`Device::join_grown`]. One id serves one grow.
+    ///
+    /// The default refuses with [`crate::Error::Unsupported`].
+    fn grow_unique_id(&self) -> Result<UniqueId> {
+        Err(unsupported_on::<Self::B>("grow"))
+    }
+
+    /// Grows this communicator by `added` new ranks (NCCL's `ncclCommGrow`, 2.29): every rank of it calls, rank 0
+    /// with `Some(id)` from [`Communicator::grow_unique_id`], the others with `None`, while the new ranks join with
+    /// [`Device::join_grown`]; the new communicator keeps these ranks' numbers and gives the new ones the next.
+    /// Blocks until every rank, old and new, has called; the new communicator is ready on return. This
+    /// communicator must have nothing in flight and must not be revoked, and stays usable afterwards.
+    ///
+    /// `config.timeout` bounds the wait as in [`Communicator::split`] (this communicator is aborted when it runs
+    /// out). A backend or library without it is [`crate::Error::Unsupported`], naming the version where there is
+    /// one.
     fn grow(
         &self,
         _added: usize,

@@ -45,7 +45,11 @@ pub(crate) fn on_error<B: Backend>(
         dump_once(group);
     }
     if options.revoke_on_error {
-        crate::recovery::check_in_early(group);
+        // A rank that found the failure itself checks in to the agreement now (its revoke may wait on a dead
+        // peer's connections); one told by a peer's report revokes at once and is not late.
+        if error.kind() != ErrorKind::Remote {
+            crate::recovery::check_in_early(group);
+        }
         // The group is left for the survivors' agreement and a shrink: nothing of it runs on, no host blocks, and
         // the device stays usable for the group that follows (it is not poisoned).
         let reason = format!("rank {}: revoked after a failure: {error}", group.rank);

@@ -51,7 +51,7 @@ pub use op_type::OpType;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
 pub use poison::Poison;
 pub use process_group::{Counters, ProcessGroup};
-pub use recovery::{AgreeOptions, ShrinkOptions, Survivors};
+pub use recovery::{AgreeOptions, GrowOptions, ShrinkOptions, Survivors};
 pub use status::{ErrorType, GroupStatus};
 pub use stream_guard::StreamGuard;
 pub use subgroups::DeviceMesh;

@@ -278,6 +278,29 @@ impl<B: Backend> ProcessGroup<B> {
         self.inner.subgroups.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The store the world group of this group's lineage was made with: subgroups, shrunk and grown groups keep
+    /// their world's (new ranks of a grow find it announced there).
+    pub(crate) fn root_store(&self) -> Arc<dyn Store> {
+        match self.membership() {
+            Some(membership) => Arc::clone(&membership.root),
+            None => Arc::clone(&self.inner.store),
+        }
+    }
+
+    /// This group's store as a path of prefixes under [`ProcessGroup::root_store`] (empty for a world group).
+    pub(crate) fn store_path(&self) -> String {
+        let root = self.root_store().key_prefix();
+        let mine = self.inner.store.key_prefix();
+        let path = mine.strip_prefix(&root).unwrap_or(&mine);
+        path.strip_suffix('/').unwrap_or(path).to_owned()
+    }
+
+    /// This group's collective communicator, made now when the group has none yet (as its first op would: every
+    /// rank of the group must call).
+    pub(crate) fn collective_comm(&self) -> Result<Arc<B::Communicator>> {
+        Ok(Arc::clone(&self.get_comm(&self.collective_key())?.comm))
+    }
+
     /// This group's collective communicator, if it exists (aborted or not).
     pub(crate) fn collective(&self) -> Option<Arc<B::Communicator>> {
         self.inner.collective.get().map(|entry| Arc::clone(&entry.comm))

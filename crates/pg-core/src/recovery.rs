@@ -18,6 +18,18 @@
 //! communicator is the parent's shrunk ([`crate::Communicator::shrink`], NCCL's `ncclCommShrink`), or, when the
 //! parent has none or it was aborted (a revoke on an NCCL older than 2.28.7 aborts), or the list is empty (NCCL's
 //! shrink needs a rank to exclude), a new one made by a rendezvous under that prefix.
+//!
+//! **Grow** ([`ProcessGroup::grow`], [`ProcessGroup::join_grown`]). Every member of a group calls `grow(added)`
+//! and each new process calls `join_grown` with the world's store (the one the world group was made with), its
+//! new rank and the new size. The members' grow `n` (counting the group's grows) lives under the group's store at
+//! `grow.{n}/`, which is the grown group's store: rank 0 publishes the unique id of the grow there (`id`, from
+//! [`crate::Communicator::grow_unique_id`], NCCL's `ncclCommGetUniqueId`) and, under the world's store, a ticket
+//! for each new rank (`grow.join/{rank}`: where the grow lives, the new size, the grown group's name and world
+//! ranks), which that rank's `join_grown` waits for and takes. Then every rank, old and new, checks in with the new
+//! size it asks for (`member/{rank}`, `joiner/{rank}`) and compares it with everyone's before any communicator is
+//! touched, so a rank that asks for another size makes every rank fail by name. The grown communicator is the
+//! group's grown ([`crate::Communicator::grow`], NCCL's `ncclCommGrow`) on the members and joined
+//! ([`crate::Device::join_grown`]) on the new ranks: the members keep their ranks, the new ones take the next.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +40,10 @@ use pg_store::{PrefixStore, Store};
 
 use crate::process_group::Kind;
 use crate::shared::Membership;
-use crate::{Backend, CommConfig, Communicator as _, Device as _, Error, ProcessGroup, Result, ShrinkMode};
+use crate::{
+    Backend, CommConfig, Communicator as _, Device as _, Error, Event as _, Options, ProcessGroup, Result, ShrinkMode,
+    UniqueId,
+};
 
 /// What [`ProcessGroup::agree_survivors`] is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,8 +93,24 @@ pub struct ShrinkOptions {
     pub group_name: Option<String>,
 }
 
+/// How [`ProcessGroup::grow`] makes the grown group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrowOptions {
+    /// The grown group's timeout, and the bound on the grow itself, the wait for the new ranks included (`None`:
+    /// the group's).
+    pub timeout: Option<Duration>,
+    /// The grown group's name (`None`: `{group}.grow.{n}`); the new ranks take it from the members.
+    pub group_name: Option<String>,
+    /// The world ranks of the new ranks, in their order (`None`: the ranks after the group's largest world rank, so
+    /// a group of world ranks 0, 1 and 2 grown by one gives the new rank world rank 3, the place of a rank it lost).
+    pub world_ranks: Option<Vec<usize>>,
+}
+
 /// The prefix of a decision's value, so that no decision is the empty value `compare_set` starts from.
 const DECISION_TAG: &str = "survivors:";
+
+/// The first line of a grow's ticket for a new rank.
+const TICKET_TAG: &str = "pg-grow-ticket";
 
 impl<B: Backend> ProcessGroup<B> {
     /// Agrees with the other live ranks on who survived a failure; every rank that is alive calls it (a revoked
@@ -265,7 +296,7 @@ impl<B: Backend> ProcessGroup<B> {
         };
         tracing::info!(target: "pg", pg_id = self.local_id(), group = %self.options().group_name, rank, new_rank,
             size = members.len(), ?excluded, shrunk = child.is_some(), "shrinking the group");
-        let kind = Kind::Subgroup(Membership { global_ranks, call: None });
+        let kind = Kind::Subgroup(Membership { global_ranks, call: None, root: self.root_store() });
         ProcessGroup::build(store, (new_rank, members.len()), self.device().clone(), group_options, kind, child)
     }
 }
@@ -285,6 +316,329 @@ pub(crate) fn check_in_early<B: Backend>(group: &crate::shared::Shared<B>) {
     if let Some(Err(error)) = group.store_op(|store| store.set(&key, b"1")) {
         tracing::warn!(target: "pg", pg_id = group.local_id, %error, "could not check in to the agreement early");
     }
+}
+
+impl<B: Backend> ProcessGroup<B> {
+    /// The group of this one's ranks and `added` new ones, which join from processes of their own with
+    /// [`ProcessGroup::join_grown`]; made from this group's communicator without restarting a process (NCCL's
+    /// `ncclCommGrow`). Every rank of this group calls it, in the same order as its other grows, with the same
+    /// `added`; this group's ranks keep their numbers in the grown one and the new ranks take the next, their world
+    /// ranks from `options.world_ranks`. This group stays usable. Subgroups and meshes of the grown group are made
+    /// anew from it ([`crate::DeviceMesh::after_grow`]).
+    ///
+    /// Refused by name: a backend or NCCL that cannot grow ([`Error::Unsupported`], naming the version: NCCL 2.29
+    /// has `ncclCommGrow`); `added` of 0, a size past NCCL's range, or world ranks that are not `added` new ones
+    /// ([`Error::InvalidArgument`]); a group with ops that have not finished ([`Error::InvalidArgument`]: wait for
+    /// them first); a group shut down or aborted ([`Error::Aborted`]); a revoked group, or one shrunk with abort
+    /// ([`Error::Revoked`]: grow the shrunk group); ranks, old or new, that ask for different sizes
+    /// ([`Error::InvalidArgument`] on every rank, naming both); new ranks that do not come within the timeout
+    /// ([`Error::InitTimeout`], naming them).
+    pub fn grow(&self, added: usize, options: &GrowOptions) -> Result<ProcessGroup<B>> {
+        let inner = Arc::clone(self.shared());
+        let (rank, size) = (self.rank(), self.size());
+        let name = &self.options().group_name;
+        self.device().grow_support()?;
+        if inner.superseded.load(Ordering::SeqCst) {
+            return Err(Error::Revoked {
+                reason: format!(
+                    "rank {rank}: grow of group '{name}', which was already shrunk with abort: grow the group that \
+                     shrink returned"
+                ),
+            });
+        }
+        if inner.is_shut_down() {
+            return Err(Error::Aborted { reason: format!("rank {rank}: grow of a group that was shut down") });
+        }
+        if let Some(error @ Error::Aborted { .. }) = self.error() {
+            return Err(error);
+        }
+        if self.is_revoked() {
+            return Err(Error::Revoked {
+                reason: format!(
+                    "rank {rank}: grow of group '{name}', which was revoked: agree on the survivors, shrink the group \
+                     to them, then grow the shrunk group"
+                ),
+            });
+        }
+        if added == 0 {
+            return Err(Error::invalid(format!("grow of group '{name}': added is 0; a grow adds at least one rank")));
+        }
+        let new_size = size.checked_add(added).filter(|&n| n <= i32::MAX as usize).ok_or_else(|| {
+            Error::invalid(format!(
+                "grow of group '{name}': {size} + {added} ranks is more than a communicator can have (NCCL's int)"
+            ))
+        })?;
+        let running = inner.in_flight.snapshot().iter().filter(|work| !work.end_event.query().unwrap_or(true)).count();
+        if running > 0 {
+            return Err(Error::invalid(format!(
+                "grow of group '{name}': {running} op(s) of the group have not finished; a communicator grows with \
+                 nothing in flight: wait for them first"
+            )));
+        }
+        let mut global_ranks = self.global_ranks();
+        let new_world = match &options.world_ranks {
+            Some(ranks) => {
+                let mut seen = BTreeSet::new();
+                if ranks.len() != added || ranks.iter().any(|r| global_ranks.contains(r) || !seen.insert(*r)) {
+                    return Err(Error::invalid(format!(
+                        "grow of group '{name}': world_ranks {ranks:?} are not {added} distinct world ranks outside \
+                         the group's {global_ranks:?}"
+                    )));
+                }
+                ranks.clone()
+            }
+            None => {
+                let next = global_ranks.iter().max().map_or(0, |r| r + 1);
+                (next..next + added).collect()
+            }
+        };
+        global_ranks.extend(new_world);
+        let number = inner.grows.fetch_add(1, Ordering::Relaxed);
+        let grow_name = format!("grow.{number}");
+        let mut group_options = self.options().clone();
+        group_options.group_name = options.group_name.clone().unwrap_or_else(|| format!("{name}.{grow_name}"));
+        group_options.timeout = options.timeout.unwrap_or_else(|| inner.timeout());
+        let timeout = group_options.timeout;
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(grow_name.clone(), Arc::clone(self.store())));
+        let comm = match self.live_collective() {
+            Some(comm) => comm,
+            // The group has not made its communicator yet: every member makes it now, as a first op would.
+            None => self.collective_comm()?,
+        };
+        let root = self.root_store();
+        let tickets: Vec<String> = (size..new_size).map(ticket_key).collect();
+        if rank == 0 {
+            let ticket = Ticket {
+                path: join_path(&self.store_path(), &grow_name),
+                size: new_size,
+                old: size,
+                name: group_options.group_name.clone(),
+                world: global_ranks.clone(),
+            };
+            for key in &tickets {
+                root.set(key, ticket.encode().as_bytes())?;
+            }
+        }
+        let cache_key = self.collective_key().cache_key();
+        if let Err(error) =
+            check_in(store.as_ref(), (rank, size, new_size), timeout, &group_options.group_name, &cache_key)
+        {
+            if rank == 0 {
+                // No new rank may take a ticket of a grow that did not happen (a later grow publishes its own).
+                for key in &tickets {
+                    let _ = root.delete_key(key);
+                }
+            }
+            return Err(error);
+        }
+        tracing::info!(target: "pg", pg_id = self.local_id(), group = %name, rank, size, new_size,
+            grown = %group_options.group_name, "growing the group");
+        // The id is made only now that every rank is in (NCCL makes one id per grow, and the next only once it is
+        // used), and the new ranks wait for it, so the members start the grow first, as NCCL wants.
+        let id = match rank {
+            0 => {
+                let id = comm.grow_unique_id()?;
+                store.set("id", &id.0)?;
+                Some(id)
+            }
+            _ => None,
+        };
+        let config = CommConfig {
+            nonblocking: false,
+            description: format!("{}:{}", group_options.group_desc, group_options.group_name),
+            timeout: Some(timeout),
+        };
+        let child = comm.grow(added, id.as_ref(), &config).map_err(|error| match error {
+            Error::InitTimeout { what, .. } => Error::InitTimeout { cache_key: cache_key.clone(), timeout, what },
+            other => other,
+        })?;
+        let kind =
+            Kind::Subgroup(Membership { global_ranks: global_ranks.into(), call: None, root: self.root_store() });
+        ProcessGroup::build(store, (rank, new_size), self.device().clone(), group_options, kind, Some(child))
+    }
+
+    /// This process's rank `rank` of a group that its members grow to `size` with [`ProcessGroup::grow`]: waits
+    /// for the grow that needs this rank, announced under `store` (the store the world group was made with, at
+    /// `grow.join/{rank}`), takes it, and joins the grown communicator (NCCL's `ncclCommGrow` with no parent).
+    /// The group gets the members' name and world ranks; `options` gives the rest (its timeout bounds the wait
+    /// for the grow and the join).
+    ///
+    /// Refused by name: a backend or NCCL that cannot grow ([`Error::Unsupported`], naming the version); a rank
+    /// out of range ([`Error::InvalidArgument`]); a grow to another size than `size` ([`Error::InvalidArgument`]
+    /// on every rank, naming both); no grow that needs this rank within the timeout ([`Error::InitTimeout`]).
+    pub fn join_grown(
+        store: Arc<dyn Store>,
+        rank: usize,
+        size: usize,
+        device: B::Device,
+        options: Options,
+    ) -> Result<ProcessGroup<B>> {
+        device.grow_support()?;
+        if rank >= size {
+            return Err(Error::invalid(format!("join_grown: rank {rank} is out of range for a group of size {size}")));
+        }
+        let key = ticket_key(rank);
+        let timeout = options.timeout;
+        match store.wait(&[&key], Some(timeout)) {
+            Ok(()) => {}
+            Err(source) if source.is_timeout() => {
+                return Err(Error::InitTimeout {
+                    cache_key: format!("grow.join/{rank}"),
+                    timeout,
+                    what: format!(
+                        "no group announced a grow that needs rank {rank} under store key '{key}': the members may \
+                         not have called grow, or grow to fewer ranks"
+                    ),
+                })
+            }
+            Err(source) => return Err(source.into()),
+        }
+        let value = store.get(&key)?;
+        let ticket = Ticket::decode(&value).ok_or_else(|| {
+            Error::invalid(format!(
+                "join_grown: store key '{key}' holds '{}', not a grow's ticket: is another program using this store?",
+                String::from_utf8_lossy(&value)
+            ))
+        })?;
+        // The ticket is this rank's: taken, so that a later grow needing this rank again publishes a fresh one.
+        store.delete_key(&key)?;
+        let grown: Arc<dyn Store> = Arc::new(PrefixStore::new(ticket.path.clone(), Arc::clone(&store)));
+        let mut options = options;
+        options.group_name = ticket.name.clone();
+        let cache_key = format!("grow of '{}'", ticket.name);
+        if ticket.size != size {
+            // Checked in all the same, so that the members see the difference and fail by name too.
+            grown.set(&format!("joiner/{rank}"), size.to_string().as_bytes())?;
+            return Err(size_mismatch(&ticket.name, (rank, size), (0, ticket.size), "member"));
+        }
+        check_in(grown.as_ref(), (rank, ticket.old, size), timeout, &ticket.name, &cache_key)?;
+        grown.wait(&["id"], Some(timeout)).map_err(|source| match source.is_timeout() {
+            true => Error::InitTimeout {
+                cache_key: cache_key.clone(),
+                timeout,
+                what: format!("rank 0 of group '{}' never published the grow's unique id", ticket.name),
+            },
+            false => source.into(),
+        })?;
+        let id = UniqueId(grown.get("id")?);
+        let config = CommConfig {
+            nonblocking: false,
+            description: format!("{}:{}", options.group_desc, ticket.name),
+            timeout: Some(timeout),
+        };
+        tracing::info!(target: "pg", group = %ticket.name, rank, size, "joining a grown group");
+        let comm = device.join_grown(&id, size, rank, &config)?;
+        let kind =
+            Kind::Subgroup(Membership { global_ranks: ticket.world.into(), call: None, root: Arc::clone(&store) });
+        ProcessGroup::build(grown, (rank, size), device, options, kind, Some(comm))
+    }
+}
+
+/// What a new rank learns of the grow that needs it (the value of `grow.join/{rank}` under the world's store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ticket {
+    /// The grown group's store, as a path of prefixes under the world's store.
+    path: String,
+    /// The grown group's size.
+    size: usize,
+    /// The size of the group that grows (the first new rank).
+    old: usize,
+    /// The grown group's name.
+    name: String,
+    /// The grown group's world ranks, in group-rank order.
+    world: Vec<usize>,
+}
+
+impl Ticket {
+    fn encode(&self) -> String {
+        let world = self.world.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        format!("{TICKET_TAG}\n{}\n{}\n{}\n{world}\n{}", self.path, self.size, self.old, self.name)
+    }
+
+    fn decode(value: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(value).ok()?;
+        let mut lines = text.splitn(6, '\n');
+        (lines.next()? == TICKET_TAG).then_some(())?;
+        let path = lines.next()?.to_owned();
+        let size = lines.next()?.parse().ok()?;
+        let old = lines.next()?.parse().ok()?;
+        let world = lines.next()?.split(',').map(|r| r.parse().ok()).collect::<Option<Vec<usize>>>()?;
+        let name = lines.next()?.to_owned();
+        (old < size && world.len() == size).then_some(Self { path, size, old, name, world })
+    }
+}
+
+/// The world-store key of the ticket of new rank `rank`.
+fn ticket_key(rank: usize) -> String {
+    format!("grow.join/{rank}")
+}
+
+/// `path` (a path of store prefixes, empty for none) and then `name`.
+fn join_path(path: &str, name: &str) -> String {
+    match path.is_empty() {
+        true => name.to_owned(),
+        false => format!("{path}/{name}"),
+    }
+}
+
+/// Checks rank `rank` of a grow from `old` to `size` ranks in under the grown group's `store` with the size it
+/// asks for, then, for the members and then for the new ranks, waits for every one to check in (at most `timeout`
+/// in all) and compares: a rank that asks for another size is an [`Error::InvalidArgument`] naming both (members
+/// that disagree fail so without waiting for new ranks), one that never checks in an [`Error::InitTimeout`] naming
+/// it.
+fn check_in(
+    store: &dyn Store,
+    (rank, old, size): (usize, usize, usize),
+    timeout: Duration,
+    name: &str,
+    cache_key: &str,
+) -> Result<()> {
+    let key = |r: usize| match r < old {
+        true => format!("member/{r}"),
+        false => format!("joiner/{r}"),
+    };
+    store.set(&key(rank), size.to_string().as_bytes())?;
+    for ranks in [0..old, old..size] {
+        let keys: Vec<String> = ranks.clone().map(key).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if let Err(source) = store.wait(&refs, Some(timeout)) {
+            if !source.is_timeout() {
+                return Err(source.into());
+            }
+            let mut missing = Vec::new();
+            for (r, key) in ranks.zip(&refs) {
+                if !store.check(&[key])? {
+                    missing.push(r);
+                }
+            }
+            return Err(Error::InitTimeout {
+                cache_key: cache_key.to_owned(),
+                timeout,
+                what: format!(
+                    "grow of group '{name}' from {old} to {size} ranks: rank(s) {missing:?} never checked in (new \
+                     ranks join with ProcessGroup::join_grown)"
+                ),
+            });
+        }
+        for (r, key) in ranks.zip(&keys) {
+            let value = store.get(key)?;
+            let theirs = std::str::from_utf8(&value).ok().and_then(|t| t.parse::<usize>().ok());
+            if theirs != Some(size) {
+                let role = if r < old { "member" } else { "new" };
+                return Err(size_mismatch(name, (rank, size), (r, theirs.unwrap_or(0)), role));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The error of a grow whose ranks ask for different sizes: `mine` and `theirs` are (rank, size).
+fn size_mismatch(name: &str, mine: (usize, usize), theirs: (usize, usize), role: &str) -> Error {
+    Error::invalid(format!(
+        "grow of group '{name}': rank {} grows the group to {} ranks, but {role} rank {} to {}; every rank, old and \
+         new, must ask for the same size",
+        mine.0, mine.1, theirs.0, theirs.1
+    ))
 }
 
 /// The name of the `number`-th shrink (from 0) of a group that excludes `excluded`: its store prefix and the
@@ -326,6 +680,23 @@ mod tests {
     fn shrinks_are_named_by_their_list_and_number() {
         assert_eq!(shrink_name(&[1, 3], 0), "shrink.x1-3.0");
         assert_eq!(shrink_name(&[], 2), "shrink.none.2");
+    }
+
+    #[test]
+    fn a_grow_ticket_reads_back_as_written_and_nothing_else_reads_as_one() {
+        let ticket = Ticket {
+            path: join_path("shrink.x3.0", "grow.0"),
+            size: 4,
+            old: 3,
+            name: "0.shrink.x3.0.grow.0".to_owned(),
+            world: vec![0, 1, 2, 3],
+        };
+        assert_eq!(ticket.path, "shrink.x3.0/grow.0");
+        assert_eq!(Ticket::decode(ticket.encode().as_bytes()), Some(ticket.clone()));
+        assert_eq!(join_path("", "grow.1"), "grow.1");
+        assert_eq!(Ticket::decode(b"survivors:0,1"), None);
+        let short = Ticket { world: vec![0, 1], ..ticket };
+        assert_eq!(Ticket::decode(short.encode().as_bytes()), None, "world ranks for every rank");
     }
 
     #[test]

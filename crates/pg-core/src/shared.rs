@@ -25,6 +25,8 @@ pub(crate) struct Membership {
     /// The parent's subgroup call that made it, when the ranks' views of that call are still to be compared
     /// (before the subgroup's first communicator is created).
     pub(crate) call: Option<SubgroupCall>,
+    /// The store the world group was made with (a grow announces itself there to its new ranks).
+    pub(crate) root: Arc<dyn Store>,
 }
 
 /// What a group is and what it has done, for its handles and its threads.
@@ -50,6 +52,8 @@ pub(crate) struct Shared<B: Backend> {
     /// How many shrinks this rank made of the group, by excluded list: a rank excluded from a shrink does not
     /// take part in it, so a shrink is named by its list and its number among the shrinks with that list.
     pub(crate) shrinks: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
+    /// How many grows this rank made of the group: the next one's number (every rank takes part in a grow).
+    pub(crate) grows: AtomicU64,
     /// Whether the group was revoked (`ProcessGroup::revoke`, the watchdog's revoke, an aborting shrink): no
     /// finalize may follow, and a shrink may.
     pub(crate) revoked: AtomicBool,
@@ -111,6 +115,7 @@ impl<B: Backend> Shared<B> {
             chunk_checks: AtomicU64::new(0),
             recoveries: AtomicU64::new(0),
             shrinks: Mutex::new(std::collections::HashMap::new()),
+            grows: AtomicU64::new(0),
             revoked: AtomicBool::new(false),
             superseded: AtomicBool::new(false),
             cache: Mutex::new(CommCache::default()),
@@ -345,11 +350,13 @@ impl<B: Backend> Shared<B> {
     }
 
     /// Runs a store operation for the watchdog unless the group is stopping; marked as under way meanwhile.
+    ///
+    /// It is marked before the stop flag is read, so a stopping group (which sets the flag, then looks for an
+    /// operation under way) either finds it under way and waits for it, or it sees the flag and does not start:
+    /// never a store operation that starts while the group joins the thread (a blocking join, which on the mock
+    /// keeps virtual time from reaching the operation's turn).
     pub(crate) fn store_op<R>(&self, op: impl FnOnce(&dyn Store) -> R) -> Option<R> {
-        if self.signals.terminate.load(Ordering::SeqCst) {
-            return None;
-        }
-        Some(self.store_link.run(|| op(self.store.as_ref())))
+        self.store_link.run(|| (!self.signals.terminate.load(Ordering::SeqCst)).then(|| op(self.store.as_ref())))
     }
 
     /// Stops the group's threads (see [`Threads::stop`]).

@@ -189,7 +189,7 @@ impl<B: Backend> ProcessGroup<B> {
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix, Arc::clone(self.store())));
         // A call not checked yet is checked when the subgroup's first communicator is created.
         let unchecked = !call.is_checked();
-        let membership = Membership { global_ranks, call: unchecked.then_some(call) };
+        let membership = Membership { global_ranks, call: unchecked.then_some(call), root: self.root_store() };
         let kind = Kind::Subgroup(membership);
         ProcessGroup::build(store, (group_rank, members.len()), self.device().clone(), options, kind, child).map(Some)
     }
@@ -306,12 +306,27 @@ impl<B: Backend> DeviceMesh<B> {
     /// ("tp", 4)` survives 8 -> 4, not 8 -> 6), as [`Error::InvalidArgument`] naming the dimensions; the
     /// groups of this mesh belong to the old world and stay as they are (revoke or drop them).
     pub fn after_shrink(&self, world: &ProcessGroup<B>, options: &Options) -> Result<Self> {
+        self.laid_over(world, options, ("after_shrink", "shrunk"))
+    }
+
+    /// This mesh laid out again over `world`, the group a grow of the mesh's world returned
+    /// ([`ProcessGroup::grow`]), as [`DeviceMesh::after_shrink`] does: the first dimension takes the ranks there are
+    /// now, the others keep their sizes and names. Refused by name when the others' sizes do not divide the grown
+    /// world. The new ranks make the same mesh with [`DeviceMesh::new`] and the shape this one has after the grow
+    /// ([`DeviceMesh::shape`] of the result), on the group [`ProcessGroup::join_grown`] gave them.
+    pub fn after_grow(&self, world: &ProcessGroup<B>, options: &Options) -> Result<Self> {
+        self.laid_over(world, options, ("after_grow", "grown"))
+    }
+
+    /// This mesh over `world` with its first dimension resized; `(call, world_kind)` name the caller and the world
+    /// in the refusal.
+    fn laid_over(&self, world: &ProcessGroup<B>, options: &Options, (call, world_kind): (&str, &str)) -> Result<Self> {
         let inner: usize = self.shape[1..].iter().product();
         if world.size() % inner != 0 || world.size() < inner {
             let dims: Vec<String> = self.names.iter().zip(&self.shape).map(|(n, s)| format!("{n}={s}")).collect();
             return Err(Error::invalid(format!(
-                "DeviceMesh::after_shrink: the mesh ({}) keeps every dimension but '{}', whose {inner} ranks per \
-                 index do not divide the {} ranks of the shrunk world",
+                "DeviceMesh::{call}: the mesh ({}) keeps every dimension but '{}', whose {inner} ranks per index do \
+                 not divide the {} ranks of the {world_kind} world",
                 dims.join(", "),
                 self.names[0],
                 world.size()

@@ -69,13 +69,24 @@ pub(crate) enum Cond {
     SplitDone(usize, u64),
     /// Every rank of the shrink's parent that it does not exclude called it, and the child's init cost has passed.
     ShrinkDone(ShrinkKey),
+    /// Every rank of the grow's communicator called it, every new rank joined, and the grown communicator's init
+    /// cost has passed.
+    GrowDone(GrowKey),
     /// Nothing: only the deadline (or an interrupt) ends the wait.
     Never,
+    /// Thread `tid`'s store operation at virtual time `at` may run: the clock has reached `at` (no thread can
+    /// act before it any more) and no other thread waits to run a store operation at an earlier time, or at the
+    /// same time with a lower [`crate::state::ThreadState::order`]. So the store sees its operations in one
+    /// order that virtual time alone decides, whatever order the host threads run in.
+    StoreTurn { tid: usize, at: Time },
 }
 
 /// One shrink: the parent communicator group, its excluded ranks (ascending), and its number among the shrinks of
 /// that group with that list. Callers that name different lists wait for different shrinks, as on NCCL.
 pub(crate) type ShrinkKey = (usize, Vec<usize>, u64);
+
+/// One grow: the communicator group that grows and its number among that group's grows.
+pub(crate) type GrowKey = (usize, u64);
 
 /// A parked thread's registered wait.
 #[derive(Debug, Clone)]

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, Result};
+use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, Result, UniqueId};
 
 use crate::buffer::{MockBuffer, WeakBuffer};
 use crate::clock::{ns, transfer, Cond, OpRef, ShrinkKey, Time, Wake};
@@ -480,6 +480,9 @@ impl State {
         let description = self.comms.groups[group].description.clone();
         let round = self.comms.shrinks.entry(key.clone()).or_default();
         round.asked.insert(rank);
+        // The child is made at the latest caller's time, whichever caller came last in real time.
+        round.latest = round.latest.max(time);
+        let time = round.latest;
         if round.asked.len() + excluded.len() < size {
             return Ok(key);
         }
@@ -508,6 +511,9 @@ impl State {
         let description = self.comms.groups[group].description.clone();
         let round = self.comms.splits.entry((group, n)).or_default();
         round.asked.insert(rank, part);
+        // The children are made at the latest caller's time, whichever caller came last in real time.
+        round.latest = round.latest.max(time);
+        let time = round.latest;
         if round.asked.len() < size {
             return Ok(n);
         }
@@ -941,6 +947,10 @@ impl MockCommunicator {
                 }
                 _ => None,
             });
+            if abort_during.is_some_and(|(_, how)| how == "killed") {
+                // A process dies once: a replacement on the same device runs on.
+                st.faults.retain(|f| !matches!(f, Fault::KillAt { rank, .. } if *rank == self.device));
+            }
             let hang = match abort_during {
                 Some((after, how)) => {
                     let at = part.enqueue + crate::clock::ns(after);
@@ -1091,6 +1101,14 @@ impl pg_core::Communicator for MockCommunicator {
         let (group, rank, size) =
             child.ok_or_else(|| Error::Backend("shrink: the shrink ended without a child for this rank".to_owned()))?;
         Ok(MockCommunicator { inner: Arc::clone(&self.inner), group, rank, size, device: self.device })
+    }
+
+    fn grow_unique_id(&self) -> Result<UniqueId> {
+        self.grow_id()
+    }
+
+    fn grow(&self, added: usize, id: Option<&UniqueId>, config: &CommConfig) -> Result<MockCommunicator> {
+        self.grow_to(added, id, config)
     }
 
     fn revoke(&self, reason: &str) -> Result<()> {

@@ -414,6 +414,14 @@ impl pg_core::Device for MockDevice {
         Ok(comm)
     }
 
+    fn grow_support(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn join_grown(&self, id: &UniqueId, size: usize, rank: usize, config: &CommConfig) -> Result<MockCommunicator> {
+        self.join_grow(id, size, rank, config)
+    }
+
     fn now(&self) -> Duration {
         let tid = self.inner.current();
         dur(self.inner.lock().local(tid))

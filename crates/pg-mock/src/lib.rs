@@ -16,6 +16,10 @@
 //!   for other threads; blocking calls (synchronize, `copy_to_host`, a blocking store get, `Device::sleep`,
 //!   blocking communicator init) park the thread until the global time reaches both its local time and the
 //!   time its condition holds.
+//! - **The store** runs its operations in virtual-time order: each waits until the global time reaches the
+//!   caller's local time, and operations due at one instant run in the order of their threads' lineage (a
+//!   thread's place among the threads its parent registered, not the real order of registration). A key set at
+//!   a later virtual time is never seen early, and a poll that finds a key absent does so in every run.
 //! - **Device time.** A stream is a FIFO: an operation starts at the latest of its launch time, the end of the
 //!   previous operation and the end of what it waits for (`wait_event`); a collective starts when every rank's
 //!   part can start. Durations come from [`WorldConfig`]'s cost model.
@@ -42,9 +46,10 @@
 //!
 //! Everything decided by blocking waits and by program order is deterministic: virtual times, kernel timelines,
 //! collective results, hazard reports (buffer numbers are per device, communicator numbers come from their
-//! unique ids). What depends on the real-time interleaving of threads stays nondeterministic, as it would on a
-//! GPU: the result of a non-blocking store read of a key another thread sets "at the same time", or which of
-//! two threads of one device takes a pool stream first.
+//! unique ids), and every store operation, blocking or not (a `check` or `compare_set` racing another rank's `set`
+//! at one virtual instant gives the same answer in every run). What depends on the real-time interleaving of
+//! threads stays nondeterministic, as it would on a GPU: which of two threads of one device takes a pool stream
+//! first, or the store operations of threads the world does not know (unregistered threads run theirs at once).
 //!
 //! # Hazards and `Future::is_done`
 //!
@@ -99,6 +104,7 @@ mod config;
 mod conv;
 mod device;
 mod fault;
+mod grow;
 mod hazard;
 mod recorder;
 mod recording;

@@ -306,8 +306,22 @@ impl State {
             Cond::QueueNonEmpty(key) => self.store.queue_time(key),
             Cond::SplitDone(group, n) => self.comms.splits.get(&(*group, *n)).and_then(|round| round.done),
             Cond::ShrinkDone(key) => self.comms.shrinks.get(key).and_then(|round| round.done),
+            Cond::GrowDone(key) => self.comms.grows.get(key).and_then(|round| round.done),
+            Cond::StoreTurn { tid, at } => self.store_turn(*tid, *at).then_some(*at),
             Cond::Never => None,
         }
+    }
+
+    /// Whether thread `tid`'s store operation at `at` comes first among those waiting to run: no other thread
+    /// waits to run one at an earlier time, or at the same time with a lower order.
+    fn store_turn(&self, tid: usize, at: Time) -> bool {
+        let Some(me) = self.threads.get(&tid) else { return true };
+        self.threads.iter().all(|(&other, thread)| match &thread.park {
+            Some(Park { cond: Cond::StoreTurn { at: theirs, .. }, .. }) if other != tid => {
+                (*theirs, &thread.order) > (at, &me.order)
+            }
+            _ => true,
+        })
     }
 
     /// When a thread at `local` with wait `park` may proceed, and why.
@@ -327,6 +341,8 @@ impl State {
         for thread in self.threads.values() {
             helpers_only &= thread.helper;
             let Some(park) = &thread.park else { return Advance::Busy };
+            // A helper's store operation waits for the clock: let it move that far.
+            helpers_only &= !matches!(park.cond, Cond::StoreTurn { .. });
             if park.interrupt_epoch.is_some_and(|seen| seen < self.interrupt_epoch) {
                 // It has not looked at its interrupt flag since the last notify: it counts as running.
                 return Advance::Busy;
@@ -384,6 +400,9 @@ impl State {
                         }
                         Cond::ShrinkDone(key) => {
                             let _ = write!(out, "; {}", self.shrink_status(key));
+                        }
+                        Cond::GrowDone(key) => {
+                            let _ = write!(out, "; {}", self.grow_status(key));
                         }
                         _ => {}
                     }

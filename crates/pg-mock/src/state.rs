@@ -29,6 +29,13 @@ pub(crate) struct ThreadState {
     /// A helper of the process group (`Device::spawn_host_thread`: a watchdog, a heartbeat monitor): helpers
     /// alone do not move the clock, so a helper left behind by its ranks waits instead of spinning through time.
     pub(crate) helper: bool,
+    /// Where it comes from: the order of its parent, then its number among the threads that parent registered
+    /// (a thread registered by an unregistered one: its number among those). Unlike the thread id, which follows
+    /// the real order in which threads register, it follows only what each thread did, so it orders store
+    /// operations that fall on one virtual instant the same way in every run ([`crate::clock::Cond::StoreTurn`]).
+    pub(crate) order: Vec<u32>,
+    /// How many threads it registered.
+    pub(crate) registered: u32,
 }
 
 /// All simulated state, under the world's one lock.
@@ -39,6 +46,8 @@ pub(crate) struct State {
     pub(crate) version: u64,
     pub(crate) threads: BTreeMap<usize, ThreadState>,
     pub(crate) next_thread: usize,
+    /// How many threads unregistered threads registered (the first element of their [`ThreadState::order`]).
+    pub(crate) top_threads: u32,
     pub(crate) interrupt_epoch: u64,
     /// A deadlock or limit report: every parked thread panics with it.
     pub(crate) failure: Option<String>,
@@ -78,6 +87,7 @@ impl State {
             version: 0,
             threads: BTreeMap::new(),
             next_thread: 0,
+            top_threads: 0,
             interrupt_epoch: 0,
             failure: None,
             panicked: Vec::new(),
@@ -135,14 +145,22 @@ impl State {
     pub(crate) fn add_thread(&mut self, name: String, parent: Option<usize>, helper: bool) -> usize {
         let tid = self.next_thread;
         self.next_thread += 1;
-        let (local, clock) = match parent.and_then(|p| self.threads.get(&p)) {
-            Some(p) => (p.local.max(self.now), p.clock.clone()),
-            None => (self.now, VClock::default()),
+        let (local, clock, order) = match parent.and_then(|p| self.threads.get_mut(&p)) {
+            Some(p) => {
+                let mut order = p.order.clone();
+                order.push(p.registered);
+                p.registered += 1;
+                (p.local.max(self.now), p.clock.clone(), order)
+            }
+            None => {
+                self.top_threads += 1;
+                (self.now, VClock::default(), vec![self.top_threads - 1])
+            }
         };
         // A thread works for the device of the thread that started it (a rank's watchdog for that rank).
         let device = parent.and_then(|p| self.trace.thread_device(p));
         self.trace.thread(tid, &name, device);
-        self.threads.insert(tid, ThreadState { name, local, clock, park: None, helper });
+        self.threads.insert(tid, ThreadState { name, local, clock, park: None, helper, order, registered: 0 });
         self.version += 1;
         tid
     }
@@ -472,6 +490,8 @@ pub(crate) struct RankComm {
     /// How many shrinks this rank has made of the communicator, by excluded list (ranks that were excluded from a
     /// shrink did not take part in it, so shrinks are matched by their list and their number among those).
     pub(crate) shrinks: HashMap<Vec<usize>, u64>,
+    /// How many grows this rank has made of the communicator (every rank takes part in each).
+    pub(crate) grows: u64,
     /// Whether the rank finalized its communicator: nothing may be issued on it afterwards.
     pub(crate) finalized: bool,
     /// An injected abort and the time it happens ([`Fault::AbortDuringOp`]).
@@ -506,6 +526,28 @@ pub(crate) struct Comms {
     /// Shrinks by (parent group, excluded ranks, number among the shrinks with that list): who called, and the
     /// child made.
     pub(crate) shrinks: HashMap<crate::clock::ShrinkKey, ShrinkRound>,
+    /// Grows by (group, number among its grows): who called, and the grown communicator.
+    pub(crate) grows: HashMap<crate::clock::GrowKey, GrowRound>,
+    /// The ids `grow_unique_id` made, by the grow they name, until that grow has made its communicator.
+    pub(crate) grow_ids: HashMap<Vec<u8>, crate::clock::GrowKey>,
+}
+
+/// One grow of a communicator: the ranks that called, the new ranks that joined, and once all have, the grown
+/// communicator.
+#[derive(Debug, Default)]
+pub(crate) struct GrowRound {
+    /// The grown size, as the first caller asked.
+    pub(crate) size: Option<usize>,
+    /// The ranks of the communicator that called.
+    pub(crate) asked: BTreeSet<usize>,
+    /// The new ranks that joined, with their devices.
+    pub(crate) joined: BTreeMap<usize, usize>,
+    /// The latest local time of a caller so far.
+    pub(crate) latest: Time,
+    /// The grown communicator's group, once made.
+    pub(crate) child: Option<usize>,
+    /// When it is ready.
+    pub(crate) done: Option<Time>,
 }
 
 /// One shrink of a communicator: the callers, and once every rank not excluded has called, the child.
@@ -513,6 +555,8 @@ pub(crate) struct Comms {
 pub(crate) struct ShrinkRound {
     /// The parent ranks that called.
     pub(crate) asked: std::collections::BTreeSet<usize>,
+    /// The latest local time of a caller so far.
+    pub(crate) latest: Time,
     /// By parent rank: (child group, rank in it, its size).
     pub(crate) children: HashMap<usize, (usize, usize, usize)>,
     /// When the child is ready.
@@ -524,6 +568,8 @@ pub(crate) struct ShrinkRound {
 pub(crate) struct SplitRound {
     /// By parent rank: (color, key, device).
     pub(crate) asked: BTreeMap<usize, (Option<u32>, usize, usize)>,
+    /// The latest local time of a caller so far.
+    pub(crate) latest: Time,
     /// By parent rank: (child group, rank in it, its size), for the ranks that got a color.
     pub(crate) children: HashMap<usize, (usize, usize, usize)>,
     /// When every child is ready (set once the last rank called).

@@ -4,10 +4,17 @@
 //! to at least that time (it cannot observe a value before it was written), and a blocked reader wakes at the
 //! later of its own time and the entry's. A timeout is virtual time, so "a rank that never arrives" times out
 //! deterministically and at once in real time.
+//!
+//! Operations run in virtual-time order: a registered thread's operation waits until the clock has reached its
+//! local time, and operations due at one instant run in the order of their threads' lineage
+//! ([`crate::clock::Cond::StoreTurn`]). A thread that ran ahead of the others in virtual time therefore never
+//! sees a key they set later in virtual time but earlier in real time, and a poll (`check`) that finds a key
+//! absent finds it absent in every run: how many store calls a polling rank makes, and so its virtual time,
+//! follows virtual time alone.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use pg_store::{Store, StoreError, DEFAULT_STORE_TIMEOUT};
@@ -42,7 +49,19 @@ impl SimStore {
         Self { inner, timeout: Mutex::new(DEFAULT_STORE_TIMEOUT) }
     }
 
-    /// Runs a store operation: charges its host cost, honours a store-down fault, then runs `f` under the lock.
+    /// Waits until registered thread `tid`'s store operation `api`, at its local time, may run
+    /// ([`Cond::StoreTurn`]): until the clock has reached that time and the operations due before it (or at that
+    /// instant, of threads of lower order) have run. A store operation thus sees every operation of an earlier
+    /// virtual time and none of a later one, and which of two threads at one instant goes first never depends on
+    /// the host threads' real order: a thread that polls the store makes the same calls in every run.
+    fn turn<'a>(&'a self, state: MutexGuard<'a, State>, tid: usize, api: &str) -> MutexGuard<'a, State> {
+        let at = state.local(Some(tid));
+        let what = format!("{api} on the store, waiting for the store operations due before it");
+        self.inner.park(state, tid, Cond::StoreTurn { tid, at }, None, None, what).0
+    }
+
+    /// Runs a store operation: charges its host cost, waits for its turn, honours a store-down fault, then runs
+    /// `f` under the lock.
     fn op<R>(
         &self,
         name: &str,
@@ -52,6 +71,9 @@ impl SimStore {
         let cost = self.inner.config.host.store_op;
         let mut state = self.inner.lock();
         state.charge(tid, cost);
+        if let Some(tid) = tid {
+            state = self.turn(state, tid, name);
+        }
         if let Some(fail_fast) = store_down(&state) {
             let message = format!("the store stopped answering ({name}: injected fault)");
             if let (false, Some(tid)) = (fail_fast, tid) {
@@ -98,6 +120,7 @@ impl SimStore {
                 return Err(StoreError::Timeout { keys: keys.to_vec(), timeout });
             }
             state.charge(Some(tid), self.inner.config.host.store_op);
+            state = self.turn(state, tid, api);
             // Another waiter may have taken what woke this one (a queue element): then wait again.
             if let Some(result) = ready(&mut state, tid) {
                 self.inner.release(state);

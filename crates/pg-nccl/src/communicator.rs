@@ -20,6 +20,36 @@ use crate::{Buffer, Nccl, Stream};
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
 const ABORT_LOCK_WAIT: Duration = Duration::from_millis(100);
 
+/// A handle NCCL just made, with what came with it, before a [`Communicator`] owns it.
+struct OwnedComm {
+    library: &'static Library,
+    device: pg_cuda::Device,
+    comm: nccl_sys::Comm,
+    status: Status,
+    nonblocking: bool,
+}
+
+/// `Ok` when `library` can grow communicators (`ncclCommGrow` and `ncclCommGetUniqueId`, NCCL 2.29), else
+/// [`Error::Unsupported`] naming the call, the loaded version and the one needed.
+pub(crate) fn grow_support(library: &Library) -> pg_core::Result<()> {
+    let functions = library.functions();
+    let symbols = (functions.comm_grow.is_some(), functions.comm_get_unique_id.is_some());
+    grow_refusal(library.version(), symbols).map_or(Ok(()), |refusal| Err(nccl_error(refusal)))
+}
+
+/// Why an NCCL of `version`, with or without the symbols `(ncclCommGrow, ncclCommGetUniqueId)`, cannot grow.
+fn grow_refusal(version: nccl_sys::Version, (grow, get_id): (bool, bool)) -> Option<nccl_sys::Error> {
+    let needs = nccl_sys::GROW_VERSION;
+    if version < needs {
+        return Some(nccl_sys::Error::TooOld { call: "ncclCommGrow", version, needs });
+    }
+    match (grow, get_id) {
+        (true, true) => None,
+        (false, _) => Some(nccl_sys::Error::Unavailable { call: "ncclCommGrow", version }),
+        (true, false) => Some(nccl_sys::Error::Unavailable { call: "ncclCommGetUniqueId", version }),
+    }
+}
+
 /// One NCCL communicator of this process: a rank of `size`, on one device.
 ///
 /// Every call that issues work (collectives, P2P, finalize) holds the issue mutex; the handle sits behind a
@@ -64,21 +94,38 @@ impl Communicator {
         config: &CommConfig,
     ) -> pg_core::Result<Self> {
         match (config.nonblocking, config.timeout) {
-            (false, Some(timeout)) => Self::init_bounded(device, id, size, rank, config, timeout),
+            (false, Some(timeout)) => {
+                Self::bounded(Self::init_here, (device, id, size, rank), config, timeout, "ncclCommInitRankConfig")
+            }
             _ => Self::init_here(device, id, size, rank, config),
         }
     }
 
-    /// A blocking init bounded by `timeout`. NCCL's blocking init cannot be interrupted, so it runs on a helper
-    /// thread while the caller waits at most `timeout`; a communicator NCCL makes after the caller gave up is
-    /// destroyed on that thread.
-    fn init_bounded(
+    /// Joins the grow that `id` names as new rank `rank` of `size` on `device` (`ncclCommGrow` with no parent, NCCL
+    /// 2.29), bounded by `config.timeout` ([`Error::InitTimeout`] past it). The new rank's communicator is blocking
+    /// (NCCL's defaults: a grow gives a new rank no config of its parent to inherit).
+    pub(crate) fn join_grown(
         device: pg_cuda::Device,
         id: &UniqueId,
         size: usize,
         rank: usize,
         config: &CommConfig,
+    ) -> pg_core::Result<Self> {
+        match config.timeout {
+            Some(timeout) => Self::bounded(Self::join_here, (device, id, size, rank), config, timeout, "ncclCommGrow"),
+            None => Self::join_here(device, id, size, rank, config),
+        }
+    }
+
+    /// A blocking `make` (an init or a join, calling `call`) bounded by `timeout`. NCCL's blocking calls cannot be
+    /// interrupted, so it runs on a helper thread while the caller waits at most `timeout`; a communicator NCCL
+    /// makes after the caller gave up is destroyed on that thread.
+    fn bounded(
+        make: fn(pg_cuda::Device, &UniqueId, usize, usize, &CommConfig) -> pg_core::Result<Self>,
+        (device, id, size, rank): (pg_cuda::Device, &UniqueId, usize, usize),
+        config: &CommConfig,
         timeout: Duration,
+        call: &str,
     ) -> pg_core::Result<Self> {
         let (sender, receiver) = std::sync::mpsc::channel();
         let (id, helper_config) = (id.clone(), config.clone());
@@ -86,7 +133,7 @@ impl Communicator {
             .name(format!("pg-nccl-init rank {rank}"))
             .spawn(move || {
                 // A refused send hands the communicator back, and dropping it destroys it.
-                let _ = sender.send(Self::init_here(device, &id, size, rank, &helper_config));
+                let _ = sender.send(make(device, &id, size, rank, &helper_config));
             })
             .map_err(|err| Error::Backend(format!("spawning the communicator init thread: {err}")))?;
         match receiver.recv_timeout(timeout) {
@@ -94,7 +141,7 @@ impl Communicator {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::InitTimeout {
                 cache_key: config.description.clone(),
                 timeout,
-                what: format!("rank {rank} of {size} called ncclCommInitRankConfig, which did not return in time"),
+                what: format!("rank {rank} of {size} called {call}, which did not return in time"),
             }),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 Err(Error::Backend("the communicator init thread ended without a result".to_owned()))
@@ -123,16 +170,55 @@ impl Communicator {
             unsafe { library.comm_init_rank_config(size, &id, rank, &mut nccl_config) }.map_err(nccl_error)?;
         tracing::debug!(rank, size, device = device.ordinal(), nonblocking = config.nonblocking, %status,
             description = %config.description, "NCCL communicator created");
-        Ok(Self {
-            library,
-            device,
+        let owned = OwnedComm { library, device, comm, status, nonblocking: config.nonblocking };
+        Ok(Self::owning(owned, (rank, size), config.description.clone()))
+    }
+
+    /// Joins a grow on the calling thread ([`Communicator::join_grown`]).
+    fn join_here(
+        device: pg_cuda::Device,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> pg_core::Result<Self> {
+        if rank >= size {
+            return Err(Error::invalid(format!("join_grown: rank {rank} of a communicator of {size}")));
+        }
+        let library = nccl_sys::library().map_err(nccl_error)?;
+        grow_support(library)?;
+        let id = nccl_sys::UniqueId::from_bytes(&id.0)
+            .ok_or_else(|| Error::invalid(format!("an NCCL unique id has 128 bytes, not {}", id.0.len())))?;
+        device.bind_to_thread().map_err(cuda_error)?;
+        let mut comm: nccl_sys::Comm = std::ptr::null_mut();
+        // SAFETY: a null parent is a new rank's form of the call; `comm` is valid for NCCL's write of the handle; the
+        // device's context is current on this thread (just bound), so NCCL picks that device.
+        let status = unsafe { library.comm_grow(std::ptr::null_mut(), size, Some(&id), Some(rank), &mut comm) }
+            .map_err(nccl_error)?;
+        tracing::info!(rank, size, device = device.ordinal(), %status, description = %config.description,
+            "NCCL communicator joined by a grow");
+        let owned = OwnedComm { library, device, comm, status, nonblocking: false };
+        let joined = Self::owning(owned, (rank, size), config.description.clone());
+        if status.is_in_progress() {
+            // NCCL's defaults made it non-blocking (NCCL_COMM_BLOCKING=0): wait here, as a blocking join does.
+            joined.wait_while_in_progress()?;
+            joined.ready.store(true, Ordering::Release);
+        }
+        Ok(joined)
+    }
+
+    /// The communicator of a handle NCCL just made (an init or a join), which it owns from now on.
+    fn owning(owned: OwnedComm, (rank, size): (usize, usize), description: String) -> Self {
+        Self {
+            library: owned.library,
+            device: owned.device,
             rank,
             size,
-            nonblocking: config.nonblocking,
-            description: config.description.clone(),
-            handle: RwLock::new(Some(RawComm(comm))),
+            nonblocking: owned.nonblocking,
+            description,
+            handle: RwLock::new(Some(RawComm(owned.comm))),
             issue: Mutex::new(()),
-            ready: AtomicBool::new(status.is_success()),
+            ready: AtomicBool::new(owned.status.is_success()),
             aborted: AtomicBool::new(false),
             finalized: AtomicBool::new(false),
             graphs: AtomicUsize::new(0),
@@ -141,7 +227,7 @@ impl Communicator {
             injected: crate::fault::for_new_communicator(),
             revoked: AtomicBool::new(false),
             revoke_reason: Mutex::new(None),
-        })
+        }
     }
 
     /// Runs `call` (a split or a shrink of this communicator) bounded by `config`'s timeout: blocking on a helper
@@ -816,6 +902,62 @@ impl pg_core::Communicator for Communicator {
         Ok(child)
     }
 
+    fn grow_unique_id(&self) -> pg_core::Result<UniqueId> {
+        grow_support(self.library)?;
+        if self.is_revoked() {
+            return Err(self.revoked_error("grow_unique_id"));
+        }
+        let _issuing = self.lock_issue();
+        let comm = self.live()?;
+        self.device.bind_to_thread().map_err(cuda_error)?;
+        // SAFETY: the handle is live and this thread holds the issue mutex.
+        let id = unsafe { self.library.comm_get_unique_id(comm.0) }.map_err(nccl_error)?;
+        Ok(UniqueId(id.to_bytes().to_vec()))
+    }
+
+    fn grow(&self, added: usize, id: Option<&UniqueId>, config: &CommConfig) -> pg_core::Result<Self> {
+        grow_support(self.library)?;
+        if added == 0 {
+            return Err(Error::invalid("grow: added is 0; a grow adds at least one rank"));
+        }
+        let nranks =
+            self.size.checked_add(added).filter(|&n| i32::try_from(n).is_ok()).ok_or_else(|| {
+                Error::invalid(format!("grow: {} + {added} ranks is above NCCL's int range", self.size))
+            })?;
+        if self.is_revoked() {
+            return Err(self.revoked_error("grow"));
+        }
+        let id = match id {
+            Some(id) => Some(
+                nccl_sys::UniqueId::from_bytes(&id.0)
+                    .ok_or_else(|| Error::invalid(format!("an NCCL unique id has 128 bytes, not {}", id.0.len())))?,
+            ),
+            None => None,
+        };
+        let _issuing = self.lock_issue();
+        let comm = self.live()?;
+        let call = SplitCall {
+            library: self.library,
+            device: self.device.clone(),
+            parent: comm,
+            kind: SplitKind::Grow { nranks, id },
+        };
+        let what = format!(
+            "ncclCommGrow to {nranks} ranks, which did not finish in time (not every rank, old and new, called it)"
+        );
+        let handle = self.split_with_timeout(call, config, "a grow of this communicator timed out", &what)?;
+        if handle.0.is_null() {
+            return Err(Error::Backend("ncclCommGrow returned no communicator".to_owned()));
+        }
+        let description = match config.description.is_empty() {
+            true => format!("{} grown to {nranks}", self.description),
+            false => config.description.clone(),
+        };
+        let child = self.child(handle, description)?;
+        tracing::info!(rank = child.rank, size = child.size, added, "NCCL communicator grown");
+        Ok(child)
+    }
+
     fn revoke(&self, reason: &str) -> pg_core::Result<()> {
         let comm = self.live()?;
         // Checked before anything changes: an NCCL without revoke leaves the communicator as it was, and the
@@ -1009,5 +1151,27 @@ pub mod call_timing {
     /// Calls timed so far and their total host time (process-wide).
     pub fn totals() -> (u64, Duration) {
         (CALLS.load(Ordering::Relaxed), Duration::from_nanos(NANOS.load(Ordering::Relaxed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pg_core::ErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn grow_is_refused_by_name_before_nccl_2_29_and_without_its_symbols() {
+        let old = grow_refusal(nccl_sys::Version::new(2, 28, 9), (true, true)).map(nccl_error).expect("2.28.9");
+        assert_eq!(old.kind(), ErrorKind::Unsupported);
+        let text = old.to_string();
+        assert!(text.contains("ncclCommGrow needs NCCL 2.29.0 or newer; the loaded NCCL is 2.28.9"), "{text}");
+        let missing =
+            grow_refusal(nccl_sys::Version::new(2, 29, 2), (true, false)).map(nccl_error).expect("no id call");
+        assert_eq!(missing.kind(), ErrorKind::Unsupported);
+        assert!(missing.to_string().contains("ncclCommGetUniqueId is not available in NCCL 2.29.2"), "{missing}");
+        let no_grow = grow_refusal(nccl_sys::Version::new(2, 30, 0), (false, true)).map(nccl_error).expect("no grow");
+        assert!(no_grow.to_string().contains("ncclCommGrow is not available in NCCL 2.30.0"), "{no_grow}");
+        assert!(grow_refusal(nccl_sys::Version::new(2, 29, 2), (true, true)).is_none());
     }
 }

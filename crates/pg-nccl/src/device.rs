@@ -194,6 +194,20 @@ impl pg_core::Device for Device {
         Communicator::init(self.cuda.clone(), id, size, rank, config)
     }
 
+    fn grow_support(&self) -> pg_core::Result<()> {
+        crate::communicator::grow_support(nccl_sys::library().map_err(nccl_error)?)
+    }
+
+    fn join_grown(
+        &self,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> pg_core::Result<Communicator> {
+        Communicator::join_grown(self.cuda.clone(), id, size, rank, config)
+    }
+
     fn now(&self) -> Duration {
         pg_cuda::now()
     }

@@ -1,6 +1,6 @@
-//! `ncclCommSplit` and `ncclCommShrink` bounded by a timeout. Both make a child from a parent the same way (NCCL
-//! writes the child's handle when the call has finished), so one machinery runs both; they follow the parent's
-//! blocking mode (not the child's config).
+//! `ncclCommSplit`, `ncclCommShrink` and an existing rank's `ncclCommGrow` bounded by a timeout. All make a child
+//! from a parent the same way (NCCL writes the child's handle when the call has finished), so one machinery runs
+//! them; they follow the parent's blocking mode (not the child's config).
 //!
 //! NCCL cannot interrupt the split of a blocking communicator, so it runs on a helper thread while the caller
 //! waits at most the timeout; a caller that gives up retires the parent (no call can reach it any more) and hands
@@ -20,7 +20,7 @@ use pg_core::Error;
 use crate::conv::{cuda_error, nccl_error};
 use crate::handle::RawComm;
 
-/// One split or shrink: the parent and what to make of it.
+/// One split, shrink or grow: the parent and what to make of it.
 pub(crate) struct SplitCall {
     pub(crate) library: &'static Library,
     pub(crate) device: pg_cuda::Device,
@@ -35,6 +35,8 @@ pub(crate) enum SplitKind {
     Split { color: i32, key: i32 },
     /// `ncclCommShrink` without these ranks, with these flags (`NCCL_SHRINK_DEFAULT` or `NCCL_SHRINK_ABORT`).
     Shrink { excluded: Vec<usize>, flags: i32 },
+    /// `ncclCommGrow` of an existing rank to `nranks` ranks; rank 0 passes the grow's id, the others none.
+    Grow { nranks: usize, id: Option<nccl_sys::UniqueId> },
 }
 
 impl SplitCall {
@@ -53,6 +55,11 @@ impl SplitCall {
                 let mut config = self.library.config(true);
                 // SAFETY: forwarded from this function's contract; `config` is valid for the call.
                 unsafe { self.library.comm_shrink(self.parent.0, excluded, newcomm, &mut config, *flags) }
+            }
+            SplitKind::Grow { nranks, id } => {
+                // SAFETY: forwarded from this function's contract (an existing rank: a live parent, no rank); the
+                // null config inherits the parent's.
+                unsafe { self.library.comm_grow(self.parent.0, *nranks, id.as_ref(), None, newcomm) }
             }
         }
     }

@@ -203,6 +203,16 @@ fn the_generator_gives_the_numbers_the_pytorch_script_computes() {
 
 /// Every rank's elastic run of a simulated world of `world` ranks in which world rank `kill.0` dies at step `kill.1`.
 fn elastic_runs(world: usize, config: &Config, kill: (usize, usize)) -> Vec<elastic::ElasticRun> {
+    elastic_runs_with(world, config, kill, None)
+}
+
+/// [`elastic_runs`] in which the dead rank's replacement joins at step `rejoin`.
+fn elastic_runs_with(
+    world: usize,
+    config: &Config,
+    kill: (usize, usize),
+    rejoin: Option<usize>,
+) -> Vec<elastic::ElasticRun> {
     let sim = pg_mock::World::new(pg_mock::WorldConfig { devices: world, ..Default::default() });
     let store = sim.store();
     let options = Options::builder()
@@ -211,7 +221,7 @@ fn elastic_runs(world: usize, config: &Config, kill: (usize, usize)) -> Vec<elas
         .dump_on_timeout(false)
         .watchdog_period(std::time::Duration::from_millis(10))
         .build();
-    let settings = elastic::Elastic { agree_timeout: std::time::Duration::from_millis(500), death: Some(kill) };
+    let settings = elastic::Elastic { agree_timeout: std::time::Duration::from_millis(500), death: Some(kill), rejoin };
     sim.run(world, |rank, device| {
         let pg = ProcessGroup::<pg_mock::Mock>::new(Arc::clone(&store), rank, world, device.clone(), options.clone())
             .unwrap();
@@ -244,20 +254,48 @@ fn elastic_training_loses_a_rank_of_4_goes_on_at_3_and_follows_world_1s_curve() 
         assert!((2000.0..2100.0).contains(&recovery.detect_ms), "rank {rank}: detection {recovery:?}");
         assert!((500.0..1000.0).contains(&recovery.recover_ms), "rank {rank}: recovery {recovery:?}");
     }
-    // The same run gives the same recoveries, and detection times within a few store calls. Times are not compared
-    // exactly: the survivors race for the store's keys at one virtual instant (a peer's report of the failure, the
-    // agreement's check-ins), and which of them sees another's key first follows the host threads' real order,
-    // which changes how many store calls (10 us each) a rank makes; the bounds above hold for every run.
+    // The same run gives the same recoveries, to the nanosecond of virtual time: the mock orders the survivors'
+    // store operations by virtual time (ties by thread), never by the host threads' real order.
     let again = elastic_runs(4, &config, (victim, step));
     for (a, b) in runs.iter().zip(&again) {
-        let fixed = |run: &elastic::ElasticRun| -> Vec<(usize, usize, usize)> {
-            run.recoveries.iter().map(|r| (r.step, r.from, r.to)).collect()
-        };
-        assert_eq!(fixed(a), fixed(b));
-        for (x, y) in a.recoveries.iter().zip(&b.recoveries) {
-            assert!((x.detect_ms - y.detect_ms).abs() <= 0.1, "detection {x:?} against {y:?}");
+        assert_eq!(a.recoveries, b.recoveries);
+    }
+}
+
+#[test]
+fn elastic_training_goes_4_to_3_and_back_to_4_when_a_replacement_joins_and_follows_world_1s_curve() {
+    let config = config();
+    let one: Vec<f64> = curves(1, &config).remove(0).unwrap().iter().map(|r| r.loss).collect();
+    let (victim, death, rejoin) = (2, 8, 16);
+    let runs = elastic_runs_with(4, &config, (victim, death), Some(rejoin));
+    for (rank, run) in runs.iter().enumerate() {
+        let steps: Vec<usize> = run.records.iter().map(|r| r.step).collect();
+        if rank == victim {
+            // The dead rank's steps, then its replacement's from the rejoin on.
+            assert!(run.died, "the victim ran on");
+            let want: Vec<usize> = (0..death).chain(rejoin..config.steps).collect();
+            assert_eq!(steps, want, "the victim's and its replacement's steps");
+            assert!(run.recoveries.is_empty() && run.growths.is_empty(), "the replacement joined, it did not grow");
+        } else {
+            assert!(!run.died);
+            assert_eq!(steps, (0..config.steps).collect::<Vec<_>>(), "rank {rank}: every step ran once");
+            let [recovery] = run.recoveries[..] else { panic!("rank {rank}: recoveries {:?}", run.recoveries) };
+            assert_eq!((recovery.step, recovery.from, recovery.to), (death, 4, 3), "rank {rank}");
+            let [growth] = run.growths[..] else { panic!("rank {rank}: growths {:?}", run.growths) };
+            assert_eq!((growth.step, growth.from, growth.to), (rejoin, 3, 4), "rank {rank}");
+            assert!(growth.ms < 100.0, "rank {rank}: the grow took {growth:?}");
         }
-        assert!(b.recoveries.iter().all(|r| (500.0..1000.0).contains(&r.recover_ms)), "{:?}", b.recoveries);
+        // At 4, at 3 and at 4 again, every rank (the replacement included) is on world 1's curve.
+        for record in &run.records {
+            let want = one[record.step];
+            let got = record.loss;
+            assert!((want - got).abs() <= 1e-4 * want.abs(), "rank {rank} step {}: {got} against {want}", record.step);
+        }
+    }
+    // The same run gives the same recoveries and grows, to the nanosecond of virtual time.
+    let again = elastic_runs_with(4, &config, (victim, death), Some(rejoin));
+    for (a, b) in runs.iter().zip(&again) {
+        assert_eq!((&a.recoveries, &a.growths), (&b.recoveries, &b.growths));
     }
 }
 

@@ -1,10 +1,14 @@
 //! Failure and recovery: a rank killed mid-op, the survivors' revoke, their agreement on who is left, the shrink,
-//! and every misuse of a revoked or superseded group refused by name.
+//! the grow that brings a replacement in, and every misuse of a revoked, superseded or growing group refused by
+//! name.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use pg_core::store::{PrefixStore, Store};
 use pg_core::{
-    AgreeOptions, DeviceMesh, ErrorKind, Options, OptionsBuilder, ProcessGroup, ReduceOp, ShrinkMode, ShrinkOptions,
+    AgreeOptions, Backend, Device as _, DeviceMesh, ErrorKind, GrowOptions, Options, OptionsBuilder, ProcessGroup,
+    ReduceOp, ShrinkMode, ShrinkOptions,
 };
 
 use super::{all_equal, case, communicator, need, needs_faults, needs_virtual_clock, on_each_rank, triangle};
@@ -21,8 +25,14 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(a_group_shrinks_twice_and_maps_its_ranks_to_the_world, 3),
         case!(a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name, 4),
         case!(misuse_of_a_revoked_or_shrunk_group_is_refused_by_name, 2),
+        case!(a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back, 2),
+        case!(grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name, 1),
+        case!(ranks_that_ask_for_different_sizes_fail_by_name_then_grow, 2),
     ]
 }
+
+/// How long a new rank waits for the grow that needs it (the survivors first detect, agree and shrink).
+const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The timeout of the ops in these cases: a dead peer shows as a Work timeout after it.
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -373,6 +383,213 @@ fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> 
         let stream = pg_core::Device::current_stream(&r.device);
         let op = pg_core::Communicator::all_reduce(&comm, &buffer, &buffer, ReduceOp::Sum, &stream).err();
         ensure!(op.as_ref().is_some_and(|e| e.kind() == ErrorKind::Revoked), "an op after revoke: {op:?}");
+        Ok(())
+    })
+}
+
+/// Whether the backend grows communicators: one that cannot (NCCL before 2.29) makes the case not applicable, with
+/// its reason (the loaded version and the one needed).
+fn grow_probe<H: Harness>(h: &H) -> Check<Option<Outcome>> {
+    let probe = h.run(1, |r| match r.device.grow_support() {
+        Ok(()) => Ok(None),
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            Ok(Some(Outcome::NotApplicable(format!("needs a backend that grows communicators: {e}"))))
+        }
+        Err(e) => Err(format!("grow_support: {e}")),
+    })?;
+    for (_, result) in probe.results {
+        if let Some(outcome) = result? {
+            return Ok(Some(outcome));
+        }
+    }
+    Ok(None)
+}
+
+/// The store a group named `name` of [`Rank::group`] was made with: what a new rank of its grow joins through.
+fn group_store<B: Backend>(r: &Rank<B>, name: &str) -> Arc<dyn Store> {
+    Arc::new(PrefixStore::new(format!("{name}/"), Arc::clone(&r.store)))
+}
+
+/// Checks the group of `n` ranks a grow gave rank `r` (a member or the new rank): its ranks and world ranks, and
+/// two all_reduces over every rank, old and new; then shuts it down.
+fn check_grown<B: Backend>(r: &Rank<B>, grown: &ProcessGroup<B>, n: usize) -> Check {
+    ensure_eq!(grown.size(), n, "the grown group's size");
+    ensure_eq!(grown.rank(), r.rank, "this rank in the grown group");
+    ensure_eq!(grown.global_ranks(), (0..n).collect::<Vec<_>>(), "the grown group's world ranks");
+    for round in 0..2 {
+        let buffer = r.filled((r.rank + 1) as f64, 256)?;
+        grown.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the grown group")?;
+        all_equal(&r.read(&buffer)?, triangle(n)).map_err(|e| format!("round {round}: {e}"))?;
+    }
+    grown.barrier_sync().ctx("barrier on the grown group")?;
+    grown.shutdown().ctx("shutdown of the grown group")
+}
+
+fn a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back<H: Harness>(h: &H) -> Check<Outcome> {
+    if let Some(outcome) = grow_probe(h)? {
+        return Ok(outcome);
+    }
+    let n = h.world_size();
+    let victim = n - 1;
+    // Where the harness kills, the victim dies in the all_reduce; elsewhere it stops issuing ops, which its peers
+    // see the same way (an op that never completes).
+    let kill = h.offers().faults;
+    on_each_rank(h, n, |r| {
+        if kill && !r.caps.inject(Fault::KillAt { rank: victim, op: 1 }) {
+            return Err("the fault was refused".into());
+        }
+        let group = r.ready_group("0", revoking())?;
+        let dying = r.filled((r.rank + 1) as f64, 256)?;
+        if r.rank == victim {
+            if kill {
+                let _dies_in = group.all_reduce(&dying, ReduceOp::Sum).ctx("the all_reduce the victim dies in")?;
+            }
+            // The victim's process is gone. This thread now plays its replacement, a new process on the same device,
+            // which joins the survivors' group once they have shrunk it and grow it back; it knows only the store,
+            // its rank and the size.
+            let options = Options::builder().timeout(JOIN_TIMEOUT).dump_on_timeout(false).build();
+            let joined = ProcessGroup::join_grown(group_store(r, "0"), victim, n, r.device.clone(), options);
+            let grown = joined.ctx("join_grown")?;
+            return check_grown(r, &grown, n);
+        }
+        let work = group.all_reduce(&dying, ReduceOp::Sum).ctx("the all_reduce the victim dies in")?;
+        work.wait().ctx("wait (orders the stream, does not block)")?;
+        until_revoked(r, &group, OP_TIMEOUT + Duration::from_secs(1))?;
+        let survivors = group.agree_survivors(&AgreeOptions { timeout: AGREE_TIMEOUT, ..AgreeOptions::default() });
+        let survivors = survivors.ctx("agree_survivors")?;
+        ensure_eq!(survivors.excluded, vec![victim], "the excluded ranks");
+        let shrunk = group.shrink(&survivors.excluded, &ShrinkOptions::default()).ctx("shrink")?;
+        ensure_eq!(shrunk.size(), n - 1, "the shrunk group's size");
+        let grown = shrunk.grow(1, &GrowOptions::default()).ctx("grow by one")?;
+        // The group that grew stays usable by its members.
+        let ones = r.filled(1.0, 8)?;
+        shrunk.all_reduce_sync(&ones, ReduceOp::Sum).ctx("all_reduce on the shrunk group after the grow")?;
+        all_equal(&r.read(&ones)?, (n - 1) as f64)?;
+        check_grown(r, &grown, n)?;
+        shrunk.barrier_sync().ctx("barrier on the shrunk group")
+    })
+}
+
+/// Whether `error` is of `kind` and its message says `says`.
+fn refused(error: Option<&pg_core::Error>, kind: ErrorKind, says: &str) -> bool {
+    error.is_some_and(|e| e.kind() == kind && e.to_string().contains(says))
+}
+
+fn grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
+    if let Some(outcome) = grow_probe(h)? {
+        return Ok(outcome);
+    }
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let group = r.ready_group("0", Options::builder())?;
+        let grow = |group: &ProcessGroup<_>| group.grow(1, &GrowOptions::default()).err();
+        let zero = group.grow(0, &GrowOptions::default()).err();
+        ensure!(refused(zero.as_ref(), ErrorKind::InvalidArgument, "added is 0"), "a grow by 0: {zero:?}");
+        let taken = GrowOptions { world_ranks: Some(vec![r.rank]), ..GrowOptions::default() };
+        let taken = group.grow(1, &taken).err();
+        ensure!(refused(taken.as_ref(), ErrorKind::InvalidArgument, "world_ranks"), "a member's world rank: {taken:?}");
+        // An op that has not finished (it waits behind a sleep kernel on the current stream).
+        r.sleep_current(Duration::from_millis(500))?;
+        let buffer = r.filled(1.0, 8)?;
+        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("the all_reduce in flight")?;
+        let busy = grow(&group);
+        ensure!(
+            refused(busy.as_ref(), ErrorKind::InvalidArgument, "not finished"),
+            "a grow with an op in flight: {busy:?}"
+        );
+        work.wait().ctx("wait")?;
+        all_equal(&r.read(&buffer)?, n as f64)?;
+        // A revoked group, then the parent of an aborting shrink.
+        group.revoke("the case revokes it");
+        let revoked = grow(&group);
+        ensure!(refused(revoked.as_ref(), ErrorKind::Revoked, "revoked"), "a grow of a revoked group: {revoked:?}");
+        let child = group.shrink(&[], &ShrinkOptions::default()).ctx("shrink of the revoked group")?;
+        let superseded = grow(&group);
+        ensure!(
+            refused(superseded.as_ref(), ErrorKind::Revoked, "already shrunk"),
+            "a grow of a superseded parent: {superseded:?}"
+        );
+        // A group shut down.
+        child.barrier_sync().ctx("barrier")?;
+        child.shutdown().ctx("shutdown")?;
+        let shut = grow(&child);
+        ensure!(refused(shut.as_ref(), ErrorKind::Aborted, "shut down"), "a grow of a group shut down: {shut:?}");
+        // A new rank out of range, before it waits for anything.
+        let options = Options::builder().build();
+        let out = ProcessGroup::<H::B>::join_grown(group_store(r, "0"), n, n, r.device.clone(), options).err();
+        ensure!(
+            refused(out.as_ref(), ErrorKind::InvalidArgument, "out of range"),
+            "join_grown of rank {n} of {n}: {out:?}"
+        );
+        Ok(())
+    })
+}
+
+fn ranks_that_ask_for_different_sizes_fail_by_name_then_grow<H: Harness>(h: &H) -> Check<Outcome> {
+    if let Some(outcome) = grow_probe(h)? {
+        return Ok(outcome);
+    }
+    let n = h.world_size();
+    // The first n - 1 ranks are a group that grows; the last rank is the new process.
+    let (members, joiner) = (n - 1, n - 1);
+    let options = || Options::builder().timeout(Duration::from_secs(30)).dump_on_timeout(false).group_name("m".into());
+    on_each_rank(h, n, |r| {
+        let group = match r.rank < members {
+            true => {
+                let group =
+                    ProcessGroup::new(group_store(r, "m"), r.rank, members, r.device.clone(), options().build());
+                Some(r.keep(group.ctx("the members' group")?))
+            }
+            false => None,
+        };
+        // Members that disagree fail by name, every one of them, without waiting for new ranks.
+        if let (Some(group), true) = (&group, members >= 2) {
+            let added = if r.rank == 0 { 1 } else { 2 };
+            let error = group.grow(added, &GrowOptions::default()).err();
+            ensure!(
+                refused(error.as_ref(), ErrorKind::InvalidArgument, "grows the group to"),
+                "members asking for different sizes: {error:?}"
+            );
+        }
+        r.barrier("members disagree")?;
+        // A new rank that asks for another size fails, and so does every member.
+        match &group {
+            Some(group) => {
+                let error = group.grow(1, &GrowOptions::default()).err();
+                let says = format!("new rank {joiner} to {}", n + 1);
+                ensure!(
+                    refused(error.as_ref(), ErrorKind::InvalidArgument, &says),
+                    "a new rank's other size: {error:?}"
+                );
+            }
+            None => {
+                let joined = ProcessGroup::<H::B>::join_grown(
+                    group_store(r, "m"),
+                    joiner,
+                    n + 1,
+                    r.device.clone(),
+                    options().build(),
+                );
+                let error = joined.err();
+                ensure!(
+                    refused(error.as_ref(), ErrorKind::InvalidArgument, &format!("grows the group to {}", n + 1)),
+                    "a new rank asking for another size: {error:?}"
+                );
+            }
+        }
+        r.barrier("a new rank disagrees")?;
+        // Then they agree, and grow.
+        let grown = match &group {
+            Some(group) => group.grow(1, &GrowOptions::default()).ctx("grow")?,
+            None => ProcessGroup::join_grown(group_store(r, "m"), joiner, n, r.device.clone(), options().build())
+                .ctx("join_grown")?,
+        };
+        check_grown(r, &grown, n)?;
+        if let Some(group) = &group {
+            let ones = r.filled(1.0, 8)?;
+            group.all_reduce_sync(&ones, ReduceOp::Sum).ctx("all_reduce on the group that grew")?;
+            all_equal(&r.read(&ones)?, members as f64)?;
+        }
         Ok(())
     })
 }

@@ -5,12 +5,22 @@
 //! redistributed: rank r of w takes rows `r * batch / w .. (r + 1) * batch / w` (shares may differ by one row),
 //! each rank scales its loss gradient by `1 / batch` and the buckets are summed, so the gradient is the global
 //! batch's mean at any world size and the loss curve continues as world 1's.
+//!
+//! With a rejoin step, the dead rank's replacement comes back: its thread (on NCCL its process) plays a new process
+//! that joins with `ProcessGroup::join_grown`, knowing only the world's store, its rank and the size, while the
+//! survivors grow the group back at that step's start (`ProcessGroup::grow`); rank 0 broadcasts the parameters and
+//! the global batch is spread over the grown world again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use pg_core::{AgreeOptions, Device as _, ProcessGroup, ReduceOp, Result, ShrinkOptions};
+use pg_core::{AgreeOptions, Device as _, GrowOptions, ProcessGroup, ReduceOp, Result, ShrinkOptions};
 
-use crate::train::{init_params, step_on_device, update, Config, Math, Model, StepRecord, Teacher};
+use crate::train::{init_params, share_params, step_on_device, update, Config, Math, Model, StepRecord, Teacher};
+
+/// How long the replacement waits for the survivors' grow: they detect the death, agree, shrink and train on
+/// until the rejoin step first.
+const REJOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What the elastic loop is told.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +29,9 @@ pub struct Elastic {
     pub agree_timeout: Duration,
     /// The world rank that dies, and the step at whose start it does (the dying rank's loop returns there).
     pub death: Option<(usize, usize)>,
+    /// The step at whose start the dead rank's replacement joins and the survivors grow the group back (`None`: it
+    /// stays dead).
+    pub rejoin: Option<usize>,
 }
 
 /// One recovery: at which step, from and to which world size, and its host times.
@@ -33,11 +46,23 @@ pub struct Recovery {
     pub recover_ms: f64,
 }
 
-/// This rank's run: its curve, the recoveries it went through, and whether it was the rank that died.
+/// One grow: at which step, from and to which world size, and its host time (the grow, the new rank's
+/// parameters and the redistributed batch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Growth {
+    pub step: usize,
+    pub from: usize,
+    pub to: usize,
+    pub ms: f64,
+}
+
+/// This rank's run: its curve, the recoveries and grows it went through, and whether it was the rank that died
+/// (whose replacement's steps, when it rejoined, follow its own in `records`).
 #[derive(Debug, Clone, Default)]
 pub struct ElasticRun {
     pub records: Vec<StepRecord>,
     pub recoveries: Vec<Recovery>,
+    pub growths: Vec<Growth>,
     pub died: bool,
 }
 
@@ -69,10 +94,39 @@ pub fn train_elastic<M: Math>(
     let device = math.device();
     let mut run = ElasticRun::default();
     let mut step = 0;
+    if elastic.rejoin.is_some_and(|at| elastic.death.is_none_or(|(_, death)| at <= death)) {
+        return Err(pg_core::Error::invalid(format!(
+            "a rejoin at step {:?} needs a death before it (death {:?})",
+            elastic.rejoin, elastic.death
+        )));
+    }
     while step < config.steps {
         if elastic.death == Some((me, step)) {
             run.died = true;
-            return Ok(run);
+            let Some(at) = elastic.rejoin else { return Ok(run) };
+            // This rank's process is gone. Its thread plays the replacement: a new process on the same device, which
+            // knows the world's store, its rank (the last) and the size, and joins when the survivors grow back.
+            let mut options = pg.options().clone();
+            options.timeout = REJOIN_TIMEOUT;
+            let (rank, size) = (pg.size() - 1, pg.size());
+            group = ProcessGroup::join_grown(Arc::clone(pg.store()), rank, size, device.clone(), options)?;
+            group.set_timeout(pg.options().timeout);
+            model = Model::new(math, config, rows(config.batch, group.rank(), group.size()).len())?;
+            share_params(math, &group, &model)?;
+            step = at;
+            continue;
+        }
+        if elastic.rejoin == Some(step) && group.size() < pg.size() {
+            let (start, from) = (device.now(), group.size());
+            let checkpoint = [math.download(&model.params[0])?, math.download(&model.params[1])?];
+            group = group.grow(pg.size() - from, &GrowOptions::default())?;
+            model = Model::new(math, config, rows(config.batch, group.rank(), group.size()).len())?;
+            for (params, values) in model.params.iter().zip(&checkpoint) {
+                math.upload(params, values)?;
+            }
+            share_params(math, &group, &model)?;
+            let ms = (device.now() - start).as_secs_f64() * 1e3;
+            run.growths.push(Growth { step, from, to: group.size(), ms });
         }
         let checkpoint = [math.download(&model.params[0])?, math.download(&model.params[1])?];
         let (x, t) = teacher.batch(config, step, rows(config.batch, group.rank(), group.size()));

@@ -4,12 +4,15 @@
 //!
 //! ```text
 //! ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--buckets 1|2] [--json PATH]
-//!         [--kill RANK:STEP]
+//!         [--kill RANK:STEP [--grow RANK:STEP]]
 //! ```
 //!
 //! `--kill RANK:STEP` runs the elastic loop (`elastic.rs`): world rank RANK dies at the start of step STEP (on the
 //! mock its thread stops; on NCCL its process aborts), the others revoke, agree, shrink and go on with the global
-//! batch redistributed; the JSON gains `"recoveries"` (step, from, to, detect_ms, recover_ms).
+//! batch redistributed; the JSON gains `"recoveries"` (step, from, to, detect_ms, recover_ms). `--grow RANK:STEP`
+//! (the same RANK, a later STEP) brings that rank's replacement back at the start of step STEP: it joins with
+//! `ProcessGroup::join_grown` (on the mock the dead rank's thread plays it; on NCCL the process does, which needs
+//! NCCL 2.29) while the survivors grow the group back; the JSON gains `"growths"` (step, from, to, ms).
 //!
 //! `mock` runs N simulated ranks as threads of this process (host arithmetic on the mock's buffers). `nccl` is
 //! one process per GPU: at world size 1 it runs alone; otherwise start it as torchrun would (`RANK`,
@@ -33,9 +36,12 @@ use pg_core::{Options, ProcessGroup, StreamGuard};
 use serde_json::json;
 use train::{Config, StepRecord};
 
+/// A run's result on the rank that reports: its curve, recoveries, grows, and its rank.
+type Outcome = (Vec<StepRecord>, Vec<elastic::Recovery>, Vec<elastic::Growth>, usize);
+
 const USAGE: &str =
     "usage: ddp_mlp --backend mock|nccl --world-size N [--steps S] [--batch B] [--lr LR] [--seed N] [--buckets 1|2] \
-     [--json PATH] [--kill RANK:STEP]";
+     [--json PATH] [--kill RANK:STEP [--grow RANK:STEP]]";
 
 #[derive(Debug)]
 struct Args {
@@ -45,10 +51,14 @@ struct Args {
     json: Option<String>,
     /// The elastic loop's death: world rank and step.
     kill: Option<(usize, usize)>,
+    /// The step at which the dead rank's replacement joins (`--grow RANK:STEP`, RANK the dead one).
+    grow: Option<usize>,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
-    let mut parsed = Args { backend: "mock".into(), world_size: 1, config: Config::default(), json: None, kill: None };
+    let mut parsed =
+        Args { backend: "mock".into(), world_size: 1, config: Config::default(), json: None, kill: None, grow: None };
+    let mut grow = None;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
@@ -67,11 +77,27 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     value.split_once(':').ok_or_else(|| format!("--kill {value}: expected RANK:STEP"))?;
                 parsed.kill = Some((number(rank)?, number(step)?));
             }
+            "--grow" => {
+                let (rank, step) =
+                    value.split_once(':').ok_or_else(|| format!("--grow {value}: expected RANK:STEP"))?;
+                grow = Some((number(rank)?, number(step)?));
+            }
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
     }
     if parsed.world_size == 0 {
         return Err("--world-size must be at least 1".into());
+    }
+    if let Some((rank, step)) = grow {
+        match parsed.kill {
+            Some((dead, death)) if dead == rank && death < step => parsed.grow = Some(step),
+            _ => {
+                return Err(format!(
+                    "--grow {rank}:{step} brings back a rank that --kill killed before that step (--kill is {:?})",
+                    parsed.kill
+                ))
+            }
+        }
     }
     if !matches!(parsed.backend.as_str(), "mock" | "nccl") {
         return Err(format!("--backend {}: expected mock or nccl", parsed.backend));
@@ -130,29 +156,29 @@ fn elastic_options(timeout: Duration) -> Options {
         .build()
 }
 
-/// The elastic loop's settings for a death at `kill`.
-fn elastic(kill: (usize, usize)) -> elastic::Elastic {
-    elastic::Elastic { agree_timeout: Duration::from_millis(500), death: Some(kill) }
+/// The elastic loop's settings for a death at `kill`, and the replacement's rejoin at step `grow`.
+fn elastic(kill: (usize, usize), grow: Option<usize>) -> elastic::Elastic {
+    elastic::Elastic { agree_timeout: Duration::from_millis(500), death: Some(kill), rejoin: grow }
 }
 
 /// Every simulated rank's elastic run, rank by rank.
 fn run_mock_elastic(
     world_size: usize,
     config: &Config,
-    kill: (usize, usize),
+    (kill, grow): ((usize, usize), Option<usize>),
 ) -> pg_core::Result<Vec<elastic::ElasticRun>> {
+    let settings = elastic(kill, grow);
     on_mock_ranks(world_size, &elastic_options(MOCK_OP_TIMEOUT), |math, pg| {
-        elastic::train_elastic(math, pg, config, &elastic(kill))
+        elastic::train_elastic(math, pg, config, &settings)
     })
 }
 
-/// This process's rank of an NCCL job: its curve, its recoveries (elastic loop only), and its rank.
-#[allow(clippy::type_complexity)]
+/// This process's rank of an NCCL job: its curve, its recoveries and grows (elastic loop only), and its rank.
 fn run_nccl(
     world_size: usize,
     config: &Config,
-    kill: Option<(usize, usize)>,
-) -> pg_core::Result<(Vec<StepRecord>, Vec<elastic::Recovery>, usize)> {
+    (kill, grow): (Option<(usize, usize)>, Option<usize>),
+) -> pg_core::Result<Outcome> {
     let (store, rank, size, ordinal) = if std::env::var_os("RANK").is_some() {
         let rendezvous = pg_core::store::rendezvous::env_rendezvous(Duration::from_secs(300))
             .map_err(|e| pg_core::Error::invalid(format!("env:// rendezvous: {e}")))?;
@@ -176,17 +202,17 @@ fn run_nccl(
     if let Some(kill) = kill {
         let pg =
             ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), elastic_options(NCCL_OP_TIMEOUT))?;
-        let run = elastic::train_elastic(&math, &pg, config, &elastic(kill))?;
-        if run.died {
+        let run = elastic::train_elastic(&math, &pg, config, &elastic(kill, grow))?;
+        if run.died && grow.is_none() {
             eprintln!("ddp_mlp: rank {rank} dies at step {} (--kill)", kill.1);
             std::process::abort();
         }
-        return Ok((run.records, run.recoveries, rank));
+        return Ok((run.records, run.recoveries, run.growths, rank));
     }
     let pg = ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), Options::builder().build())?;
     let records = train::train(&math, &pg, config)?;
     pg.shutdown()?;
-    Ok((records, Vec::new(), rank))
+    Ok((records, Vec::new(), Vec::new(), rank))
 }
 
 fn main() -> ExitCode {
@@ -202,18 +228,18 @@ fn main() -> ExitCode {
         ("mock", None) => run_mock(args.world_size, &args.config).and_then(|curves| {
             let first = curves[0].clone();
             match curves.iter().all(|c| c.iter().map(|r| r.loss).eq(first.iter().map(|r| r.loss))) {
-                true => Ok((first, Vec::new(), 0)),
+                true => Ok((first, Vec::new(), Vec::new(), 0)),
                 false => Err(pg_core::Error::Backend("the simulated ranks' loss curves differ".into())),
             }
         }),
-        ("mock", Some(kill)) => run_mock_elastic(args.world_size, &args.config, kill).map(|runs| {
+        ("mock", Some(kill)) => run_mock_elastic(args.world_size, &args.config, (kill, args.grow)).map(|runs| {
             // The first survivor's run (world rank 0 unless it is the one that dies).
             let run = runs.into_iter().find(|run| !run.died).unwrap_or_default();
-            (run.records, run.recoveries, 0)
+            (run.records, run.recoveries, run.growths, 0)
         }),
-        _ => run_nccl(args.world_size, &args.config, args.kill),
+        _ => run_nccl(args.world_size, &args.config, (args.kill, args.grow)),
     };
-    let (records, recoveries, rank) = match result {
+    let (records, recoveries, growths, rank) = match result {
         Ok(done) => done,
         Err(err) => {
             eprintln!("ddp_mlp: {err}");
@@ -232,6 +258,9 @@ fn main() -> ExitCode {
             r.step, r.from, r.to, r.detect_ms, r.recover_ms
         );
     }
+    for g in &growths {
+        println!("grew at step {}: world {} -> {}, {:.1} ms", g.step, g.from, g.to, g.ms);
+    }
     if let Some(path) = &args.json {
         let c = &args.config;
         let report = json!({
@@ -243,6 +272,8 @@ fn main() -> ExitCode {
             "steps": records.iter().map(|r| json!({"step": r.step, "loss": r.loss, "ms": r.ms})).collect::<Vec<_>>(),
             "recoveries": recoveries.iter().map(|r| json!({"step": r.step, "from": r.from, "to": r.to,
                 "detect_ms": r.detect_ms, "recover_ms": r.recover_ms})).collect::<Vec<_>>(),
+            "growths": growths.iter().map(|g| json!({"step": g.step, "from": g.from, "to": g.to, "ms": g.ms}))
+                .collect::<Vec<_>>(),
         });
         if let Err(err) = std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default() + "\n") {
             eprintln!("ddp_mlp: {path}: {err}");

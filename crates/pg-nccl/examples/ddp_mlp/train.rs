@@ -304,6 +304,11 @@ pub(crate) fn init_params<M: Math>(
             math.upload(&model.params[l], &values)?;
         }
     }
+    share_params(math, pg, model)
+}
+
+/// Every rank of `pg` takes rank 0's parameters (a broadcast of each layer's).
+pub(crate) fn share_params<M: Math>(math: &M, pg: &ProcessGroup<M::B>, model: &Model<M::Array>) -> Result<()> {
     for params in &model.params {
         math.publish(params)?;
         pg.broadcast(math.buffer(params), 0)?.wait()?;
