@@ -105,6 +105,11 @@ fn span(slice: &Value) -> (f64, f64) {
     (ts, ts + slice["dur"].as_f64().unwrap_or(f64::NAN))
 }
 
+/// Whether `a >= b` (false when either is NaN: a missing time fails the check).
+fn ge(a: f64, b: f64) -> bool {
+    a >= b
+}
+
 /// The op of a slice: (is p2p, sequence number).
 fn op_id(slice: &Value) -> (bool, u64) {
     (slice["args"]["is_p2p"] == true, slice["args"]["seq"].as_u64().unwrap_or(u64::MAX))
@@ -196,7 +201,7 @@ fn check_rank_file(trace: &Value, r: usize, size: usize, group: &str, clock: Opt
     let waited = span(held).0 - span(held_host).0;
     let kernel = (SLEEP * HELD).as_secs_f64() * 1e6;
     ensure!(
-        waited + slack >= kernel / 2.0,
+        ge(waited + slack, kernel / 2.0),
         "the held all_reduce started {waited} us after its enqueue, not after the {kernel} us kernel"
     );
     // The collectives share one stream: their spans follow each other in sequence order.
@@ -206,7 +211,7 @@ fn check_rank_file(trace: &Value, r: usize, size: usize, group: &str, clock: Opt
         ensure_eq!(before["tid"], after["tid"], "the collectives' stream track");
         ensure!(op_id(before).1 < op_id(after).1, "seq {} ran before seq {}", op_id(after).1, op_id(before).1);
         ensure!(
-            span(after).0 + slack >= span(before).1,
+            ge(span(after).0 + slack, span(before).1),
             "seq {} started before seq {} ended",
             op_id(after).1,
             op_id(before).1
@@ -289,7 +294,7 @@ fn traced_ranks_line_up_on_one_clock_once_merged<H: Harness>(h: &H) -> Check<Out
             let (low, high) =
                 ends.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), (_, t)| (l.min(*t), h.max(*t)));
             ensure!(
-                high - low <= tolerance,
+                ge(tolerance, high - low),
                 "collective seq {seq} ends {} us apart across ranks: {ends:?}",
                 high - low
             );
