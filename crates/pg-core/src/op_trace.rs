@@ -226,7 +226,13 @@ impl<B: Backend> Tracer<B> {
     fn resolve_locked(&self, pending: &mut PendingOps<B>) {
         let mut still = VecDeque::new();
         let mut resolved = Vec::new();
+        // A stream runs its ops in order: once one of its ops has not finished, its later ones are not asked.
+        let mut running: Vec<u64> = Vec::new();
         while let Some(op) = pending.ops.pop_front() {
+            if running.contains(&op.info.stream) {
+                still.push_back(op);
+                continue;
+            }
             let (base, base_ns) = match &pending.anchor {
                 Some((event, ns)) => (event, *ns),
                 None => (&self.reference, 0),
@@ -236,7 +242,10 @@ impl<B: Backend> Tracer<B> {
                 None => Ok(None),
             });
             match times {
-                Ok(None) => still.push_back(op),
+                Ok(None) => {
+                    running.push(op.info.stream);
+                    still.push_back(op);
+                }
                 // A device error (the communicator aborted, the context lost): the op keeps its host times.
                 Err(_) => resolved.push(Done { info: op.info, device: None }),
                 Ok(Some((from_base, length))) => {

@@ -642,7 +642,9 @@ impl<B: Backend> ProcessGroup<B> {
     /// The template of a traced group: the op's host start and end around [`ProcessGroup::run_op`], and a timing
     /// event on the communication stream right before and right after its launch, handed to the tracer, which
     /// resolves them once they have passed. An op under stream capture is not traced (its events would be graph
-    /// nodes, recorded at each replay and never queryable here).
+    /// nodes, recorded at each replay and never queryable here). Never inlined into [`ProcessGroup::run`], so that
+    /// an untraced group's path stays the check and the template.
+    #[inline(never)]
     fn run_traced(
         &self,
         tracer: &Tracer<B>,
