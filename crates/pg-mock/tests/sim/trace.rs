@@ -272,8 +272,11 @@ fn pg_trace_writes_each_ranks_ops_with_the_simulated_device_spans_and_its_subgro
         let options = Options::builder().build_with_env_from(lookup).unwrap();
         let group = ProcessGroup::<Mock>::new(Arc::clone(&store), rank, 2, device.clone(), options.clone()).unwrap();
         let buffer = device.alloc(DType::F32, 1024).unwrap();
-        for _ in 0..2 {
+        for _ in 0..3 {
             group.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            // Ops seconds apart: the tracer's origin moves on to a later op (as it does on CUDA to keep the
+            // precision of its f32 milliseconds), and the times stay exact.
+            device.sleep(1500 * MS, &std::sync::atomic::AtomicBool::new(false));
         }
         let sub = Options { group_desc: "pair".to_owned(), ..options };
         let pair = group.new_group(&[0, 1], sub).unwrap().expect("both ranks are members");
@@ -299,6 +302,7 @@ fn pg_trace_writes_each_ranks_ops_with_the_simulated_device_spans_and_its_subgro
             [
                 ("default_pg (0) comm stream", "nccl:all_reduce"),
                 ("default_pg (0) comm stream", "nccl:all_reduce"),
+                ("default_pg (0) comm stream", "nccl:all_reduce"),
                 ("pair (0.0) comm stream", "nccl:broadcast"),
             ]
         );
@@ -317,7 +321,7 @@ fn pg_trace_writes_each_ranks_ops_with_the_simulated_device_spans_and_its_subgro
         let kernel_ends: Vec<u64> = kernels.iter().map(|t| t.as_nanos() as u64).collect();
         assert_eq!(ends, kernel_ends, "rank {rank}: device ends against the simulated kernels");
         let host_ops = op_slices(&json, "host enqueue");
-        assert_eq!(host_ops.len(), 3);
+        assert_eq!(host_ops.len(), 4);
         assert!(host_ops.iter().all(|(track, _)| track.ends_with(" enqueue")));
         ends_by_rank.push(ends);
     }
