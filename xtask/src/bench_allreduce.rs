@@ -8,11 +8,12 @@ use crate::gpu_test::{build_suite, find_gpus, root};
 pub const HELP: &str = "\
 cargo xtask bench all-reduce [--max-bytes N] [--trials N] [--out DIR]
 
-all_reduce from 8 B to 1 GiB: a raw NCCL loop through nccl-sys, pg's process group, and PyTorch's
-dist.all_reduce (bench/torch_allreduce.py, where python3 has torch), on the same GPUs and the same libnccl
-(PyTorch's when present, through PG_NCCL_LIBRARY); then the time to the first all_reduce of a fresh group (pg
-lazy and eager, PyTorch without and with device_id), --trials fresh launches each. Markdown and JSON into --out
-(default bench/results/allreduce).
+all_reduce from 8 B to 1 GiB: a raw NCCL loop through nccl-sys, pg's process group (tracing off: pg, and
+with the op timeline of PG_TRACE on: pg-traced, whose rank files go to PG_BENCH_TRACE_DIR, default
+$TMPDIR/pg-bench-allreduce-trace), and PyTorch's dist.all_reduce (bench/torch_allreduce.py, where python3 has
+torch), on the same GPUs and the same libnccl (PyTorch's when present, through PG_NCCL_LIBRARY); then the time
+to the first all_reduce of a fresh group (pg lazy and eager, PyTorch without and with device_id), --trials fresh
+launches each. Markdown and JSON into --out (default bench/results/allreduce).
 ";
 
 pub fn run(args: &[String]) -> Result<(), String> {

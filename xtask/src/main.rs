@@ -21,6 +21,7 @@ mod mock_trace;
 mod plot;
 mod plot_timeline;
 mod tidy;
+mod trace_merge;
 
 const HELP: &str = "\
 cargo xtask <task> [options]
@@ -40,6 +41,8 @@ Tasks:
                          a rank SIGKILLed mid-all_reduce; the survivors revoke, agree, shrink and go on
   fr-analyze DIR [--trace OUT.json]
                          reads every rank's flight-recorder dump and reports the first divergence
+  trace-merge DIR [--out OUT.json]
+                         joins a traced run's rank files (PG_TRACE=DIR) into one trace on one clock
   plot [--results DIR] | plot --timeline TRACE.json --out PICTURE.svg
                          SVG charts of the benchmark results (next to their JSON), or a trace as a picture
   tidy                   repository checks (also run by cargo test)
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         "bench" => bench_allreduce::run(rest),
         "faults" => faults::run(rest),
         "fr-analyze" => fr_analyze::run(rest),
+        "trace-merge" => trace_merge::run(rest),
         "plot" => plot::run(rest),
         other => Err(format!("unknown task '{other}'\n\n{HELP}")),
     };

@@ -85,6 +85,7 @@ pub fn cases<H: Harness>() -> Vec<Case<H>> {
     all.extend(crate::cases::interop::cases::<H>());
     all.extend(crate::cases::capture::cases::<H>());
     all.extend(crate::cases::recovery::cases::<H>());
+    all.extend(crate::cases::trace::cases::<H>());
     all
 }
 

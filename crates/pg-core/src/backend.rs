@@ -72,6 +72,16 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
     /// A new event handle; the backend's event object is created at its first record (S13).
     fn create_event(&self) -> <Self::B as Backend>::Event;
 
+    /// A new event handle with timing enabled (CUDA's default event flags): two of them recorded on this device
+    /// give the device time between their recorded points ([`Event::nanos_since`]). Recording one costs the
+    /// device more than a plain event, so the process group makes them only for a traced group
+    /// ([`crate::Options::trace_dir`]).
+    ///
+    /// The default refuses with [`crate::Error::Unsupported`].
+    fn create_timing_event(&self) -> Result<<Self::B as Backend>::Event> {
+        Err(unsupported_on::<Self::B>("timing events"))
+    }
+
     /// Blocks the host until all work on every stream of the device is done.
     ///
     /// Fails with the recorded error while the device is poisoned ([`Device::poison`]).
@@ -161,6 +171,15 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
 
     /// The host's monotonic clock, as a duration since a fixed origin (virtual time on the simulated backend).
     fn now(&self) -> Duration;
+
+    /// The host's wall clock, as a duration since the UNIX epoch: what lines up the timelines of ranks in
+    /// different processes ([`crate::Options::trace_dir`]); read next to [`Device::now`], never instead of it.
+    ///
+    /// The default reads the system clock (0 if it is set before 1970); the simulated backend gives its virtual
+    /// time, which every rank of a world shares.
+    fn wall_clock(&self) -> Duration {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
+    }
 
     /// Blocks the calling host thread for `duration`, returning early once `interrupt` is set and
     /// [`Device::notify_host_threads`] has been called.
@@ -294,6 +313,21 @@ pub trait Event: Send + Sync + Debug + 'static {
 
     /// Whether the backend object exists yet (it is made at the first record).
     fn is_created(&self) -> bool;
+
+    /// The device time from `start`'s recorded point to this event's, in nanoseconds (negative when this one
+    /// passed first), or `Ok(None)` while either has not passed: it never blocks. Both must be timing events
+    /// ([`Device::create_timing_event`]) of one device, each recorded at least once, else an
+    /// [`crate::Error::InvalidArgument`]. On CUDA it is `cuEventElapsedTime` once both have passed (a resolution
+    /// of about half a microsecond).
+    ///
+    /// The default refuses with [`crate::Error::Unsupported`].
+    fn nanos_since(&self, start: &Self) -> Result<Option<i64>>
+    where
+        Self: Sized,
+    {
+        let _ = start;
+        Err(unsupported_on::<Self::B>("timing events"))
+    }
 }
 
 /// Device memory of one dtype. Cloning gives another handle to the same memory, like a tensor.

@@ -21,6 +21,7 @@ mod future;
 mod heartbeat;
 mod in_flight;
 mod list_ops;
+mod op_trace;
 mod op_type;
 mod options;
 mod poison;

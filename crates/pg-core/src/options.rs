@@ -1,5 +1,6 @@
 //! `Options`: how a process group behaves, from a builder and from PyTorch's environment variables.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::{Error, Result};
@@ -128,6 +129,12 @@ pub struct Options {
     /// measured 0.14 us less per op, within its noise). The stream semantics are the same for any count: the
     /// communication stream waits on the record just made.
     pub input_ready_events: usize,
+    /// Record a timeline of the group's ops into this directory (pg's own; `PG_TRACE=DIR`, default none): each
+    /// op's host enqueue and its device start and end from timing events recorded around its launch, written as
+    /// `DIR/rank{r}.json` (Chrome's trace-event format, one file per world rank with every traced group of it)
+    /// at [`crate::ProcessGroup::flush_trace`], shutdown and drop, with times on the wall clock so that the
+    /// ranks' files line up (`cargo xtask trace-merge DIR` joins them). Off, the enqueue path records nothing.
+    pub trace_dir: Option<PathBuf>,
     /// The group's name (PyTorch's `group_name`, `"0"` for the default group).
     pub group_name: String,
     /// The group's description (PyTorch's `group_desc`, `default_pg` for the default group).
@@ -159,6 +166,7 @@ impl Default for Options {
             check_chunk_sizes: false,
             reuse_works: true,
             input_ready_events: DEFAULT_INPUT_READY_EVENTS,
+            trace_dir: None,
             group_name: "0".to_owned(),
             group_desc: "default_pg".to_owned(),
         }
@@ -239,6 +247,8 @@ impl OptionsBuilder {
         reuse_works: bool);
     setter!(/// Sets [`Options::input_ready_events`] (0 is taken as 1).
         input_ready_events: usize);
+    setter!(/// Sets [`Options::trace_dir`].
+        trace_dir: Option<PathBuf>);
     setter!(/// Sets [`Options::group_name`].
         group_name: String);
     setter!(/// Sets [`Options::group_desc`].
@@ -290,6 +300,10 @@ impl OptionsBuilder {
         }
         if let Some(prefix) = env.string(&["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]) {
             o.dump_path_prefix = prefix;
+        }
+        if let Some(dir) = env.string(&["PG_TRACE"]) {
+            // Set and empty turns tracing off, as unsetting it would.
+            o.trace_dir = (!dir.trim().is_empty()).then(|| PathBuf::from(dir));
         }
         if o.blocking_wait {
             // PyTorch starts no watchdog under blocking wait: errors surface in `wait()`.
@@ -380,6 +394,11 @@ mod tests {
         check(&[("PG_END_PROCESS_ON_ERROR", "1")], |o| assert!(o.unwrap().end_process_on_error));
         check(&[], |o| assert!(!o.unwrap().revoke_on_error, "a failed peer tears the group down by default"));
         check(&[("PG_REVOKE_ON_ERROR", "1")], |o| assert!(o.unwrap().revoke_on_error));
+        check(&[], |o| assert_eq!(o.unwrap().trace_dir, None, "no trace by default"));
+        check(&[("PG_TRACE", "/tmp/pg-trace")], |o| {
+            assert_eq!(o.unwrap().trace_dir, Some(PathBuf::from("/tmp/pg-trace")))
+        });
+        check(&[("PG_TRACE", "")], |o| assert_eq!(o.unwrap().trace_dir, None, "empty is off"));
     }
 
     #[test]

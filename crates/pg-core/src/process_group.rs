@@ -12,6 +12,7 @@ use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
 use crate::flight_recorder::ListSizes;
+use crate::op_trace::{Identity, OpInfo, Tracer};
 use crate::shared::{Membership, Shared};
 use crate::status::{ErrorType, GroupStatus};
 use crate::work::WorkState;
@@ -210,7 +211,22 @@ impl<B: Backend> ProcessGroup<B> {
             false => None,
         };
         let local_id = NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed);
-        let shared = Shared::new(store, (rank, size), device, options, (local_id, instance), membership);
+        let tracer = match &options.trace_dir {
+            None => None,
+            Some(dir) => {
+                let world_rank = membership.as_ref().map_or(rank, |m| m.global_ranks[rank]);
+                let who = Identity {
+                    name: &options.group_name,
+                    desc: &options.group_desc,
+                    pg_id: local_id,
+                    rank,
+                    size,
+                    world_rank,
+                };
+                Some(Tracer::new(dir, &device, who)?)
+            }
+        };
+        let shared = Shared::new(store, (rank, size), device, options, (local_id, instance), membership, tracer);
         let group = Self { inner: Arc::new(shared) };
         start_threads(&group.inner)?;
         if let Some(comm) = adopt {
@@ -556,6 +572,8 @@ impl<B: Backend> ProcessGroup<B> {
         // Finalizing ran every op to its end (or failed): a Work whose op did not finish fails.
         self.inner.fail_unfinished_in_flight(&Error::Aborted { reason: "the process group was shut down".to_owned() });
         self.inner.retire_in_flight();
+        // Every op has run (or failed): the trace gets each one's device times.
+        self.inner.flush_trace_logged();
         let mut cache = self.lock_cache();
         cache.ready.clear();
         cache.initializing.clear();
@@ -591,6 +609,14 @@ impl<B: Backend> ProcessGroup<B> {
         failure::dump(self.inner.as_ref())
     }
 
+    /// Writes this rank's trace file now (`Options::trace_dir`, `PG_TRACE`): every traced group of the rank in
+    /// this process, each op with its host enqueue and, once it has finished, its device start and end (an op
+    /// still running is written with its host times, and with its device times at a later flush). Returns the
+    /// file's path, or `None` when the group is not traced. Shutdown and dropping the group flush too.
+    pub fn flush_trace(&self) -> Result<Option<std::path::PathBuf>> {
+        self.inner.tracer.as_ref().map(Tracer::flush).transpose()
+    }
+
     /// Changes the timeout of the ops enqueued and the communicators created from now on (PyTorch's
     /// `_set_default_timeout`); the group's `Options::timeout` stays what it was built with.
     pub fn set_timeout(&self, timeout: std::time::Duration) {
@@ -623,8 +649,67 @@ impl<B: Backend> ProcessGroup<B> {
     }
 
     /// The collective template (S2): communicator from the cache, input-ready event from the current stream to
-    /// the communication stream, lifetime guard, the op, the end event, and the Work.
+    /// the communication stream, lifetime guard, the op, the end event, and the Work. A traced group's ops go
+    /// through [`ProcessGroup::run_traced`]; that is the only thing tracing adds to the path when it is off.
     pub(crate) fn run(
+        &self,
+        spec: OpSpec<'_, B>,
+        enqueue: impl FnOnce(&B::Communicator, &B::Stream) -> Result<()>,
+    ) -> Result<WorkHandle<B>> {
+        match &self.inner.tracer {
+            None => self.run_op(spec, enqueue),
+            Some(tracer) => self.run_traced(tracer, spec, enqueue),
+        }
+    }
+
+    /// The template of a traced group: the op's host start and end around [`ProcessGroup::run_op`], and a timing
+    /// event on the communication stream right before and right after its launch, handed to the tracer, which
+    /// resolves them once they have passed. An op under stream capture is not traced (its events would be graph
+    /// nodes, recorded at each replay and never queryable here). Never inlined into [`ProcessGroup::run`], so that
+    /// an untraced group's path stays the check and the template.
+    #[inline(never)]
+    fn run_traced(
+        &self,
+        tracer: &Tracer<B>,
+        spec: OpSpec<'_, B>,
+        enqueue: impl FnOnce(&B::Communicator, &B::Stream) -> Result<()>,
+    ) -> Result<WorkHandle<B>> {
+        let device = &self.inner.device;
+        let host_start = device.now();
+        if device.current_stream().is_capturing()? {
+            return self.run_op(spec, enqueue);
+        }
+        let peer = spec.peer;
+        // A timing event that cannot be made or recorded leaves the op untraced, never failed.
+        let timed = |stream: &B::Stream| device.create_timing_event().ok().filter(|event| event.record(stream).is_ok());
+        let mut events = None;
+        let work = self.run_op(spec, |comm, stream| {
+            let start = timed(stream);
+            enqueue(comm, stream)?;
+            events = start.zip(timed(stream)).map(|(start, end)| (start, end, stream.id()));
+            Ok(())
+        })?;
+        let host_end = device.now();
+        if let Some((start, end, stream)) = events {
+            let state = &work.state;
+            let info = OpInfo {
+                seq: state.seq,
+                op: state.op,
+                peer,
+                stream,
+                input: state.input,
+                output: state.output,
+                lists: state.lists.clone(),
+                host_start,
+                host_end,
+            };
+            tracer.push(info, start, end);
+        }
+        Ok(work)
+    }
+
+    /// The template itself (see [`ProcessGroup::run`]).
+    fn run_op(
         &self,
         spec: OpSpec<'_, B>,
         enqueue: impl FnOnce(&B::Communicator, &B::Stream) -> Result<()>,

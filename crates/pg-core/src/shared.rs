@@ -11,6 +11,7 @@ use pg_store::Store;
 use crate::cache::{CommCache, CommEntry, CommOwner, CommShared};
 use crate::flight_recorder::{FlightRecorder, NewEntry};
 use crate::in_flight::InFlight;
+use crate::op_trace::Tracer;
 use crate::reuse::WorkPool;
 use crate::signals::{Signals, StoreLink, Threads};
 use crate::status::{ErrorState, GroupStatus};
@@ -79,6 +80,8 @@ pub(crate) struct Shared<B: Backend> {
     /// Completed Works kept for reuse.
     pub(crate) reuse: WorkPool<B>,
     pub(crate) recorder: FlightRecorder,
+    /// The op timeline of a traced group (`Options::trace_dir`); `None`, the enqueue path's one check, when off.
+    pub(crate) tracer: Option<Tracer<B>>,
     pub(crate) signals: Arc<Signals>,
     pub(crate) threads: Threads,
     pub(crate) store_link: StoreLink,
@@ -102,6 +105,7 @@ impl<B: Backend> Shared<B> {
         options: Options,
         (local_id, instance): (u64, Option<i64>),
         membership: Option<Membership>,
+        tracer: Option<Tracer<B>>,
     ) -> Self {
         Self {
             store,
@@ -132,6 +136,7 @@ impl<B: Backend> Shared<B> {
             errors: ErrorState::default(),
             reuse: WorkPool::new(options.reuse_works),
             recorder: FlightRecorder::new(options.trace_buffer_size),
+            tracer,
             signals: Arc::new(Signals::default()),
             threads: Threads::default(),
             store_link: StoreLink::default(),
@@ -363,6 +368,13 @@ impl<B: Backend> Shared<B> {
     pub(crate) fn stop_threads(&self) {
         self.threads.stop(&self.signals, &self.store_link, &self.device);
     }
+
+    /// Writes this rank's trace file, for a traced group (a failure is logged: shutdown and drop go on).
+    pub(crate) fn flush_trace_logged(&self) {
+        if let Some(Err(error)) = self.tracer.as_ref().map(Tracer::flush) {
+            tracing::warn!(target: "pg", pg_id = self.local_id, rank = self.rank, %error, "writing the trace failed");
+        }
+    }
 }
 
 impl<B: Backend> Drop for Shared<B> {
@@ -382,6 +394,10 @@ impl<B: Backend> Drop for Shared<B> {
             self.abort_all_and_settle(reason, &Error::Aborted { reason: format!("rank {}: {reason}", self.rank) });
         }
         self.stop_threads();
+        if !shut_down {
+            // shutdown() wrote the trace after the last op had run; nothing was enqueued since.
+            self.flush_trace_logged();
+        }
     }
 }
 

@@ -114,6 +114,35 @@ impl TraceEvents {
     }
 }
 
+/// Joins trace-event documents (each `{"traceEvents": [...]}`, such as the rank files of a `PG_TRACE`
+/// directory) into one: every document's events in order, and each one's `otherData` in the list
+/// `otherData.parts`. Fails when a document has no `traceEvents` list, or when two documents name the same process
+/// (`process_name` of one `pid`): their tracks would land on top of each other.
+pub fn merge(documents: &[Value]) -> Result<Value, String> {
+    let mut events = Vec::new();
+    let mut parts = Vec::new();
+    let mut named: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
+    for (index, document) in documents.iter().enumerate() {
+        let list = document
+            .get("traceEvents")
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("document {index} has no traceEvents list"))?;
+        for event in list {
+            if event["ph"] == "M" && event["name"] == "process_name" {
+                let pid = event["pid"].as_u64().ok_or_else(|| format!("document {index}: a process without a pid"))?;
+                if let Some(first) = named.insert(pid, index) {
+                    if first != index {
+                        return Err(format!("documents {first} and {index} both name process {pid}"));
+                    }
+                }
+            }
+        }
+        events.extend(list.iter().cloned());
+        parts.push(document.get("otherData").cloned().unwrap_or(Value::Null));
+    }
+    Ok(json!({"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"parts": parts}}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +167,23 @@ mod tests {
         assert_eq!(ends.len(), 2);
         assert!(ends.iter().all(|e| e["id"] == 1));
         assert_eq!(ends[1]["tid"], 8);
+    }
+
+    #[test]
+    fn merging_keeps_every_event_and_refuses_a_process_named_twice() {
+        let rank = |pid: u64| {
+            let mut trace = TraceEvents::new();
+            trace.process(pid, &format!("rank {pid}"), pid as i64);
+            trace.slice(Track::new(pid, 1), "op", "op", 1_000, 2_000, json!({}));
+            let mut document = trace.into_json();
+            document["otherData"] = json!({"rank": pid});
+            document
+        };
+        let merged = merge(&[rank(0), rank(1)]).unwrap();
+        assert_eq!(merged["traceEvents"].as_array().map(Vec::len), Some(2 * 3));
+        assert_eq!(merged["otherData"]["parts"][1]["rank"], 1);
+        assert!(merge(&[rank(0), rank(0)]).unwrap_err().contains("both name process 0"));
+        assert!(merge(&[json!({})]).is_err());
     }
 
     #[test]

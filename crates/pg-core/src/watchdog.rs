@@ -149,6 +149,10 @@ fn pass<B: Backend>(group: &Shared<B>) {
     };
     drop(works);
     group.reuse.put(removed);
+    if let Some(tracer) = &group.tracer {
+        // The device times of the ops that finished: event queries only.
+        tracer.resolve();
+    }
     // An asynchronous error with no Work in flight is still an error of the group.
     if group.errors.error_type() == ErrorType::Success {
         for comm in group.all_comms() {

@@ -208,6 +208,12 @@ impl Device {
         Event::new(self.shared.events.clone())
     }
 
+    /// A new event with timing enabled ([`Event::nanos_since`]); its driver object is made at its first record
+    /// and recycled as a plain event's is.
+    pub fn timed_event(&self) -> Event {
+        Event::timed(self.shared.events.clone())
+    }
+
     /// A new timing event.
     pub fn timing_event(&self) -> Result<TimingEvent> {
         TimingEvent::new(&self.shared.ctx)

@@ -1,5 +1,5 @@
-//! Events: created lazily at their first record and recycled through a per-device pool; timing events; a
-//! stream's wait for an event.
+//! Events: created lazily at their first record and recycled through a per-device pool (plain ones and, apart,
+//! timing ones); timing events created at once; a stream's wait for an event.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -12,10 +12,12 @@ use cudarc::driver::CudaContext;
 use crate::error::{CudaError, DriverContext, Result};
 use crate::stream::Stream;
 
-/// Driver event objects (timing disabled) not in use, ready to be recorded again.
+/// Driver event objects not in use, ready to be recorded again: those with timing disabled (every event of the
+/// process group's semantics) and, apart, those with timing enabled (a traced group's, `Event::timed`).
 pub(crate) struct EventPool {
     ctx: Arc<CudaContext>,
     free: Mutex<Vec<CudaEvent>>,
+    free_timed: Mutex<Vec<CudaEvent>>,
 }
 
 impl fmt::Debug for EventPool {
@@ -26,21 +28,35 @@ impl fmt::Debug for EventPool {
 
 impl EventPool {
     pub(crate) fn new(ctx: Arc<CudaContext>) -> Self {
-        Self { ctx, free: Mutex::new(Vec::new()) }
+        Self { ctx, free: Mutex::new(Vec::new()), free_timed: Mutex::new(Vec::new()) }
     }
 
-    /// A free event object, or a new one.
+    /// A free event object with timing disabled, or a new one.
     pub(crate) fn take(&self) -> Result<CudaEvent> {
-        if let Some(event) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+        self.take_kind(false)
+    }
+
+    /// A free event object with timing enabled (`timed`) or disabled, or a new one.
+    fn take_kind(&self, timed: bool) -> Result<CudaEvent> {
+        let (list, flags) = match timed {
+            true => (&self.free_timed, CUevent_flags::CU_EVENT_DEFAULT),
+            false => (&self.free, CUevent_flags::CU_EVENT_DISABLE_TIMING),
+        };
+        if let Some(event) = list.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return Ok(event);
         }
-        self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).during("cuEventCreate")
+        self.ctx.new_event(Some(flags)).during("cuEventCreate")
     }
 
-    /// Returns an event object for reuse. Re-recording a recycled event is safe even while earlier waits on
-    /// it are pending: a wait captures the record it saw.
+    /// Returns an event object with timing disabled for reuse. Re-recording a recycled event is safe even while
+    /// earlier waits on it are pending: a wait captures the record it saw.
     pub(crate) fn give_back(&self, event: CudaEvent) {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+        self.give_back_kind(event, false);
+    }
+
+    fn give_back_kind(&self, event: CudaEvent, timed: bool) {
+        let list = if timed { &self.free_timed } else { &self.free };
+        list.lock().unwrap_or_else(|e| e.into_inner()).push(event);
     }
 }
 
@@ -49,11 +65,47 @@ impl EventPool {
 pub struct Event {
     pool: Arc<EventPool>,
     cuda: OnceLock<CudaEvent>,
+    /// Whether its driver object has timing enabled ([`Event::nanos_since`]); plain events disable it, which
+    /// makes their record cheaper.
+    timed: bool,
 }
 
 impl Event {
     pub(crate) fn new(pool: Arc<EventPool>) -> Self {
-        Self { pool, cuda: OnceLock::new() }
+        Self { pool, cuda: OnceLock::new(), timed: false }
+    }
+
+    /// An event whose driver object (made at its first record, from the pool's timing-enabled objects) can be
+    /// timed against another such event ([`Event::nanos_since`]).
+    pub(crate) fn timed(pool: Arc<EventPool>) -> Self {
+        Self { pool, cuda: OnceLock::new(), timed: true }
+    }
+
+    /// Whether it is a timing event.
+    pub fn is_timed(&self) -> bool {
+        self.timed
+    }
+
+    /// The device time from `start`'s recorded point to this event's in nanoseconds (negative when this one
+    /// passed first), or `None` while either has not passed; never blocks. Both must be timing events of one
+    /// context, each recorded at least once. `cuEventElapsedTime` gives milliseconds as an `f32` with a
+    /// resolution of about half a microsecond, and fewer significant digits the further apart the two are.
+    pub fn nanos_since(&self, start: &Event) -> Result<Option<i64>> {
+        if !self.timed || !start.timed {
+            return Err(CudaError::InvalidArgument("nanos_since: both events must be timing events".to_owned()));
+        }
+        let (Some(end), Some(begin)) = (self.cuda.get(), start.cuda.get()) else {
+            return Err(CudaError::InvalidArgument("nanos_since: both events must have been recorded".to_owned()));
+        };
+        if !start.query()? || !self.query()? {
+            return Ok(None);
+        }
+        // Both have passed: the synchronisations inside `elapsed_ms` return at once.
+        let ms = begin.elapsed_ms(end).during("cuEventElapsedTime")?;
+        if !ms.is_finite() {
+            return Err(CudaError::InvalidArgument(format!("events gave an invalid time: {ms} ms")));
+        }
+        Ok(Some((f64::from(ms) * 1e6).round() as i64))
     }
 
     /// Marks the point after all work enqueued on `stream` so far.
@@ -61,9 +113,9 @@ impl Event {
         let event = match self.cuda.get() {
             Some(event) => event,
             None => {
-                let fresh = self.pool.take()?;
+                let fresh = self.pool.take_kind(self.timed)?;
                 if let Err(unused) = self.cuda.set(fresh) {
-                    self.pool.give_back(unused);
+                    self.pool.give_back_kind(unused, self.timed);
                 }
                 self.cuda.get().expect("set just above")
             }
@@ -110,7 +162,7 @@ impl Stream {
 impl Drop for Event {
     fn drop(&mut self) {
         if let Some(event) = self.cuda.take() {
-            self.pool.give_back(event);
+            self.pool.give_back_kind(event, self.timed);
         }
     }
 }

@@ -254,6 +254,10 @@ impl pg_core::Device for MockDevice {
         MockEvent::new(Arc::clone(&self.inner))
     }
 
+    fn create_timing_event(&self) -> Result<MockEvent> {
+        Ok(MockEvent::timed(Arc::clone(&self.inner)))
+    }
+
     fn synchronize(&self) -> Result<()> {
         let tid = self.inner.require("Device::synchronize");
         let capturing = self.inner.captures().capturing_on(self.index);
@@ -425,6 +429,12 @@ impl pg_core::Device for MockDevice {
     fn now(&self) -> Duration {
         let tid = self.inner.current();
         dur(self.inner.lock().local(tid))
+    }
+
+    /// The virtual clock, which every rank of the world shares: simulated ranks' timelines line up exactly, and
+    /// the same program gives the same times on every run.
+    fn wall_clock(&self) -> Duration {
+        self.now()
     }
 
     fn sleep(&self, duration: Duration, interrupt: &AtomicBool) {

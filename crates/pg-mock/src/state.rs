@@ -283,6 +283,9 @@ pub(crate) struct StreamState {
 pub(crate) struct Recorded {
     /// The operation it marks (none: the stream was empty, so the event is complete).
     pub(crate) op: Option<OpRef>,
+    /// The recording thread's local time at the record: the event cannot pass before it (the stream reaches it
+    /// then at the earliest), which a timing event's time needs when `op` finished earlier.
+    pub(crate) at: Time,
     /// The stream's vector clock at the record.
     pub(crate) clock: VClock,
     pub(crate) stream_id: u64,

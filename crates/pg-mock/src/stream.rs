@@ -623,6 +623,9 @@ pub(crate) fn sync_streams<'a>(
 pub struct MockEvent {
     pub(crate) inner: Arc<Inner>,
     pub(crate) id: u64,
+    /// Made by `create_timing_event`: only such events can be timed ([`pg_core::Event::nanos_since`]), as on
+    /// CUDA, where an event created with timing disabled gives no elapsed time.
+    pub(crate) timing: bool,
 }
 
 impl fmt::Debug for MockEvent {
@@ -633,12 +636,35 @@ impl fmt::Debug for MockEvent {
 
 impl MockEvent {
     pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self::made(inner, false)
+    }
+
+    /// A timing event ([`pg_core::Device::create_timing_event`]).
+    pub(crate) fn timed(inner: Arc<Inner>) -> Self {
+        Self::made(inner, true)
+    }
+
+    fn made(inner: Arc<Inner>, timing: bool) -> Self {
         let id = {
             let mut state = inner.lock();
             state.next_event += 1;
             state.next_event
         };
-        Self { inner, id }
+        Self { inner, id, timing }
+    }
+}
+
+impl State {
+    /// When event `id`'s recorded point passes, if known: the later of its record and the end of the operation
+    /// it marks (a stream reaches an event once its earlier work is done and the event is on it); `Err` when it
+    /// was never recorded.
+    fn event_time(&self, id: u64) -> Result<Option<Time>> {
+        let recorded = self.events.get(&id).and_then(|e| e.recorded.as_ref());
+        let recorded = recorded.ok_or_else(|| Error::invalid("Event::nanos_since: an event was never recorded"))?;
+        Ok(match recorded.op {
+            None => Some(recorded.at),
+            Some(op) => self.op_finish(op).map(|finish| finish.max(recorded.at)),
+        })
     }
 }
 
@@ -670,8 +696,9 @@ impl pg_core::Event for MockEvent {
             if let Some(op) = op {
                 st.pin(op);
             }
+            let at = st.local(Some(tid));
             let s = &st.streams[stream.index];
-            let recorded = Recorded { op, clock: s.clock.clone(), stream_id: s.id, device: s.device };
+            let recorded = Recorded { op, at, clock: s.clock.clone(), stream_id: s.id, device: s.device };
             let previous = st.events.entry(self.id).or_default().recorded.replace(recorded);
             if let Some(old) = previous.and_then(|r| r.op) {
                 st.unpin(old);
@@ -723,5 +750,31 @@ impl pg_core::Event for MockEvent {
 
     fn is_created(&self) -> bool {
         self.inner.lock().events.get(&self.id).is_some_and(|e| e.recorded.is_some())
+    }
+
+    /// Virtual device time between the two recorded points, answered at the global time (as queries are, so
+    /// the answer is the same on every run): `None` until both have passed.
+    fn nanos_since(&self, start: &MockEvent) -> Result<Option<i64>> {
+        if !self.timing || !start.timing {
+            return Err(Error::invalid("Event::nanos_since: both events must be timing events"));
+        }
+        if !Arc::ptr_eq(&self.inner, &start.inner) {
+            return Err(Error::invalid("Event::nanos_since: the events belong to different simulated worlds"));
+        }
+        for event in [start, self] {
+            let refuse = || "Event::nanos_since of an event recorded in a capture".into();
+            self.inner.captures().refuse_on_event(event.id, refuse)?;
+        }
+        let tid = self.inner.current();
+        let cost = self.inner.config.host.query;
+        self.inner.with(|st| {
+            st.charge(tid, cost);
+            st.resolve();
+            let (from, to) = (st.event_time(start.id)?, st.event_time(self.id)?);
+            Ok(match (from, to) {
+                (Some(from), Some(to)) if from <= st.now && to <= st.now => Some(to as i64 - from as i64),
+                _ => None,
+            })
+        })
     }
 }

@@ -109,6 +109,10 @@ impl pg_core::Device for Device {
         Event(self.cuda.event(), self.cuda.ordinal())
     }
 
+    fn create_timing_event(&self) -> pg_core::Result<Event> {
+        Ok(Event(self.cuda.timed_event(), self.cuda.ordinal()))
+    }
+
     fn synchronize(&self) -> pg_core::Result<()> {
         // A call already blocked in the driver is not woken by a later failure; in the error-handling modes that
         // abort the communicators the device drains, and the record is read again after the call.

@@ -166,6 +166,10 @@ impl pg_core::Event for Event {
     fn is_created(&self) -> bool {
         self.0.is_created()
     }
+
+    fn nanos_since(&self, start: &Event) -> pg_core::Result<Option<i64>> {
+        self.0.nanos_since(&start.0).map_err(cuda_error)
+    }
 }
 
 /// The failure record of device `ordinal`, shared by every handle of it in this process (ordinals from 64 on,

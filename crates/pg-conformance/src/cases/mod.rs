@@ -10,6 +10,7 @@ pub(crate) mod ops;
 pub(crate) mod recovery;
 pub(crate) mod semantics;
 pub(crate) mod subgroups;
+pub(crate) mod trace;
 
 use std::time::Duration;
 

@@ -74,6 +74,39 @@ fn events_are_created_at_first_record_and_order_streams() {
 }
 
 #[test]
+fn timing_events_give_the_device_time_between_their_points_and_nothing_before() {
+    let w = world(1);
+    let got = w.run(1, |_, d| {
+        let a = d.current_stream();
+        let start = d.create_timing_event().unwrap();
+        let end = d.create_timing_event().unwrap();
+        let plain = d.create_event();
+        let unrecorded = end.nanos_since(&start).unwrap_err().kind();
+        start.record(&a).unwrap();
+        d.sleep_kernel(&a, 10 * MS).unwrap();
+        end.record(&a).unwrap();
+        plain.record(&a).unwrap();
+        // The kernel is still running: no answer yet, and asking does not wait for it.
+        let before = (end.nanos_since(&start).unwrap(), d.now());
+        a.synchronize().unwrap();
+        let forward = end.nanos_since(&start).unwrap();
+        let backward = start.nanos_since(&end).unwrap();
+        let not_timed = end.nanos_since(&plain).unwrap_err().kind();
+        (unrecorded, before, forward, backward, not_timed)
+    });
+    let (unrecorded, (pending, asked_at), forward, backward, not_timed) = got[0];
+    assert_eq!(unrecorded, pg_core::ErrorKind::InvalidArgument, "an event never recorded has no time");
+    assert_eq!(pending, None, "an event that has not passed has no time");
+    assert!(asked_at < 10 * MS, "asking blocked until {asked_at:?}");
+    // From the start event (recorded on the idle stream: it passes at its record) to the end of the 10 ms kernel,
+    // which starts when the host has enqueued it, after its 5 us launch cost.
+    let span = i64::try_from((10 * MS + Duration::from_micros(5)).as_nanos()).unwrap();
+    assert_eq!(forward, Some(span));
+    assert_eq!(backward, Some(-span), "the time back from a later event is negative");
+    assert_eq!(not_timed, pg_core::ErrorKind::InvalidArgument, "a plain event cannot be timed");
+}
+
+#[test]
 fn event_synchronize_blocks_until_the_marked_point_only() {
     let w = world(1);
     let t = w.run(1, |_, d| {

@@ -240,3 +240,109 @@ fn the_ring_keeps_the_latest_records_and_capacity_zero_records_nothing() {
     // The latest records are the ones kept: the last sleep's.
     assert_eq!(small.spans.last(), full.spans.last());
 }
+
+/// A fresh directory for one test's rank files.
+fn trace_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("pg-mock-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The (track name, slice) pairs of the slices of a `PG_TRACE` rank file on the side `side`.
+fn op_slices(json: &Value, side: &str) -> Vec<(String, Value)> {
+    let names: std::collections::HashMap<u64, String> = events(json)
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| (e["tid"].as_u64().unwrap(), e["args"]["name"].as_str().unwrap().to_owned()))
+        .collect();
+    let slices = events(json).iter().filter(|e| e["ph"] == "X" && e["args"]["side"] == side);
+    slices.map(|e| (names[&e["tid"].as_u64().unwrap()].clone(), e.clone())).collect()
+}
+
+#[test]
+fn pg_trace_writes_each_ranks_ops_with_the_simulated_device_spans_and_its_subgroups_beside() {
+    let dir = trace_dir("pg-trace");
+    let world = World::new(WorldConfig::with_devices(2));
+    let store = world.store();
+    let env_dir = dir.to_string_lossy().into_owned();
+    world.run(2, move |rank, device| {
+        // PG_TRACE=DIR, as a process reads it from its environment.
+        let lookup = |name: &str| (name == "PG_TRACE").then(|| env_dir.clone());
+        let options = Options::builder().build_with_env_from(lookup).unwrap();
+        let group = ProcessGroup::<Mock>::new(Arc::clone(&store), rank, 2, device.clone(), options.clone()).unwrap();
+        let buffer = device.alloc(DType::F32, 1024).unwrap();
+        for _ in 0..3 {
+            group.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            // Ops seconds apart: the tracer's origin moves on to a later op (as it does on CUDA to keep the
+            // precision of its f32 milliseconds), and the times stay exact.
+            device.sleep(1500 * MS, &std::sync::atomic::AtomicBool::new(false));
+        }
+        let sub = Options { group_desc: "pair".to_owned(), ..options };
+        let pair = group.new_group(&[0, 1], sub).unwrap().expect("both ranks are members");
+        pair.broadcast(&buffer, 1).unwrap().wait().unwrap();
+        device.synchronize().unwrap();
+        pair.shutdown().unwrap();
+        group.shutdown().unwrap();
+    });
+    let trace = world.trace();
+    let mut ends_by_rank = Vec::new();
+    for rank in 0..2u64 {
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join(format!("rank{rank}.json"))).unwrap())
+            .expect("the rank file is JSON");
+        assert!(events(&json).iter().all(|e| e["pid"] == rank), "rank {rank}'s file holds only its process");
+        let groups: Vec<&str> =
+            json["otherData"]["groups"].as_array().unwrap().iter().map(|g| g["desc"].as_str().unwrap()).collect();
+        assert_eq!(groups, ["default_pg", "pair"], "both groups of the rank, in creation order");
+        let device_ops = op_slices(&json, "device");
+        let found: Vec<(&str, &str)> =
+            device_ops.iter().map(|(track, e)| (track.as_str(), e["name"].as_str().unwrap())).collect();
+        assert_eq!(
+            found,
+            [
+                ("default_pg (0) comm stream", "nccl:all_reduce"),
+                ("default_pg (0) comm stream", "nccl:all_reduce"),
+                ("default_pg (0) comm stream", "nccl:all_reduce"),
+                ("pair (0.0) comm stream", "nccl:broadcast"),
+            ]
+        );
+        // Each device slice ends exactly when the simulator's communication kernel ended: the timing events
+        // measure the device, not the host.
+        let kernels: Vec<Duration> = trace
+            .spans
+            .iter()
+            .filter(|s| s.device == rank as usize && s.kind == SpanKind::Kernel(KernelKind::Comm))
+            .map(|s| s.end.expect("every op finished"))
+            .collect();
+        // In whole nanoseconds: the file's microseconds are floating point.
+        let ns = |us: f64| (us * 1e3).round() as u64;
+        let ends: Vec<u64> =
+            device_ops.iter().map(|(_, e)| ns(e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap())).collect();
+        let kernel_ends: Vec<u64> = kernels.iter().map(|t| t.as_nanos() as u64).collect();
+        assert_eq!(ends, kernel_ends, "rank {rank}: device ends against the simulated kernels");
+        let host_ops = op_slices(&json, "host enqueue");
+        assert_eq!(host_ops.len(), 4);
+        assert!(host_ops.iter().all(|(track, _)| track.ends_with(" enqueue")));
+        ends_by_rank.push(ends);
+    }
+    assert_eq!(ends_by_rank[0], ends_by_rank[1], "a collective ends at one virtual instant on both ranks");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn without_pg_trace_a_group_writes_nothing() {
+    let dir = trace_dir("no-trace");
+    let world = World::new(WorldConfig::with_devices(1));
+    let store = world.store();
+    world.run(1, move |rank, device| {
+        let options = Options::builder().build_with_env_from(|_| None).unwrap();
+        assert_eq!(options.trace_dir, None);
+        let group = ProcessGroup::<Mock>::new(Arc::clone(&store), rank, 1, device.clone(), options).unwrap();
+        let buffer = device.alloc(DType::F32, 16).unwrap();
+        group.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+        assert_eq!(group.flush_trace().unwrap(), None);
+        group.shutdown().unwrap();
+    });
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing was written");
+    let _ = std::fs::remove_dir_all(&dir);
+}

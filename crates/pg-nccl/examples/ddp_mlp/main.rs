@@ -129,9 +129,10 @@ fn on_mock_ranks<T: Send>(
         .collect()
 }
 
-/// Every simulated rank's curve (they must agree), rank 0's first.
+/// Every simulated rank's curve (they must agree), rank 0's first. The group reads the environment as a user's
+/// program would (`PG_TRACE=DIR` writes each rank's timeline, in virtual time).
 fn run_mock(world_size: usize, config: &Config) -> pg_core::Result<Vec<Vec<StepRecord>>> {
-    on_mock_ranks(world_size, &Options::builder().build(), |math, pg| {
+    on_mock_ranks(world_size, &Options::builder().build_with_env()?, |math, pg| {
         let records = train::train(math, pg, config);
         pg.shutdown()?;
         records
@@ -209,7 +210,9 @@ fn run_nccl(
         }
         return Ok((run.records, run.recoveries, run.growths, rank));
     }
-    let pg = ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), Options::builder().build())?;
+    // PyTorch's variables and pg's own apply, as in a user's program (`PG_TRACE=DIR`: each rank's op timeline).
+    let options = Options::builder().build_with_env()?;
+    let pg = ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), options)?;
     let records = train::train(&math, &pg, config)?;
     pg.shutdown()?;
     Ok((records, Vec::new(), Vec::new(), rank))

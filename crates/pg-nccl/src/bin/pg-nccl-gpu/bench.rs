@@ -8,6 +8,10 @@
 //! the pace and the events timed it, not the device. Host enqueue and `wait()` times are host clocks around each
 //! call. Host throughput is K back-to-back ops with no spin, timed on the host from the first call to the return of
 //! the last. Medians over trials (device) and over every op (host). Results are checked once per size.
+//!
+//! `pg-traced` is the default process group with the op timeline on (`Options::trace_dir`, what `PG_TRACE=DIR`
+//! sets), beside `pg` in the same run; its rank files go to `PG_BENCH_TRACE_DIR` (default
+//! `$TMPDIR/pg-bench-allreduce-trace`), and the results say what they hold (`trace`).
 
 use std::time::{Duration, Instant};
 
@@ -66,8 +70,10 @@ enum Contestant<'a> {
     /// is long complete, to see whether re-recording a pending event costs the driver more.
     RawWithEvents { comm: &'a RawComm, stream: &'a Stream, input_ready: &'a [pg_nccl::Event] },
     /// A process group, the caller's current stream being the legacy default stream (as in PyTorch). `pg` is
-    /// the default options; the other names are [`GROUPS`] of one setting changed each, to tell which part of
-    /// the default configuration costs what.
+    /// the default options; `pg-traced` the default options with the op timeline on (`Options::trace_dir`, as
+    /// `PG_TRACE=DIR` sets it), beside `pg` in every run so that the cost of tracing shows against tracing off;
+    /// the other names are [`GROUPS`] of one setting changed each, to tell which part of the default
+    /// configuration costs what.
     Pg { pg: &'a Group, name: &'static str },
     /// The default process group with a pool stream made current (a `StreamGuard`), to see what the legacy
     /// stream costs.
@@ -257,6 +263,8 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let raw_stream = device.stream_from_pool(false).map_err(e)?;
     let user_stream = device.stream_from_pool(false).map_err(e)?;
     let pg = group(ctx, "bench", Options::builder())?;
+    let trace_dir = bench_trace_dir();
+    let traced = traced_group(ctx, "bench-traced", &trace_dir)?;
     // The network profile measures raw, raw-with-events and pg only: each op there costs milliseconds.
     let variant_groups: &[(&str, Variant)] = if ctx.settings.bench_profile.full_breakdown() { &GROUPS } else { &[] };
     let variants: Vec<(&'static str, Group)> = variant_groups
@@ -275,6 +283,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     };
     let tiny = filled(ctx, DType::F32, 1, 1.0)?;
     pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    traced.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
     for (_, variant) in &variants {
         variant.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
     }
@@ -313,6 +322,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
             contestants.push(Contestant::RawWithEvents { comm: &raw, stream: &raw_stream, input_ready: &event_ring });
             contestants.push(Contestant::Pg { pg: one_event, name: "pg-one-input-event" });
         }
+        contestants.push(Contestant::Pg { pg: &traced, name: TRACED });
         let mut samples: Vec<Vec<Sample>> = contestants.iter().map(|_| Vec::new()).collect();
         // Warm-up trial per contestant (lazy connection, registration), then interleaved trials.
         for who in &contestants {
@@ -394,6 +404,9 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let host_costs = host_costs(ctx, &pg)?;
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
+    // Shutting down writes the traced group's file: what it holds goes into the results.
+    traced.shutdown().map_err(e)?;
+    let trace = trace_summary(&trace_dir, ctx.rank);
     for (_, variant) in &variants {
         variant.shutdown().map_err(e)?;
     }
@@ -402,7 +415,44 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     }
     drop(raw);
     Ok(json!({ "task": "bench", "profile": profile.name(), "rows": rows, "host_costs_us": host_costs,
-               "graph_error": graph_error }))
+               "graph_error": graph_error, "trace": trace }))
+}
+
+/// The contestant with the op timeline on.
+const TRACED: &str = "pg-traced";
+
+/// Where `pg-traced` writes its rank files: `PG_BENCH_TRACE_DIR`, else `pg-bench-allreduce-trace` in the temporary
+/// directory (not the results directory: a file holds up to 65,536 ops, tens of MB).
+fn bench_trace_dir() -> std::path::PathBuf {
+    match std::env::var_os("PG_BENCH_TRACE_DIR") {
+        Some(dir) if !dir.is_empty() => dir.into(),
+        _ => std::env::temp_dir().join("pg-bench-allreduce-trace"),
+    }
+}
+
+/// The default options with tracing into `dir`, whatever `PG_TRACE` says (the environment is applied first, as
+/// for every group of the bench, then the directory set).
+fn traced_group(ctx: &Rank, name: &str, dir: &std::path::Path) -> Result<Group, String> {
+    let store = std::sync::Arc::new(pg_core::store::PrefixStore::new(name.to_owned(), ctx.store.clone()));
+    let mut options =
+        Options::builder().group_name(name.to_owned()).group_desc(name.to_owned()).build_with_env().map_err(e)?;
+    options.trace_dir = Some(dir.to_owned());
+    pg_core::ProcessGroup::new(store, ctx.rank, ctx.world, ctx.device.clone(), options).map_err(e)
+}
+
+/// What this rank's trace file holds once `pg-traced` shut down: its path and size, and per group the ops with
+/// device times, without them, and dropped (the newest 65,536 are kept).
+fn trace_summary(dir: &std::path::Path, rank: usize) -> Value {
+    let path = dir.join(format!("rank{rank}.json"));
+    let read =
+        std::fs::read_to_string(&path).map_err(e).and_then(|text| serde_json::from_str::<Value>(&text).map_err(e));
+    match read {
+        Ok(trace) => json!({
+            "file": path, "bytes": std::fs::metadata(&path).map(|m| m.len()).ok(),
+            "groups": trace["otherData"]["groups"],
+        }),
+        Err(error) => json!({ "file": path, "error": error }),
+    }
 }
 
 /// The largest size the graph contestants run: capture pays off where the host's per-op cost matters.
@@ -600,7 +650,7 @@ mod tests {
     #[test]
     fn the_variant_groups_have_names_of_their_own() {
         let mut names: Vec<&str> = GROUPS.iter().map(|(name, _)| *name).collect();
-        names.push("pg");
+        names.extend(["pg", TRACED]);
         let count = names.len();
         names.sort_unstable();
         names.dedup();

@@ -388,6 +388,8 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             "pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank": same_rank_difference(&bench, "pg", "pg-no-watchdog-no-fr", bytes),
             "pg_one_input_event_minus_pg_enqueue_us_same_rank": same_rank_difference(&bench, "pg-one-input-event", "pg", bytes),
             "raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank": same_rank_difference(&bench, "raw-with-events", "raw-with-event-ring", bytes),
+            "pg_traced": find("pg-traced", bytes).map(row_json),
+            "pg_traced_minus_pg_enqueue_us_same_rank": same_rank_difference(&bench, "pg-traced", "pg", bytes),
             "raw_graph": find("raw-graph", bytes).map(row_json),
             "pg_graph": find("pg-graph", bytes).map(row_json),
             "torch_graph": find("torch-graph", bytes).map(row_json),
@@ -491,6 +493,16 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
              of which the watchdog and flight recorder (`pg` - `pg-no-watchdog-no-fr`) {:.2} us.",
             median_of("pg_minus_raw_with_events_enqueue_us_same_rank"),
             median_of("pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank"),
+        );
+    }
+    let tracing = median_of("pg_traced_minus_pg_enqueue_us_same_rank");
+    if tracing.is_finite() {
+        let _ = writeln!(
+            md,
+            "\nThe op timeline (`PG_TRACE`; contestant `pg-traced`, the default options with tracing on: a timing event \
+             recorded before and after each launch, the host times around the call, one queue push) costs \
+             `pg-traced` - `pg` = {tracing:.2} us of host enqueue per op (same run, rank by rank, worst rank, median \
+             over sizes); with tracing off (`pg`) the enqueue path checks one `Option` and records nothing."
         );
     }
     for (rank, value) in bench["ranks"].as_array().into_iter().flatten().enumerate() {

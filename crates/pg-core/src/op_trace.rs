@@ -1,0 +1,397 @@
+//! Real-run timelines (`Options::trace_dir`, `PG_TRACE=DIR`): each op's host enqueue and its device start and end
+//! from timing events, written per rank as `DIR/rank{r}.json` in Chrome's trace-event format and lined up across
+//! ranks on the wall clock.
+//!
+//! A traced group records, at its creation, one reference timing event on an idle stream and reads the host's
+//! monotonic and wall clocks beside it: that is the group's time origin. Each op (not captured) then records one
+//! timing event on its communication stream right before the launch and one right after it, and its host start
+//! and end around the whole call. Nothing blocks on them: the device times are resolved later, once both events
+//! have passed (by the watchdog every pass, by the enqueue path when many are waiting, or at a flush), as device
+//! time since the reference, and the ops and their times land in the group's log.
+//!
+//! A flush ([`crate::ProcessGroup::flush_trace`], shutdown, dropping the group) writes this rank's file with the
+//! logs of every traced group of the rank in this process: one process (`pid` = the world rank), a host track
+//! per group (its enqueue calls) and a track per communication stream of it (the ops' device spans), each op a
+//! complete slice (`ph: "X"`) named by its profiling name (`nccl:all_reduce`), with the group, sequence number,
+//! sizes and dtypes in its args and an arrow from the enqueue to the device span.
+//!
+//! Times are microseconds since the UNIX epoch: a host time is the reference's wall-clock reading plus the
+//! monotonic time since the reference; a device time is the same reading plus the device time from the reference
+//! event. The approximations: the reference event is taken to pass when the host recorded it (it is recorded on
+//! an idle stream, and again up to twice when recording and synchronising took long, as when the stream was
+//! busy; what remains is written as the group's `reference_uncertainty_us`); the ranks' wall clocks are taken to
+//! agree (one machine: exactly; several: as well as NTP or PTP keeps them); the device and host clocks are taken
+//! not to drift apart over the run. The device time between two events far apart loses precision (CUDA gives it
+//! as an `f32` of milliseconds), so the origin moves on to an op's start event once an op starts more than a
+//! second away from it: each step adds at most about a microsecond of error.
+//!
+//! With tracing off the group holds no tracer: the enqueue path checks one `Option` and does nothing else.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::flight_recorder::ListSizes;
+use crate::trace_event::{TraceEvents, Track};
+use crate::{Backend, DType, Device, Error, Event, OpType, Result};
+
+/// Ops kept per group (the newest); older ones are dropped and counted in the file (about 1 KB each in it).
+const KEEP: usize = 65_536;
+
+/// Unresolved ops at which the enqueue path first resolves the finished ones itself (a group without a watchdog,
+/// or a device far behind); the mark then doubles past what is left, so that this costs O(1) per op.
+const RESOLVE_AT: usize = 1024;
+
+/// How far (ns) from the current origin an op may start before the origin moves on to it.
+const REANCHOR_NS: i64 = 1_000_000_000;
+
+/// A reference whose record and synchronisation took longer than this is recorded again (up to twice).
+const IDLE_SPREAD: Duration = Duration::from_micros(100);
+
+/// What is known of one traced op when it is enqueued.
+#[derive(Clone)]
+pub(crate) struct OpInfo {
+    pub(crate) seq: u64,
+    pub(crate) op: OpType,
+    /// The peer of a single point-to-point op (its pair's communicator), else `None`.
+    pub(crate) peer: Option<usize>,
+    /// The id of the communication stream it ran on.
+    pub(crate) stream: u64,
+    pub(crate) input: (usize, DType),
+    pub(crate) output: (usize, DType),
+    pub(crate) lists: Option<Arc<ListSizes>>,
+    /// Host monotonic times ([`Device::now`]) at the start and the end of the enqueue call.
+    pub(crate) host_start: Duration,
+    pub(crate) host_end: Duration,
+}
+
+/// An op whose device times are not known yet, with the two timing events around its launch.
+struct Pending<B: Backend> {
+    info: OpInfo,
+    start: B::Event,
+    end: B::Event,
+}
+
+/// An op as it is written: device start and end in ns from the group's reference event, when known.
+#[derive(Clone)]
+struct Done {
+    info: OpInfo,
+    device: Option<(i64, i64)>,
+}
+
+/// One traced group's part of its rank's file.
+struct GroupLog {
+    name: String,
+    desc: String,
+    pg_id: u64,
+    rank: usize,
+    size: usize,
+    /// The rank in the world: the file's process.
+    world_rank: usize,
+    /// The wall clock (ns since the UNIX epoch) when the reference event was recorded.
+    wall_ns: u64,
+    /// The host monotonic time of that moment.
+    host: Duration,
+    /// How long the reference's record and synchronisation took: the bound on its error.
+    uncertainty: Duration,
+    /// Ops with their device times resolved (or given up on), oldest first.
+    done: VecDeque<Done>,
+    /// Ops still running at the last flush: written with host times only.
+    unresolved: Vec<OpInfo>,
+    /// Ops dropped from the front because the group kept [`KEEP`].
+    dropped: u64,
+}
+
+impl GroupLog {
+    fn push(&mut self, done: Done) {
+        if self.done.len() == KEEP {
+            self.done.pop_front();
+            self.dropped += 1;
+        }
+        self.done.push_back(done);
+    }
+}
+
+/// The ops still waiting for their device times, and the current time origin.
+struct PendingOps<B: Backend> {
+    ops: VecDeque<Pending<B>>,
+    /// Where device times are measured from once the reference is far behind: an op's start event, with its
+    /// time in ns from the reference.
+    anchor: Option<(B::Event, i64)>,
+    /// The length at which the enqueue path next resolves.
+    resolve_at: usize,
+}
+
+/// A traced group's recorder.
+pub(crate) struct Tracer<B: Backend> {
+    path: PathBuf,
+    reference: B::Event,
+    pending: Mutex<PendingOps<B>>,
+    log: Arc<Mutex<GroupLog>>,
+}
+
+/// Every traced group's log, by the rank file it goes to (groups of one rank share a file; a file keeps the
+/// groups that were dropped, so that a later flush writes them again).
+type Files = HashMap<PathBuf, Vec<Arc<Mutex<GroupLog>>>>;
+static FILES: Mutex<Option<Files>> = Mutex::new(None);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Who a traced group is, for its file and its tracks.
+pub(crate) struct Identity<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) desc: &'a str,
+    pub(crate) pg_id: u64,
+    /// The rank in the group, and the group's size.
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    /// The rank in the world: the file's name and process.
+    pub(crate) world_rank: usize,
+}
+
+impl<B: Backend> Tracer<B> {
+    /// The tracer of a new group writing to `dir`: creates the directory and records the reference event (on an
+    /// idle stream from the pool, synchronised: this is group creation, not an op).
+    pub(crate) fn new(dir: &Path, device: &B::Device, who: Identity<'_>) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|error| {
+            Error::invalid(format!("trace_dir (PG_TRACE): cannot create {}: {error}", dir.display()))
+        })?;
+        let stream = device.stream_from_pool(false)?;
+        let reference = device.create_timing_event()?;
+        let (mut host, mut wall, mut uncertainty) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        for _ in 0..3 {
+            let before = device.now();
+            reference.record(&stream)?;
+            (host, wall) = (device.now(), device.wall_clock());
+            reference.synchronize()?;
+            uncertainty = device.now().saturating_sub(before);
+            if uncertainty <= IDLE_SPREAD {
+                break;
+            }
+        }
+        let log = GroupLog {
+            name: who.name.to_owned(),
+            desc: who.desc.to_owned(),
+            pg_id: who.pg_id,
+            rank: who.rank,
+            size: who.size,
+            world_rank: who.world_rank,
+            wall_ns: u64::try_from(wall.as_nanos()).unwrap_or(u64::MAX),
+            host,
+            uncertainty,
+            done: VecDeque::new(),
+            unresolved: Vec::new(),
+            dropped: 0,
+        };
+        let log = Arc::new(Mutex::new(log));
+        let path = dir.join(format!("rank{}.json", who.world_rank));
+        lock(&FILES).get_or_insert_with(HashMap::new).entry(path.clone()).or_default().push(Arc::clone(&log));
+        let pending = Mutex::new(PendingOps { ops: VecDeque::new(), anchor: None, resolve_at: RESOLVE_AT });
+        Ok(Self { path, reference, pending, log })
+    }
+
+    /// Takes a just enqueued op with the timing events recorded around its launch.
+    pub(crate) fn push(&self, info: OpInfo, start: B::Event, end: B::Event) {
+        let mut pending = lock(&self.pending);
+        pending.ops.push_back(Pending { info, start, end });
+        if pending.ops.len() >= pending.resolve_at {
+            // Without a watchdog nothing else resolves them before a flush: queries only, nothing blocks.
+            self.resolve_locked(&mut pending);
+            if pending.ops.len() >= KEEP {
+                // The device is far behind (or stuck): the oldest ops are written without device times.
+                let mut log = lock(&self.log);
+                while pending.ops.len() >= KEEP / 2 {
+                    let Some(oldest) = pending.ops.pop_front() else { break };
+                    log.push(Done { info: oldest.info, device: None });
+                }
+            }
+            pending.resolve_at = RESOLVE_AT.max(2 * pending.ops.len());
+        }
+    }
+
+    /// Resolves the device times of every op whose events have passed (event queries only: the watchdog's
+    /// pass calls it).
+    pub(crate) fn resolve(&self) {
+        let mut pending = lock(&self.pending);
+        if !pending.ops.is_empty() {
+            self.resolve_locked(&mut pending);
+        }
+    }
+
+    fn resolve_locked(&self, pending: &mut PendingOps<B>) {
+        let mut still = VecDeque::new();
+        let mut resolved = Vec::new();
+        // A stream runs its ops in order: once one of its ops has not finished, its later ones are not asked.
+        let mut running: Vec<u64> = Vec::new();
+        while let Some(op) = pending.ops.pop_front() {
+            if running.contains(&op.info.stream) {
+                still.push_back(op);
+                continue;
+            }
+            let (base, base_ns) = match &pending.anchor {
+                Some((event, ns)) => (event, *ns),
+                None => (&self.reference, 0),
+            };
+            let times = op.start.nanos_since(base).and_then(|start| match start {
+                Some(start) => Ok(op.end.nanos_since(&op.start)?.map(|length| (start, length))),
+                None => Ok(None),
+            });
+            match times {
+                Ok(None) => {
+                    running.push(op.info.stream);
+                    still.push_back(op);
+                }
+                // A device error (the communicator aborted, the context lost): the op keeps its host times.
+                Err(_) => resolved.push(Done { info: op.info, device: None }),
+                Ok(Some((from_base, length))) => {
+                    let start = base_ns.saturating_add(from_base);
+                    resolved.push(Done { info: op.info, device: Some((start, start.saturating_add(length))) });
+                    if from_base.abs() > REANCHOR_NS {
+                        pending.anchor = Some((op.start, start));
+                    }
+                }
+            }
+        }
+        pending.ops = still;
+        if !resolved.is_empty() {
+            let mut log = lock(&self.log);
+            for done in resolved {
+                log.push(done);
+            }
+        }
+    }
+
+    /// Resolves what has finished and writes this rank's file (every traced group of the rank in this
+    /// process); returns its path.
+    pub(crate) fn flush(&self) -> Result<PathBuf> {
+        {
+            let mut pending = lock(&self.pending);
+            self.resolve_locked(&mut pending);
+            lock(&self.log).unresolved = pending.ops.iter().map(|op| op.info.clone()).collect();
+        }
+        let logs = lock(&FILES).as_ref().and_then(|files| files.get(&self.path).cloned()).unwrap_or_default();
+        let document = render(&logs);
+        let text = serde_json::to_string(&document).map_err(|e| Error::Backend(format!("trace JSON: {e}")))?;
+        // Written beside and renamed, so that a reader never sees half a file.
+        let partial = self.path.with_extension("json.partial");
+        let write = std::fs::write(&partial, text).and_then(|()| std::fs::rename(&partial, &self.path));
+        write.map_err(|error| {
+            Error::invalid(format!("trace_dir (PG_TRACE): cannot write {}: {error}", self.path.display()))
+        })?;
+        Ok(self.path.clone())
+    }
+}
+
+/// The sizes and dtypes of one side of an op, as the flight recorder lists them.
+fn sides(info: &OpInfo) -> Value {
+    let list = |each: &[(usize, DType)]| -> (Vec<Value>, Vec<String>) {
+        (each.iter().map(|(n, _)| json!([n])).collect(), each.iter().map(|(_, d)| d.to_string()).collect())
+    };
+    let ((input_sizes, input_dtypes), (output_sizes, output_dtypes)) = match &info.lists {
+        Some(lists) => (list(&lists.inputs), list(&lists.outputs)),
+        None => (list(&[info.input]), list(&[info.output])),
+    };
+    json!({"input_sizes": input_sizes, "input_dtypes": input_dtypes, "output_sizes": output_sizes,
+           "output_dtypes": output_dtypes})
+}
+
+/// Nanoseconds since the epoch of a time `offset` ns from `base` (saturating at 0).
+fn at(base: u64, offset: i64) -> u64 {
+    match offset >= 0 {
+        true => base.saturating_add(offset as u64),
+        false => base.saturating_sub(offset.unsigned_abs()),
+    }
+}
+
+/// One rank's file: its groups' tracks and ops, and what the times mean.
+fn render(logs: &[Arc<Mutex<GroupLog>>]) -> Value {
+    let mut events = TraceEvents::new();
+    let mut groups = Vec::new();
+    let mut pid = None;
+    for (index, log) in logs.iter().enumerate() {
+        let log = lock(log);
+        // Every group of the file is on one world rank; its number is the file's.
+        let world = *pid.get_or_insert(log.world_rank as u64);
+        let label = format!("{} ({})", log.desc, log.name);
+        // Track numbers by group in creation order; the host track first, then one per stream as ops name them.
+        let base = 1 + index as u64 * 1000;
+        let host = Track::new(world, base);
+        events.thread(host, &format!("{label} enqueue"), base as i64);
+        let mut streams: Vec<(u64, Option<usize>)> = Vec::new();
+        let ops =
+            log.done.iter().cloned().chain(log.unresolved.iter().map(|info| Done { info: info.clone(), device: None }));
+        let wall_of_host = |time: Duration| {
+            let offset = i64::try_from(time.as_nanos()).unwrap_or(i64::MAX)
+                - i64::try_from(log.host.as_nanos()).unwrap_or(i64::MAX);
+            at(log.wall_ns, offset)
+        };
+        let (mut timed, mut untimed) = (0u64, 0u64);
+        for done in ops {
+            let info = &done.info;
+            let name = info.op.profiling_name();
+            let mut args = sides(info);
+            args["group"] = json!(log.name);
+            args["group_desc"] = json!(log.desc);
+            args["seq"] = json!(info.seq);
+            args["is_p2p"] = json!(info.op.is_p2p());
+            if let Some(peer) = info.peer {
+                args["peer"] = json!(peer);
+            }
+            args["side"] = json!("host enqueue");
+            let host_start = wall_of_host(info.host_start);
+            let host_end = wall_of_host(info.host_end);
+            let Some((start, end)) = done.device else {
+                untimed += 1;
+                args["device"] = json!("not timed: the op had not finished at the flush, or its events failed");
+                events.slice(host, name, "op", host_start, host_end, args);
+                continue;
+            };
+            timed += 1;
+            let slot = match streams.iter().position(|(id, _)| *id == info.stream) {
+                Some(slot) => slot,
+                None => {
+                    streams.push((info.stream, info.peer));
+                    let track = Track::new(world, base + streams.len() as u64);
+                    let what = match info.peer {
+                        None => "comm stream".to_owned(),
+                        Some(peer) => format!("p2p stream {}:{}", log.rank.min(peer), log.rank.max(peer)),
+                    };
+                    events.thread(track, &format!("{label} {what}"), track.tid as i64);
+                    streams.len() - 1
+                }
+            };
+            let stream = Track::new(world, base + 1 + slot as u64);
+            let (start, end) = (at(log.wall_ns, start), at(log.wall_ns, end));
+            events.slice(host, name, "op", host_start, host_end, args);
+            // The device span names its op; the sizes are on the enqueue it comes from.
+            let device_args = json!({
+                "group": log.name, "seq": info.seq, "is_p2p": info.op.is_p2p(), "side": "device",
+                "enqueue_to_start_us": (start as f64 - host_start as f64) / 1e3,
+            });
+            events.slice(stream, name, "op", start, end, device_args);
+            events.flow("launch", "op", (host, host_start), (stream, start));
+        }
+        groups.push(json!({
+            "group": log.name, "desc": log.desc, "pg_id": log.pg_id, "rank": log.rank, "size": log.size,
+            "reference_wall_us": log.wall_ns as f64 / 1e3,
+            "reference_uncertainty_us": log.uncertainty.as_nanos() as f64 / 1e3,
+            "ops_timed": timed, "ops_untimed": untimed, "ops_dropped": log.dropped,
+        }));
+    }
+    let world = pid.unwrap_or(0);
+    events.process(world, &format!("rank {world}"), world as i64);
+    let mut document = events.into_json();
+    document["otherData"] = json!({
+        "pg_trace": 1,
+        "rank": world,
+        "clock": "ts in microseconds since the UNIX epoch: each group's wall clock at its reference event, plus \
+                  host monotonic time (enqueue tracks) or device time from timing events (stream tracks) since it",
+        "groups": groups,
+    });
+    document
+}
