@@ -153,6 +153,10 @@ def report(out, world):
         ok = bool(rows) and all(x.get("correct") for x in rows) and len(rows) == world - 1
         fmt = lambda v: "-" if v is None else f"{v:.1f}"
         lines.append(f"| {name} | {fmt(d)} | {fmt(r)} | {fmt(total)} | {ok} | {path} |")
+    failures = [f"pg: {f}" for f in (pg or {}).get("failures", [])]
+    failures += [f"PyTorch rank {r.get('rank')}: {r['failure']}" for r in (torch or {}).get("rows", []) if "failure" in r]
+    if failures:
+        lines += ["", "Failures:", ""] + [f"- {f}" for f in failures]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, f"recovery-nccl-{world}.md"), "w") as f:
         f.write(text)

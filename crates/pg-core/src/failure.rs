@@ -48,7 +48,7 @@ pub(crate) fn on_error<B: Backend>(
         // A rank that found the failure itself checks in to the agreement now (its revoke may wait on a dead
         // peer's connections); one told by a peer's report revokes at once and is not late.
         if error.kind() != ErrorKind::Remote {
-            crate::recovery::check_in_early(group);
+            check_in_early(group);
         }
         // The group is left for the survivors' agreement and a shrink: nothing of it runs on, no host blocks, and
         // the device stays usable for the group that follows (it is not poisoned).
@@ -152,4 +152,21 @@ pub(crate) fn dump<B: Backend>(group: &Shared<B>) -> Result<std::path::PathBuf> 
     group.errors.count_dump();
     tracing::info!(target: "pg", pg_id = group.local_id, rank = group.rank, path = %path.display(), "flight recorder dumped");
     Ok(path)
+}
+
+/// The store key of `rank`'s `what` (`alive`, `dead`) in agreement round `round`.
+pub(crate) fn round_key(round: u64, what: &str, rank: usize) -> String {
+    format!("recovery.{round}/{what}/{rank}")
+}
+
+/// Checks this rank in to the group's next agreement as soon as its revoking watchdog found the failure, before
+/// the revoke itself (which may wait on a dead peer's connections) and before the caller gets to
+/// [`crate::ProcessGroup::agree_survivors`]: ranks learn of a failure at different times (a dead rank's neighbours from
+/// its sockets, the others through the store), and a live rank must not miss the others' window for being late.
+pub(crate) fn check_in_early<B: Backend>(group: &crate::shared::Shared<B>) {
+    let round = group.recoveries.load(Ordering::Relaxed);
+    let key = round_key(round, "alive", group.rank);
+    if let Some(Err(error)) = group.store_op(|store| store.set(&key, b"1")) {
+        tracing::warn!(target: "pg", pg_id = group.local_id, %error, "could not check in to the agreement early");
+    }
 }

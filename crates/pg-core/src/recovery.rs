@@ -133,7 +133,7 @@ impl<B: Backend> ProcessGroup<B> {
         }
         let round = self.shared().recoveries.fetch_add(1, Ordering::Relaxed);
         let store = self.store().as_ref();
-        let key = |what: &str, rank: usize| round_key(round, what, rank);
+        let key = |what: &str, rank: usize| crate::failure::round_key(round, what, rank);
         let decision_key = format!("recovery.{round}/decision");
         for &dead in &options.dead {
             store.set(&key("dead", dead), b"1")?;
@@ -260,8 +260,13 @@ impl<B: Backend> ProcessGroup<B> {
             inner.mark_revoked(&Error::Revoked { reason });
         }
         // NCCL's shrink needs a rank to exclude (as PyTorch's `shrink_group`): a shrink that excludes none makes
-        // a new communicator of the same ranks by rendezvous, after revoking the parent's when aborting.
-        let child = match self.collective().filter(|comm| !comm.is_aborted() && !excluded.is_empty()) {
+        // a new communicator of the same ranks by rendezvous, after revoking the parent's when aborting. So does a
+        // shrink where any caller's communicator was aborted (on NCCL an async error may abort it on the ranks
+        // that saw it while the others only revoked theirs): the callers agree on the path through the store.
+        let parent = self.collective().filter(|comm| !comm.is_aborted() && !excluded.is_empty());
+        let every_caller_shrinks =
+            agree_on_shrink(store.as_ref(), new_rank, members.len(), parent.is_some(), group_options.timeout)?;
+        let child = match parent.filter(|_| every_caller_shrinks) {
             Some(parent) => {
                 let config = CommConfig {
                     nonblocking: false,
@@ -301,21 +306,17 @@ impl<B: Backend> ProcessGroup<B> {
     }
 }
 
-/// The store key of `rank`'s `what` (`alive`, `dead`) in agreement round `round`.
-fn round_key(round: u64, what: &str, rank: usize) -> String {
-    format!("recovery.{round}/{what}/{rank}")
-}
-
-/// Checks this rank in to the group's next agreement as soon as its revoking watchdog found the failure, before
-/// the revoke itself (which may wait on a dead peer's connections) and before the caller gets to
-/// [`ProcessGroup::agree_survivors`]: ranks learn of a failure at different times (a dead rank's neighbours from
-/// its sockets, the others through the store), and a live rank must not miss the others' window for being late.
-pub(crate) fn check_in_early<B: Backend>(group: &crate::shared::Shared<B>) {
-    let round = group.recoveries.load(Ordering::Relaxed);
-    let key = round_key(round, "alive", group.rank);
-    if let Some(Err(error)) = group.store_op(|store| store.set(&key, b"1")) {
-        tracing::warn!(target: "pg", pg_id = group.local_id, %error, "could not check in to the agreement early");
+/// Whether every caller of a shrink (`size` of them, this one `rank` among them, under the shrink's store) can
+/// shrink its communicator: each publishes whether it can, then reads everyone's, waiting at most `timeout`.
+fn agree_on_shrink(store: &dyn Store, rank: usize, size: usize, can: bool, timeout: Duration) -> Result<bool> {
+    let key = |r: usize| format!("shrink_path/{r}");
+    store.set(&key(rank), if can { b"shrink" } else { b"rendezvous" })?;
+    let mut every = can;
+    for other in (0..size).filter(|&other| other != rank) {
+        store.wait(&[&key(other)], Some(timeout))?;
+        every &= store.get(&key(other))? == b"shrink";
     }
+    Ok(every)
 }
 
 impl<B: Backend> ProcessGroup<B> {
