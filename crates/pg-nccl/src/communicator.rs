@@ -230,6 +230,29 @@ impl Communicator {
         }
     }
 
+    /// The communicator `kind` makes of this one's live handle `parent` (a split, shrink or grow), bounded by
+    /// `config`'s timeout as [`Self::split_with_timeout`] says; `None` when NCCL gives this rank none (a split
+    /// color of no group). Described by `config` or else by `description`.
+    fn derive(
+        &self,
+        parent: RawComm,
+        kind: SplitKind,
+        config: &CommConfig,
+        (reason, what): (&str, &str),
+        description: impl FnOnce() -> String,
+    ) -> pg_core::Result<Option<Self>> {
+        let call = SplitCall { library: self.library, device: self.device.clone(), parent, kind };
+        let handle = self.split_with_timeout(call, config, reason, what)?;
+        if handle.0.is_null() {
+            return Ok(None);
+        }
+        let description = match config.description.is_empty() {
+            true => description(),
+            false => config.description.clone(),
+        };
+        self.child(handle, description).map(Some)
+    }
+
     /// Runs `call` (a split or a shrink of this communicator) bounded by `config`'s timeout: blocking on a helper
     /// thread, or polled where the communicator is non-blocking. One that times out aborts this communicator (for
     /// `reason`) and is an [`Error::InitTimeout`] saying this rank called `what`.
@@ -848,22 +871,13 @@ impl pg_core::Communicator for Communicator {
             i32::try_from(key).map_err(|_| Error::invalid(format!("split key {key} is above NCCL's int range")))?;
         let _issuing = self.lock_issue();
         let comm = self.live()?;
-        let call = SplitCall {
-            library: self.library,
-            device: self.device.clone(),
-            parent: comm,
-            kind: SplitKind::Split { color: nccl_color, key: nccl_key },
-        };
         let call_name = "ncclCommSplit, which did not finish in time (not every rank of the parent called it)";
-        let handle = self.split_with_timeout(call, config, "a split of this communicator timed out", call_name)?;
-        if handle.0.is_null() {
+        let kind = SplitKind::Split { color: nccl_color, key: nccl_key };
+        let reasons = ("a split of this communicator timed out", call_name);
+        let description = || format!("{} split color {nccl_color}", self.description);
+        let Some(child) = self.derive(comm, kind, config, reasons, description)? else {
             return Ok(None);
-        }
-        let description = match config.description.is_empty() {
-            true => format!("{} split color {nccl_color}", self.description),
-            false => config.description.clone(),
         };
-        let child = self.child(handle, description)?;
         tracing::debug!(rank = child.rank, size = child.size, color = nccl_color, key, "NCCL communicator split");
         Ok(Some(child))
     }
@@ -880,24 +894,15 @@ impl pg_core::Communicator for Communicator {
             // NCCL stops the parent's ops; nothing may be issued on it afterwards.
             self.mark_revoked("the communicator was shrunk with NCCL_SHRINK_ABORT");
         }
-        let call = SplitCall {
-            library: self.library,
-            device: self.device.clone(),
-            parent: comm,
-            kind: SplitKind::Shrink { excluded: sorted.clone(), flags },
-        };
         let what = format!(
             "ncclCommShrink excluding {sorted:?}, which did not finish in time (not every other rank called it)"
         );
-        let handle = self.split_with_timeout(call, config, "a shrink of this communicator timed out", &what)?;
-        if handle.0.is_null() {
-            return Err(Error::Backend("ncclCommShrink returned no communicator for a rank it keeps".to_owned()));
-        }
-        let description = match config.description.is_empty() {
-            true => format!("{} shrunk without {sorted:?}", self.description),
-            false => config.description.clone(),
-        };
-        let child = self.child(handle, description)?;
+        let kind = SplitKind::Shrink { excluded: sorted.clone(), flags };
+        let reasons = ("a shrink of this communicator timed out", what.as_str());
+        let description = || format!("{} shrunk without {sorted:?}", self.description);
+        let child = self
+            .derive(comm, kind, config, reasons, description)?
+            .ok_or_else(|| Error::Backend("ncclCommShrink returned no communicator for a rank it keeps".to_owned()))?;
         tracing::info!(rank = child.rank, size = child.size, excluded = ?sorted, ?mode, "NCCL communicator shrunk");
         Ok(child)
     }
@@ -936,24 +941,15 @@ impl pg_core::Communicator for Communicator {
         };
         let _issuing = self.lock_issue();
         let comm = self.live()?;
-        let call = SplitCall {
-            library: self.library,
-            device: self.device.clone(),
-            parent: comm,
-            kind: SplitKind::Grow { nranks, id },
-        };
         let what = format!(
             "ncclCommGrow to {nranks} ranks, which did not finish in time (not every rank, old and new, called it)"
         );
-        let handle = self.split_with_timeout(call, config, "a grow of this communicator timed out", &what)?;
-        if handle.0.is_null() {
-            return Err(Error::Backend("ncclCommGrow returned no communicator".to_owned()));
-        }
-        let description = match config.description.is_empty() {
-            true => format!("{} grown to {nranks}", self.description),
-            false => config.description.clone(),
-        };
-        let child = self.child(handle, description)?;
+        let kind = SplitKind::Grow { nranks, id };
+        let reasons = ("a grow of this communicator timed out", what.as_str());
+        let description = || format!("{} grown to {nranks}", self.description);
+        let child = self
+            .derive(comm, kind, config, reasons, description)?
+            .ok_or_else(|| Error::Backend("ncclCommGrow returned no communicator".to_owned()))?;
         tracing::info!(rank = child.rank, size = child.size, added, "NCCL communicator grown");
         Ok(child)
     }
