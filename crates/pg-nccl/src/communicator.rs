@@ -29,6 +29,12 @@ struct OwnedComm {
     nonblocking: bool,
 }
 
+/// NCCL's form of a unique id pg passes around as bytes; any other length than NCCL's is refused by name.
+fn nccl_id(id: &UniqueId) -> pg_core::Result<nccl_sys::UniqueId> {
+    nccl_sys::UniqueId::from_bytes(&id.0)
+        .ok_or_else(|| Error::invalid(format!("an NCCL unique id has 128 bytes, not {}", id.0.len())))
+}
+
 /// `Ok` when `library` can grow communicators (`ncclCommGrow` and `ncclCommGetUniqueId`, NCCL 2.29), else
 /// [`Error::Unsupported`] naming the call, the loaded version and the one needed.
 pub(crate) fn grow_support(library: &Library) -> pg_core::Result<()> {
@@ -161,8 +167,7 @@ impl Communicator {
             return Err(Error::invalid(format!("rank {rank} of a communicator of {size}")));
         }
         let library = nccl_sys::library().map_err(nccl_error)?;
-        let id = nccl_sys::UniqueId::from_bytes(&id.0)
-            .ok_or_else(|| Error::invalid(format!("an NCCL unique id has 128 bytes, not {}", id.0.len())))?;
+        let id = nccl_id(id)?;
         let mut nccl_config = library.config(!config.nonblocking);
         device.bind_to_thread().map_err(cuda_error)?;
         // SAFETY: the device's context is current on this thread (just bound), so NCCL picks that device.
@@ -187,8 +192,7 @@ impl Communicator {
         }
         let library = nccl_sys::library().map_err(nccl_error)?;
         grow_support(library)?;
-        let id = nccl_sys::UniqueId::from_bytes(&id.0)
-            .ok_or_else(|| Error::invalid(format!("an NCCL unique id has 128 bytes, not {}", id.0.len())))?;
+        let id = nccl_id(id)?;
         device.bind_to_thread().map_err(cuda_error)?;
         let mut comm: nccl_sys::Comm = std::ptr::null_mut();
         // SAFETY: a null parent is a new rank's form of the call; `comm` is valid for NCCL's write of the handle; the
@@ -932,13 +936,7 @@ impl pg_core::Communicator for Communicator {
         if self.is_revoked() {
             return Err(self.revoked_error("grow"));
         }
-        let id = match id {
-            Some(id) => Some(
-                nccl_sys::UniqueId::from_bytes(&id.0)
-                    .ok_or_else(|| Error::invalid(format!("an NCCL unique id has 128 bytes, not {}", id.0.len())))?,
-            ),
-            None => None,
-        };
+        let id = id.map(nccl_id).transpose()?;
         let _issuing = self.lock_issue();
         let comm = self.live()?;
         let what = format!(
