@@ -178,10 +178,6 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
     let [out, _world] = args else {
         return Err(format!("usage: {RANK_TASK} OUT_JSON WORLD"));
     };
-    if std::env::var_os("RUST_LOG").is_some() {
-        // pg's own events (the error found, the revoke, the survivors agreed, the shrink) with their times.
-        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
-    }
     let mut phases = Phases::default();
     let (rendezvous, device) = crate::gpu::join_job(Duration::from_secs(120))?;
     let store: Arc<dyn Store> = Arc::new(PrefixStore::new("recovery/", Arc::clone(&rendezvous.store)));

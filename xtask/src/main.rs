@@ -47,7 +47,8 @@ Tasks:
                          SVG charts of the benchmark results (next to their JSON), or a trace as a picture
   tidy                   repository checks (also run by cargo test)
 
-Run `cargo xtask <task> --help` for a task's options.
+Run `cargo xtask <task> --help` for a task's options. With RUST_LOG set (RUST_LOG=pg=info, say), pg's own events
+go to stderr: errors found, revokes, agreements, shrinks, communicators made.
 ";
 
 fn main() -> ExitCode {
@@ -56,6 +57,13 @@ fn main() -> ExitCode {
         print!("{HELP}");
         return ExitCode::SUCCESS;
     };
+    if std::env::var_os("RUST_LOG").is_some() {
+        // pg's own events (errors found, revokes, agreements, shrinks, communicators made) on stderr, with times.
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .init();
+    }
     let result = match task.as_str() {
         "-h" | "--help" | "help" => {
             print!("{HELP}");

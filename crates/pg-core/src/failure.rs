@@ -45,11 +45,10 @@ pub(crate) fn on_error<B: Backend>(
         dump_once(group);
     }
     if options.revoke_on_error {
-        // A rank that found the failure itself checks in to the agreement now (its revoke may wait on a dead
-        // peer's connections); one told by a peer's report revokes at once and is not late.
-        if error.kind() != ErrorKind::Remote {
-            check_in_early(group);
-        }
+        // The rank checks in to the agreement now, whether it found the failure itself or was told by a peer's
+        // report: its revoke may wait on a dead peer's connections, and its caller may be busy elsewhere until
+        // after the others' window.
+        check_in_early(group);
         // The group is left for the survivors' agreement and a shrink: nothing of it runs on, no host blocks, and
         // the device stays usable for the group that follows (it is not poisoned).
         let reason = format!("rank {}: revoked after a failure: {error}", group.rank);
@@ -159,7 +158,7 @@ pub(crate) fn round_key(round: u64, what: &str, rank: usize) -> String {
     format!("recovery.{round}/{what}/{rank}")
 }
 
-/// Checks this rank in to the group's next agreement as soon as its revoking watchdog found the failure, before
+/// Checks this rank in to the group's next agreement as soon as its revoking watchdog learned of the failure, before
 /// the revoke itself (which may wait on a dead peer's connections) and before the caller gets to
 /// [`crate::ProcessGroup::agree_survivors`]: ranks learn of a failure at different times (a dead rank's neighbours from
 /// its sockets, the others through the store), and a live rank must not miss the others' window for being late.

@@ -358,6 +358,26 @@ impl State {
         }
     }
 
+    /// What NCCL's ring neighbours of a killed rank see: `rank` of `group` died at `at`, and
+    /// [`WorldConfig::peer_loss`](crate::WorldConfig::peer_loss) later the ranks one below and one above it report
+    /// the closed connection as an asynchronous remote error (unless an error came first).
+    pub(crate) fn lose_peer(&mut self, group: usize, rank: usize, at: Time) {
+        let g = &mut self.comms.groups[group];
+        let size = g.ranks.len();
+        let when = at + crate::clock::ns(self.config.peer_loss);
+        let message = format!(
+            "NCCL error: remote process exited or there was a network error (ncclRemoteError): connection closed \
+             by remote peer rank {rank} of communicator {} (injected fault: rank {rank} killed)",
+            g.number
+        );
+        for neighbour in [(rank + size - 1) % size, (rank + 1) % size] {
+            let rc = &mut g.ranks[neighbour];
+            if neighbour != rank && rc.error.is_none() {
+                rc.error = Some((when, message.clone()));
+            }
+        }
+    }
+
     /// Applies an injected abort of rank `rank` of `group` once the global time has reached it.
     pub(crate) fn apply_scheduled_abort(&mut self, group: usize, rank: usize) {
         let rc = &self.comms.groups[group].ranks[rank];
@@ -950,6 +970,7 @@ impl MockCommunicator {
             if abort_during.is_some_and(|(_, how)| how == "killed") {
                 // A process dies once: a replacement on the same device runs on.
                 st.faults.retain(|f| !matches!(f, Fault::KillAt { rank, .. } if *rank == self.device));
+                st.lose_peer(self.group, self.rank, part.enqueue);
             }
             let hang = match abort_during {
                 Some((after, how)) => {

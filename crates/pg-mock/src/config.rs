@@ -70,6 +70,10 @@ pub struct WorldConfig {
     /// Real time with no simulated progress after which a parked thread stops with a report (a registered
     /// thread blocked outside the simulation, on a real lock or a join, stops the clock).
     pub stall_limit: Duration,
+    /// How long after a rank is killed ([`Fault::KillAt`]) its neighbours on the ring of each communicator it was in
+    /// see the connection to it closed: their communicators report an asynchronous remote error, as NCCL's do
+    /// (ranks further round the ring see nothing until their ops time out).
+    pub peer_loss: Duration,
     /// Injected faults.
     pub faults: Vec<Fault>,
 }
@@ -91,6 +95,7 @@ impl Default for WorldConfig {
             trace_capacity: 16_384,
             time_limit: Duration::from_secs(24 * 3600),
             stall_limit: Duration::from_secs(30),
+            peer_loss: Duration::from_millis(1),
             faults: Vec::new(),
         }
     }

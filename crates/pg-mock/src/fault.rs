@@ -50,7 +50,10 @@ pub enum Fault {
     /// The rank is killed during its operation `op` (0-based, per communicator), as a process that gets SIGKILL
     /// mid-collective: the operation never completes on any rank (the others wait for data that never comes,
     /// until they revoke or abort), and the dead rank's own part ends at once, without effect, its communicator
-    /// gone (later calls on it fail with `Aborted` naming the kill). The rank's code is expected to stop there. It
+    /// gone (later calls on it fail with `Aborted` naming the kill). As on NCCL, the dead rank's two neighbours on
+    /// the communicator's ring (ranks one below and one above, wrapping) see their connection to it close
+    /// [`WorldConfig::peer_loss`](crate::WorldConfig::peer_loss) later: their communicator reports an asynchronous
+    /// remote error; the other ranks see nothing until their ops time out. The rank's code is expected to stop there. It
     /// fires once: a thread that then plays the rank's replacement process (a new rank joining a grown group on
     /// that device) runs normally.
     KillAt {

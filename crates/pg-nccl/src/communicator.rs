@@ -434,6 +434,15 @@ impl Communicator {
         stream: &Stream,
         call: impl FnOnce(&Library, nccl_sys::Comm) -> nccl_sys::Result<Status>,
     ) -> pg_core::Result<()> {
+        #[cfg(feature = "testing")]
+        if let Some(op) = self.injected.as_ref().and_then(crate::fault::Injected::kills_now) {
+            let reason = format!(
+                "injected fault: rank {} killed during operation {op} (its communicator aborted, which closes its \
+                 connections as the process's death would)",
+                self.rank
+            );
+            return pg_core::Communicator::abort(self, &reason);
+        }
         let _issuing = self.lock_issue();
         let comm = self.live()?;
         #[cfg(feature = "testing")]

@@ -3,7 +3,7 @@
 //! rank only. Worlds are told apart by store prefixes that every process derives the same way.
 //!
 //! Each world's kernel log holds the launches made since the world began, with device times from its start
-//! (timing events around each launch), and a world can inject an asynchronous error into this rank's
+//! (timing events around each launch), and a world can inject an asynchronous error or this rank's death into its
 //! communicators ([`crate::fault`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,8 +52,10 @@ impl Capabilities<Nccl> for NcclCapabilities {
         self.other.clone()
     }
 
-    /// An asynchronous error is injected into this process's communicators when it names this rank; a fault
-    /// naming another rank is that rank's process's to inject (each process runs the case's body for itself).
+    /// An asynchronous error, or this rank's death during an op (its communicator aborted in place of the op: its
+    /// peers see its connections close, as a killed process's), is injected into this process's communicators when
+    /// it names this rank; a fault naming another rank is that rank's process's to inject (each process runs the
+    /// case's body for itself). A rank that never joins is not offered.
     fn inject(&self, fault: Fault) -> bool {
         match fault {
             Fault::AsyncError { rank, after_ops } => {
@@ -62,7 +64,13 @@ impl Capabilities<Nccl> for NcclCapabilities {
                 }
                 true
             }
-            Fault::NeverJoin { .. } | Fault::KillAt { .. } => false,
+            Fault::KillAt { rank, op } => {
+                if rank == self.rank {
+                    fault::arm_kill(op);
+                }
+                true
+            }
+            Fault::NeverJoin { .. } => false,
         }
     }
 }

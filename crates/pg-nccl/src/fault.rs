@@ -1,20 +1,41 @@
 //! Faults the conformance harness injects into this process's communicators (with the `testing` feature): an
 //! asynchronous error once a communicator's first N ops have finished on the device, as a failing NCCL reports
-//! one through `ncclCommGetAsyncError`. Communicators made while a fault is armed carry it; disarming leaves
-//! them as they are and spares the next ones.
+//! one through `ncclCommGetAsyncError`; or the death of this rank during an op, as its peers see a killed process.
+//! Communicators made while a fault is armed carry it; disarming leaves them as they are and spares the next ones.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use pg_core::Error;
 
-/// The armed fault: ops that finish normally first.
-static ARMED: Mutex<Option<u64>> = Mutex::new(None);
+/// A fault new communicators carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Armed {
+    /// An asynchronous error once the first `after_ops` ops have finished.
+    AsyncError { after_ops: u64 },
+    /// This rank dies as it issues the op numbered `op`.
+    Kill { op: u64 },
+}
+
+/// The armed fault.
+static ARMED: Mutex<Option<Armed>> = Mutex::new(None);
+
+/// Whether the armed kill has fired: a process dies once.
+static KILLED: AtomicBool = AtomicBool::new(false);
 
 /// From now on, every new communicator of this process reports an asynchronous error once its first
 /// `after_ops` ops have finished (0: as soon as it exists).
 pub fn arm_async_error(after_ops: u64) {
-    *ARMED.lock().unwrap_or_else(PoisonError::into_inner) = Some(after_ops);
+    *ARMED.lock().unwrap_or_else(PoisonError::into_inner) = Some(Armed::AsyncError { after_ops });
+}
+
+/// From now on, this rank dies as a new communicator of this process issues its op numbered `op` (from 0): the op
+/// is not launched and the communicator is aborted instead, which closes its connections as the process's death
+/// would (NCCL's peers on the ring see `ncclRemoteError`, the others wait until their timeout). The call returns as
+/// if the op had been enqueued; later calls on the communicator fail with `Aborted` naming the kill. It fires once.
+pub fn arm_kill(op: u64) {
+    KILLED.store(false, Ordering::SeqCst);
+    *ARMED.lock().unwrap_or_else(PoisonError::into_inner) = Some(Armed::Kill { op });
 }
 
 /// New communicators carry no fault.
@@ -22,25 +43,35 @@ pub fn disarm() {
     *ARMED.lock().unwrap_or_else(PoisonError::into_inner) = None;
 }
 
-/// The fault a communicator carries: it fires once the op numbered `after_ops` has passed on its stream.
+/// The fault a communicator carries.
 #[derive(Debug)]
 pub(crate) struct Injected {
-    after_ops: u64,
+    armed: Armed,
     issued: AtomicU64,
-    /// Recorded after the op numbered `after_ops`.
+    /// Recorded after the op numbered `after_ops` of an asynchronous error.
     marker: Mutex<Option<pg_cuda::Event>>,
 }
 
 /// The fault a communicator made now carries, if one is armed.
 pub(crate) fn for_new_communicator() -> Option<Injected> {
-    let after_ops = (*ARMED.lock().unwrap_or_else(PoisonError::into_inner))?;
-    Some(Injected { after_ops, issued: AtomicU64::new(0), marker: Mutex::new(None) })
+    let armed = (*ARMED.lock().unwrap_or_else(PoisonError::into_inner))?;
+    Some(Injected { armed, issued: AtomicU64::new(0), marker: Mutex::new(None) })
 }
 
 impl Injected {
-    /// Counts an op issued on `stream`; the one numbered `after_ops` gets the marker recorded after it.
+    /// Whether the op about to be issued is the one this rank dies in: its number, once (the kill then fires no
+    /// more, on this communicator or any other).
+    pub(crate) fn kills_now(&self) -> Option<u64> {
+        let Armed::Kill { op } = self.armed else { return None };
+        let fires = self.issued.load(Ordering::Acquire) == op && !KILLED.swap(true, Ordering::SeqCst);
+        fires.then_some(op)
+    }
+
+    /// Counts an op issued on `stream`; for an asynchronous error, the one numbered `after_ops` gets the marker
+    /// recorded after it.
     pub(crate) fn issued(&self, device: &pg_cuda::Device, stream: &pg_cuda::Stream) {
-        if self.issued.fetch_add(1, Ordering::AcqRel) + 1 == self.after_ops {
+        let count = self.issued.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.armed == (Armed::AsyncError { after_ops: count }) {
             let event = device.event();
             if event.record(stream).is_ok() {
                 *self.marker.lock().unwrap_or_else(PoisonError::into_inner) = Some(event);
@@ -48,9 +79,10 @@ impl Injected {
         }
     }
 
-    /// The injected error, once the fault has fired.
+    /// The injected asynchronous error, once the fault has fired.
     pub(crate) fn error(&self, rank: usize) -> Option<Error> {
-        let fired = self.after_ops == 0
+        let Armed::AsyncError { after_ops } = self.armed else { return None };
+        let fired = after_ops == 0
             || self
                 .marker
                 .lock()
@@ -60,8 +92,7 @@ impl Injected {
         fired.then(|| {
             Error::communicator(format!(
                 "NCCL async error: unhandled system error (injected fault: rank {rank}'s communicator failed after \
-                 {} operations)",
-                self.after_ops
+                 {after_ops} operations)"
             ))
         })
     }

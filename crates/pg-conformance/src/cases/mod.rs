@@ -58,15 +58,6 @@ pub(crate) fn needs_hazards<H: Harness>(h: &H) -> Result<(), Outcome> {
     }
 }
 
-pub(crate) fn needs_virtual_clock<H: Harness>(h: &H) -> Result<(), Outcome> {
-    match h.offers().clock {
-        Some(Clock::Virtual) => Ok(()),
-        _ => Err(Outcome::NotApplicable(
-            "needs a virtual host clock (it places host threads exactly or waits out timeouts)".into(),
-        )),
-    }
-}
-
 pub(crate) fn needs_faults<H: Harness>(h: &H) -> Result<(), Outcome> {
     match h.offers().faults {
         true => Ok(()),

@@ -103,6 +103,9 @@ pub fn train_elastic<M: Math>(
     while step < config.steps {
         if elastic.death == Some((me, step)) {
             run.died = true;
+            // Nothing of the dead process runs on: its group's threads stop (its watchdog would otherwise answer
+            // for it in the survivors' agreement).
+            group.abort("this rank's process died");
             let Some(at) = elastic.rejoin else { return Ok(run) };
             // This rank's process is gone. Its thread plays the replacement: a new process on the same device, which
             // knows the world's store, its rank (the last) and the size, and joins when the survivors grow back.

@@ -180,7 +180,7 @@ impl Conn {
             Err(ReadFailure::TimedOut) => {
                 Err(self.fail(format!("no reply to {what} from the store server within {}ms", timeout.as_millis())))
             }
-            Err(ReadFailure::Failed(message)) => Err(self.fail(message)),
+            Err(ReadFailure::Failed(message)) => Err(self.fail(format!("{message} (awaiting the reply to {what})"))),
         }
     }
 
@@ -220,7 +220,9 @@ impl Conn {
         let mut byte = [0];
         match self.read_until(&mut byte, deadline_after(timeout)) {
             Ok(()) => return self.expect_stop_waiting(byte[0], what).map(|()| true),
-            Err(ReadFailure::Failed(message)) => return Err(self.fail(message)),
+            Err(ReadFailure::Failed(message)) => {
+                return Err(self.fail(format!("{message} (awaiting the reply to {what})")))
+            }
             Err(ReadFailure::TimedOut) => {}
         }
         self.encoder.command(Command::CancelWait);
@@ -424,7 +426,7 @@ impl TcpStore {
         conn.encoder.command(Command::Add).bytes(key.as_bytes()).i64(delta);
         conn.send()?;
         match conn.read_i64(timeout, Command::Add) {
-            Err(StoreError::Network(message)) if message == CLOSED => {
+            Err(StoreError::Network(message)) if message.starts_with(CLOSED) => {
                 drop(conn);
                 Err(self.explain_refused_add(key, delta).unwrap_or(StoreError::Network(message)))
             }
