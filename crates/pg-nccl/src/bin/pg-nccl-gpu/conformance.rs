@@ -20,12 +20,14 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
             continue;
         }
         harness.begin_case(case.name);
+        let started = std::time::Instant::now();
         let report = pg_conformance::run_case(&harness, &case);
+        let took = started.elapsed().as_secs_f64();
         match &report.outcome {
             pg_conformance::Outcome::Fail(detail) => {
-                eprintln!("rank {}: {} {}: {detail}", ctx.rank, report.name, report.outcome.word())
+                eprintln!("rank {}: {} {} ({took:.1} s): {detail}", ctx.rank, report.name, report.outcome.word())
             }
-            outcome => eprintln!("rank {}: {} {}", ctx.rank, report.name, outcome.word()),
+            outcome => eprintln!("rank {}: {} {} ({took:.1} s)", ctx.rank, report.name, outcome.word()),
         }
         reports.push(report);
     }
