@@ -20,6 +20,13 @@ pub(crate) fn on_error<B: Backend>(
     timed_out: Option<&WorkState<B>>,
     comm: Option<&Arc<B::Communicator>>,
 ) {
+    if let Some(aborted @ Error::Aborted { .. }) = group.error() {
+        // The group's user aborted it or shut it down: its communicators are going, and what its threads see
+        // meanwhile (its own aborted ops, its peers' reports of losing it) is no failure to act on: such a rank must
+        // not report errors, check in to the survivors' agreement or revoke as if it were a live one.
+        tracing::debug!(target: "pg", pg_id = group.local_id, rank = group.rank, %error, %aborted, "ignored: the group was aborted");
+        return;
+    }
     let options = &group.options;
     let first = record_first_error(group, &error);
     if let (Some(work), true) = (timed_out, options.desync_debug) {

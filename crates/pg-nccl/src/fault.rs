@@ -30,9 +30,10 @@ pub fn arm_async_error(after_ops: u64) {
 }
 
 /// From now on, this rank dies as a new communicator of this process issues its op numbered `op` (from 0): the op
-/// is not launched and the communicator is aborted instead, which closes its connections as the process's death
-/// would (NCCL's peers on the ring see `ncclRemoteError`, the others wait until their timeout). The call returns as
-/// if the op had been enqueued; later calls on the communicator fail with `Aborted` naming the kill. It fires once.
+/// is not launched, the call returns as if it had been enqueued, and later calls on the communicator fail with
+/// `Aborted` naming the kill. Its connections close when the rank's process group lets go of the communicator
+/// (the case aborts it at once, as the process's death ends everything of it): NCCL's peers on the ring then see
+/// `ncclRemoteError`, the others wait until their timeout or a peer's report. It fires once.
 pub fn arm_kill(op: u64) {
     KILLED.store(false, Ordering::SeqCst);
     *ARMED.lock().unwrap_or_else(PoisonError::into_inner) = Some(Armed::Kill { op });

@@ -87,12 +87,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// Increments the counter at `key` and waits until it reaches `world_size`, up to `timeout`.
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<(), StoreError> {
-        let arrived = self.add(key, 1)?;
-        let done_key = format!("{key}/done");
-        if arrived >= world_size {
-            self.set(&done_key, b"1")?;
-        }
-        self.wait(&[done_key.as_str()], timeout)
+        counted_barrier(self, key, world_size, timeout)
     }
 
     /// A new handle on the same store (for a TCP store, a new connection), with its own timeout.
@@ -109,4 +104,26 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn key_prefix(&self) -> String {
         String::new()
     }
+}
+
+/// A barrier out of plain operations, for any store: each caller adds one to `key`; the one that brings the count to
+/// `world_size` sets `{key}/done`, which every caller waits for (at most `timeout`).
+pub(crate) fn counted_barrier<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    world_size: i64,
+    timeout: Option<Duration>,
+) -> Result<(), StoreError> {
+    let arrived = store.add(key, 1)?;
+    let done_key = format!("{key}/done");
+    if arrived >= world_size {
+        store.set(&done_key, b"1")?;
+    }
+    store.wait(&[done_key.as_str()], timeout).map_err(|error| match error {
+        StoreError::Timeout { keys, timeout } => {
+            let key = keys.first().map_or(key, |done| done.strip_suffix("/done").unwrap_or(done)).to_owned();
+            StoreError::BarrierTimeout { key, timeout }
+        }
+        other => other,
+    })
 }

@@ -41,12 +41,12 @@ fn begin<B: Backend>(stream: &B::Stream) -> Check<Option<Outcome>> {
 }
 
 /// Runs `body` on every rank with a fresh pool stream made current; not applicable when the backend does not
-/// capture (checked on one stream first).
+/// capture (checked first on one stream of every rank, so that no rank goes on alone).
 fn on_each_capturing_rank<H: Harness>(
     h: &H,
     body: impl Fn(&Rank<H::B>, &<H::B as Backend>::Stream) -> Check + Sync,
 ) -> Check<Outcome> {
-    let probe = h.run(1, |r| -> Check<Option<Outcome>> {
+    let probe = h.run(h.world_size(), |r| -> Check<Option<Outcome>> {
         let stream = r.device.stream_from_pool(false).ctx("stream_from_pool")?;
         let skip = begin::<H::B>(&stream)?;
         if skip.is_none() {

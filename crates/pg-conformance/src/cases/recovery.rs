@@ -419,9 +419,10 @@ fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> 
 }
 
 /// Whether the backend grows communicators: one that cannot (NCCL before 2.29) makes the case not applicable, with
-/// its reason (the loaded version and the one needed).
+/// its reason (the loaded version and the one needed). Every rank asks its own device (in a world of one rank, the
+/// others, in other processes, would not learn the answer and go on alone).
 fn grow_probe<H: Harness>(h: &H) -> Check<Option<Outcome>> {
-    let probe = h.run(1, |r| match r.device.grow_support() {
+    let probe = h.run(h.world_size(), |r| match r.device.grow_support() {
         Ok(()) => Ok(None),
         Err(e) if e.kind() == ErrorKind::Unsupported => {
             Ok(Some(Outcome::NotApplicable(format!("needs a backend that grows communicators: {e}"))))

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,7 @@ use super::protocol::{
 };
 use super::server::{ServerOptions, TcpStoreServer};
 use super::DEFAULT_PORT;
+use crate::store::counted_barrier;
 use crate::{Store, StoreError, DEFAULT_STORE_TIMEOUT};
 
 /// Every user key goes over the wire with this prefix, as PyTorch's client sends it.
@@ -266,6 +268,8 @@ pub struct TcpStore {
     conn: Mutex<Conn>,
     timeout: Mutex<Duration>,
     server: Option<Arc<TcpStoreServer>>,
+    /// Whether the server may have the `BARRIER` request (false once it refused one).
+    server_barrier: AtomicBool,
 }
 
 impl TcpStore {
@@ -385,7 +389,14 @@ impl TcpStore {
     ) -> Result<Self, StoreError> {
         let conn = connect(host, port, options.timeout, options.initial_backoff, options.limits)?;
         let timeout = Mutex::new(options.timeout);
-        Ok(Self { host: host.to_owned(), port, conn: Mutex::new(conn), timeout, server })
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+            conn: Mutex::new(conn),
+            timeout,
+            server,
+            server_barrier: AtomicBool::new(true),
+        })
     }
 
     /// The server's host as given.
@@ -772,15 +783,34 @@ impl Store for TcpStore {
         Ok(keys)
     }
 
+    /// With a server that has the `BARRIER` request (this crate's), one request; with one that does not (PyTorch's
+    /// closes the connection on it, as torchrun's agent store does), the same barrier out of `ADD`, `SET` and
+    /// `WAIT` on a new connection, and from then on at once.
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<(), StoreError> {
-        let key = prefixed(key);
-        let timeout = timeout.unwrap_or_else(|| self.timeout());
+        if !self.server_barrier.load(Ordering::Relaxed) {
+            return counted_barrier(self, key, world_size, timeout);
+        }
+        let wire_key = prefixed(key);
+        let wait = timeout.unwrap_or_else(|| self.timeout());
         let mut conn = self.lock()?;
-        conn.encoder.command(Command::Barrier).bytes(key.as_bytes()).i64(world_size);
+        conn.encoder.command(Command::Barrier).bytes(wire_key.as_bytes()).i64(world_size);
         conn.send()?;
-        match conn.await_stop_waiting(timeout, Command::Barrier)? {
-            true => Ok(()),
-            false => Err(StoreError::BarrierTimeout { key, timeout }),
+        match conn.await_stop_waiting(wait, Command::Barrier) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(StoreError::BarrierTimeout { key: wire_key, timeout: wait }),
+            Err(StoreError::Network(message)) if message.starts_with(CLOSED) => {
+                // The server refused the request before acting on it: a server without `BARRIER`.
+                drop(conn);
+                let limits = self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits;
+                let fresh =
+                    connect(&self.host, self.port, self.timeout(), TcpStoreOptions::default().initial_backoff, limits)
+                        .map_err(|_| StoreError::Network(message))?;
+                *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+                self.server_barrier.store(false, Ordering::Relaxed);
+                tracing::debug!(target: "pg_store", host = %self.host, port = self.port, "the store server has no BARRIER request: barriers are made of ADD, SET and WAIT");
+                counted_barrier(self, key, world_size, timeout)
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -795,6 +825,7 @@ impl Store for TcpStore {
             timeout: Mutex::new(timeout),
             // A clone is a client only, as in PyTorch: the server lives as long as the handle that started it.
             server: None,
+            server_barrier: AtomicBool::new(self.server_barrier.load(Ordering::Relaxed)),
         }))
     }
 
