@@ -27,6 +27,9 @@ pub(crate) fn on_error<B: Backend>(
         tracing::debug!(target: "pg", pg_id = group.local_id, rank = group.rank, %error, %aborted, "ignored: the group was aborted");
         return;
     }
+    if error.kind() == ErrorKind::Communicator {
+        group.comm_failed.store(true, Ordering::SeqCst);
+    }
     let options = &group.options;
     let first = record_first_error(group, &error);
     if let (Some(work), true) = (timed_out, options.desync_debug) {

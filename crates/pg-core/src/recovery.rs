@@ -261,9 +261,13 @@ impl<B: Backend> ProcessGroup<B> {
         }
         // NCCL's shrink needs a rank to exclude (as PyTorch's `shrink_group`): a shrink that excludes none makes
         // a new communicator of the same ranks by rendezvous, after revoking the parent's when aborting. So does a
-        // shrink where any caller's communicator was aborted (on NCCL an async error may abort it on the ranks
-        // that saw it while the others only revoked theirs): the callers agree on the path through the store.
-        let parent = self.collective().filter(|comm| !comm.is_aborted() && !excluded.is_empty());
+        // shrink where any caller's communicator was aborted or reported an asynchronous error (on NCCL the dead
+        // rank's neighbours lose its connections, and `ncclCommShrink` of such a communicator fails, while the
+        // others only revoked theirs): the callers agree on the path through the store.
+        let failed = inner.comm_failed.load(Ordering::SeqCst);
+        let parent = self
+            .collective()
+            .filter(|comm| !failed && !comm.is_aborted() && comm.async_error().is_ok() && !excluded.is_empty());
         let every_caller_shrinks =
             agree_on_shrink(store.as_ref(), new_rank, members.len(), parent.is_some(), group_options.timeout)?;
         let child = match parent.filter(|_| every_caller_shrinks) {

@@ -60,6 +60,9 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) revoked: AtomicBool,
     /// Whether the group was the parent of a shrink with `ShrinkMode::Abort`: no later shrink may start from it.
     pub(crate) superseded: AtomicBool,
+    /// Whether a communicator of the group reported an asynchronous error (on NCCL, a peer's connection lost): such
+    /// a communicator cannot be shrunk, and a shrink of the group makes its communicator by a rendezvous.
+    pub(crate) comm_failed: AtomicBool,
     pub(crate) cache: Mutex<CommCache<B>>,
     /// This rank's collective communicator, also in the cache, for a lock-free hot path.
     pub(crate) collective: OnceLock<CommEntry<B>>,
@@ -122,6 +125,7 @@ impl<B: Backend> Shared<B> {
             grows: AtomicU64::new(0),
             revoked: AtomicBool::new(false),
             superseded: AtomicBool::new(false),
+            comm_failed: AtomicBool::new(false),
             cache: Mutex::new(CommCache::default()),
             collective: OnceLock::new(),
             lifecycle: Mutex::new(Lifecycle { error: None, shut_down: false }),

@@ -1081,6 +1081,10 @@ impl pg_core::Communicator for MockCommunicator {
         if rc.finalized {
             return Err(Error::Aborted { reason: "shrink of a finalized communicator".to_owned() });
         }
+        if let Some((_, message)) = rc.error.as_ref().filter(|(at, _)| *at <= state.now) {
+            // As NCCL's: a communicator that lost a peer's connection (or failed otherwise) cannot be shrunk.
+            return Err(Error::communicator(format!("ncclCommShrink failed: {message}")));
+        }
         if rc.revoked.is_none() {
             match mode {
                 pg_core::ShrinkMode::Abort => {
