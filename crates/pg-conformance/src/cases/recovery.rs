@@ -191,7 +191,9 @@ fn a_communicator_error_revokes_the_group_with_revoke_on_error<H: Harness>(h: &H
         let survivors = survivors.ctx("agree_survivors")?;
         ensure_eq!(survivors.ranks, (0..r.size).collect::<Vec<_>>(), "every rank is alive and agreed");
         // A shrink that excludes nobody makes a working group of everyone, from the revoked one.
-        let again = group.shrink(&[], &ShrinkOptions::default()).ctx("shrink excluding nobody")?;
+        // Kept until every rank is done with it: a rank that let go of it while its peer was still in its barrier
+        // would close the connections under it.
+        let again = r.keep(group.shrink(&[], &ShrinkOptions::default()).ctx("shrink excluding nobody")?);
         let ones = r.filled(1.0, 8)?;
         again.all_reduce_sync(&ones, ReduceOp::Sum).ctx("all_reduce on the new group")?;
         all_equal(&r.read(&ones)?, r.size as f64)?;

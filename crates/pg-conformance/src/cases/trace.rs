@@ -279,10 +279,12 @@ fn traced_ranks_line_up_on_one_clock_once_merged<H: Harness>(h: &H) -> Check<Out
         let pids: std::collections::BTreeSet<u64> = events.iter().filter_map(|e| e["pid"].as_u64()).collect();
         ensure_eq!(pids, (0..n as u64).collect(), "the processes of the merged trace");
         // A collective ends at about one moment on every rank (exactly on the virtual clock): its device ends
-        // line up once each rank's times are on the wall clock.
+        // line up once each rank's times are on the wall clock. Ranks that share a GPU over sockets time-slice it,
+        // so one's kernel may end milliseconds after another's; a clock put on the wall clock wrongly is off by
+        // far more.
         let tolerance = match clock {
             Some(Clock::Virtual) => 0.0,
-            _ => Duration::from_millis(5).as_secs_f64() * 1e6,
+            _ => Duration::from_millis(50).as_secs_f64() * 1e6,
         };
         for seq in 1..=5u64 {
             let ends: Vec<(u64, f64)> = events
