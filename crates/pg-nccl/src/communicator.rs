@@ -20,6 +20,9 @@ use crate::{Buffer, Nccl, Stream};
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
 const ABORT_LOCK_WAIT: Duration = Duration::from_millis(100);
 
+/// How long [`Communicator::abort`] waits for `ncclCommAbort` to return before leaving it to its own thread.
+const ABORT_WAIT: Duration = Duration::from_secs(10);
+
 /// A handle NCCL just made, with what came with it, before a [`Communicator`] owns it.
 struct OwnedComm {
     library: &'static Library,
@@ -1049,28 +1052,42 @@ impl pg_core::Communicator for Communicator {
             }
         };
         tracing::warn!(rank = self.rank, size = self.size, reason, "aborting NCCL communicator");
-        if self.graphs.load(Ordering::Acquire) > 0 {
-            // NCCL's abort stops the kernels at once but returns only once every graph holding captured ops of the
-            // communicator is destroyed: a thread of its own waits for that, so the caller never blocks on a graph
-            // the program keeps (the graph refuses to launch: the communicator is marked aborted).
-            let (library, device) = (self.library, self.device.clone());
-            let spawned = std::thread::Builder::new().name("pg-nccl abort".into()).spawn(move || {
-                // The whole handle moves here (it may cross threads), not its raw pointer alone.
-                let comm = comm;
-                let _ = device.bind_to_thread();
-                // SAFETY: as below: the handle was taken out of the communicator, so no new call can reach it.
-                if let Err(error) = unsafe { library.comm_abort(comm.0) } {
-                    tracing::warn!(%error, "ncclCommAbort (waiting for the graphs) failed");
-                }
-            });
-            return spawned.map(drop).map_err(|e| Error::Backend(format!("cannot start the abort thread: {e}")));
+        // NCCL's abort runs on a thread of its own, which the caller waits for at most ABORT_WAIT: it returns only
+        // once every graph holding captured ops of the communicator is destroyed (the program may keep one; the
+        // graph refuses to launch, the communicator being marked aborted), and it can hang outright when peers
+        // went away mid-transfer. No host call of pg blocks on it past the bound.
+        let with_graphs = self.graphs.load(Ordering::Acquire) > 0;
+        let (library, device) = (self.library, self.device.clone());
+        let (done, finished) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new().name("pg-nccl abort".into()).spawn(move || {
+            // The whole handle moves here (it may cross threads), not its raw pointer alone.
+            let comm = comm;
+            // Bind the device so NCCL's teardown runs in the right context; a failure here does not stop the abort.
+            let _ = device.bind_to_thread();
+            // SAFETY: `comm` was live and is now out of the handle, so no new call can reach it; a thread already
+            // inside a call is allowed by NCCL's abort contract.
+            let result = unsafe { library.comm_abort(comm.0) };
+            if let Err(error) = &result {
+                tracing::warn!(%error, "ncclCommAbort failed");
+            }
+            let _ = done.send(result.map(drop));
+        });
+        spawned.map_err(|e| Error::Backend(format!("cannot start the abort thread: {e}")))?;
+        if with_graphs {
+            return Ok(());
         }
-        // Bind the device so NCCL's teardown runs in the right context; a failure here does not stop the abort.
-        let _ = self.device.bind_to_thread();
-        // SAFETY: `comm` was live and is now out of the handle, so no new call can reach it; a thread already
-        // inside a call is allowed by NCCL's abort contract.
-        unsafe { self.library.comm_abort(comm.0) }.map_err(nccl_error)?;
-        Ok(())
+        match finished.recv_timeout(ABORT_WAIT) {
+            Ok(result) => result.map_err(nccl_error),
+            Err(_) => {
+                tracing::error!(
+                    rank = self.rank,
+                    size = self.size,
+                    "ncclCommAbort has not returned within {ABORT_WAIT:?}; it goes on on its own thread (the \
+                     communicator takes no call, and its resources are freed only if it returns)"
+                );
+                Ok(())
+            }
+        }
     }
 
     fn is_aborted(&self) -> bool {
