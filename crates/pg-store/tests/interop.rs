@@ -168,7 +168,7 @@ fn pytorch_client_against_our_server_on(python: &str, threads: usize) {
         "BARRIER timeout",
         "clone",
     ] {
-        // A PyTorch client without `barrier` (before 2.12) says so.
+        // A PyTorch client without `barrier` (2.11, say) says so.
         let unavailable = command.starts_with("BARRIER") && out.contains("not applicable: BARRIER");
         assert!(unavailable || out.lines().any(|line| line == format!("OK {command}")), "no OK for {command}:\n{out}");
     }
@@ -237,7 +237,7 @@ fn our_client_against_pytorch_server() {
     assert!(matches!(s.queue_pop("q", false), Err(pg_store::StoreError::QueueEmpty { .. })));
     let keys = s.list_keys().unwrap();
     assert!(keys.contains(&"from_py".to_owned()) && keys.contains(&"cnt".to_owned()), "{keys:?}");
-    // A PyTorch server without the BARRIER request (before 2.12) closes the connection on it: the client makes the
+    // A PyTorch server without the BARRIER request (2.11, say) closes the connection on it: the client makes the
     // barrier of ADD, SET and WAIT on a new connection instead, with the same timeout error, and stays usable.
     s.barrier("bar", 1, None).unwrap();
     let error = s.barrier("bar2", 2, Some(Duration::from_millis(100))).unwrap_err();
