@@ -2,14 +2,14 @@
 //! `tcp://host:port?rank=R&world_size=N` and `file:///path?rank=R&world_size=N`.
 //!
 //! For `env://` and `tcp://`, rank 0 hosts the TCP store server in-process and every rank connects to it,
-//! unless torchrun's agent hosts it (`TORCHELASTIC_USE_AGENT_STORE=True`): then every rank is a client and
-//! works under the prefix `/worker/attempt_{TORCHELASTIC_RESTART_COUNT}`.
+//! unless torchrun's agent hosts it (`TORCHELASTIC_USE_AGENT_STORE=True`): then every rank is a client of it, with
+//! no prefix, as PyTorch's ranks (torchrun makes a new store for each restart).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{FileStore, PrefixStore, Store, StoreError, TcpStore, TcpStoreOptions};
+use crate::{FileStore, Store, StoreError, TcpStore, TcpStoreOptions};
 
 /// What a rendezvous gives a rank.
 #[derive(Debug, Clone)]
@@ -138,9 +138,8 @@ fn tcp_store(
     check_rank(rank, world_size)?;
     let options = TcpStoreOptions { port, num_workers: Some(world_size), timeout, ..TcpStoreOptions::default() };
     if env("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True") {
-        let attempt = env("TORCHELASTIC_RESTART_COUNT").ok_or(StoreError::MissingEnv("TORCHELASTIC_RESTART_COUNT"))?;
-        let store: Arc<dyn Store> = Arc::new(TcpStore::new(host, TcpStoreOptions { is_server: false, ..options })?);
-        return Ok(Arc::new(PrefixStore::new(format!("/worker/attempt_{attempt}"), store)));
+        // PyTorch's ranks use the agent's store as it is: torchrun makes a new one for each restart.
+        return Ok(Arc::new(TcpStore::new(host, TcpStoreOptions { is_server: false, ..options })?));
     }
     // Like PyTorch, rank 0 shares a server this process already runs on the port (`multi_tenant=True`).
     Ok(Arc::new(TcpStore::new(host, TcpStoreOptions { is_server: rank == 0, multi_tenant: true, ..options })?))

@@ -341,7 +341,7 @@ fn a_pytorch_rank0_hosts_and_a_rust_rank1_joins() {
             .expect("env:// rendezvous against PyTorch's rank 0");
     assert_eq!(rdzv.store.get("from_rank0").unwrap(), b"hello");
     rdzv.store.set("from_rank1", b"hi").unwrap();
-    // torchrun's agent store: the same server, used under the attempt prefix.
+    // torchrun's agent store: the same server, used as PyTorch's ranks use it (no prefix).
     let agent_vars: std::collections::HashMap<&str, String> = vars
         .iter()
         .map(|(k, v)| (*k, v.clone()))
@@ -351,8 +351,7 @@ fn a_pytorch_rank0_hosts_and_a_rust_rank1_joins() {
         pg_store::rendezvous::rendezvous_with("env://", Duration::from_secs(60), &|name| agent_vars.get(name).cloned())
             .unwrap();
     agent.store.set("k", b"v").unwrap();
-    // The wire key is "/" + "/worker/attempt_0/k"; PyTorch's client reaches it as "/worker/attempt_0/k".
-    assert_eq!(rdzv.store.get("/worker/attempt_0/k").unwrap(), b"v");
+    assert_eq!(rdzv.store.get("k").unwrap(), b"v");
     rdzv.store.set("agent/k", b"v").unwrap();
     let (success, out, err) = finish(child, stdout);
     assert!(success && out.contains("PY_RANK0_OK"), "PyTorch's rank 0 failed:\n{out}\n{err}");

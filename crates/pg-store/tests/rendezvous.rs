@@ -95,7 +95,7 @@ fn env_rendezvous_rank_zero_hosts_and_query_overrides_env() {
 }
 
 #[test]
-fn the_agent_store_is_client_only_under_the_attempt_prefix() {
+fn the_agent_store_is_client_only_and_unprefixed_as_pytorchs() {
     let agent = TcpStoreServer::start(ServerOptions { port: 0, ..ServerOptions::default() }).unwrap();
     let vars = vec![
         ("RANK", "0".to_owned()),
@@ -109,7 +109,7 @@ fn the_agent_store_is_client_only_under_the_attempt_prefix() {
     let rdzv = run("env://", &vars).unwrap();
     rdzv.store.set("k", b"v").unwrap();
     let observer = TcpStore::connect("127.0.0.1", agent.port(), TIMEOUT).unwrap();
-    assert_eq!(observer.get("/worker/attempt_2/k").unwrap(), b"v");
+    assert_eq!(observer.get("k").unwrap(), b"v", "the key as PyTorch's ranks see it");
     assert_eq!(observer.add_raw("init/", 0).unwrap(), 1, "the rank counted itself");
 }
 
