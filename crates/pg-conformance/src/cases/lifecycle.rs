@@ -360,6 +360,10 @@ fn abort_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outc
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
         let comms = 1 + usize::from(pair_p2p(r, &group, &buffer)?.is_some());
         ensure_eq!(group.status().aborted_comms, 0, "aborted communicators before the abort");
+        // No rank aborts while a peer's part of the ops may still run: each waits for its own on the device, then
+        // for every rank (an abort closes the connections under a peer's unfinished send).
+        r.read(&buffer).ctx("reading the result")?;
+        r.barrier("abort")?;
         group.abort("the case aborts");
         ensure_eq!(group.status().aborted_comms, comms, "aborted communicators after the abort");
         Ok(())
