@@ -311,6 +311,8 @@ fn dropping_a_group_fails_every_work_whose_op_never_ran<H: Harness>(h: &H) -> Ch
         if let Some(work) = &alone {
             check_never_ran(work, "an op its peer never joined, after the drop")?;
         }
+        // Both ranks are done letting go of the first group (its aborts close its connections) before the next.
+        r.barrier("alone dropped")?;
         let group = r.own_ready_group("behind", Options::builder())?;
         let buffer = r.filled(1.0, 4)?;
         r.sleep_current(SLEEP)?;
