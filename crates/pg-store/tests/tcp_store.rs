@@ -828,3 +828,76 @@ fn cancel_races_across_server_threads_leave_every_connection_in_step() {
     assert!(outcomes.iter().all(|(released, timed_out)| released + timed_out == 150), "{outcomes:?}");
     assert_eq!(server.stats().protocol_errors, 0);
 }
+
+/// A proxy to our server on `upstream` that behaves as a server without the `BARRIER` request (PyTorch 2.11's): it
+/// closes the client's connection when one arrives. Returns its port and the count of barriers it refused.
+fn proxy_without_barrier(upstream: u16) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&refused);
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let refused = Arc::clone(&counted);
+            std::thread::spawn(move || {
+                let mut server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+                let (mut replies, mut back) = (server.try_clone().unwrap(), client.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut replies, &mut back);
+                    let _ = back.shutdown(std::net::Shutdown::Both);
+                });
+                let (mut pending, mut validated, mut chunk) = (Vec::new(), false, [0u8; 4096]);
+                loop {
+                    let n = match client.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    pending.extend_from_slice(&chunk[..n]);
+                    while let Ok(Some((request, used))) =
+                        pg_store::wire::decode_request(&pending, validated, &Limits::default())
+                    {
+                        if matches!(request, Request::Barrier { .. }) {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                            let _ = client.shutdown(std::net::Shutdown::Both);
+                            let _ = server.shutdown(std::net::Shutdown::Both);
+                            return;
+                        }
+                        validated = true;
+                        server.write_all(&pending[..used]).unwrap();
+                        pending.drain(..used);
+                    }
+                }
+                let _ = server.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    (port, refused)
+}
+
+#[test]
+fn a_server_without_barrier_gets_barriers_made_of_add_set_and_wait() {
+    use std::sync::atomic::Ordering;
+    let server = TcpStoreServer::start(ServerOptions { port: 0, ..ServerOptions::default() }).unwrap();
+    let (port, refused) = proxy_without_barrier(server.port());
+    let ranks: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let store = TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap();
+                store.barrier("b", 2, Some(TIMEOUT)).unwrap();
+                store
+            })
+        })
+        .collect();
+    let stores: Vec<TcpStore> = ranks.into_iter().map(|rank| rank.join().unwrap()).collect();
+    // Each handle asked once, had its connection closed, and made the barrier on a new connection.
+    assert_eq!(refused.load(Ordering::SeqCst), 2);
+    // From then on it makes its barriers itself at once, with the BARRIER request's timeout error, and stays usable.
+    stores[0].barrier("alone", 1, None).unwrap();
+    let error = stores[0].barrier("late", 2, Some(Duration::from_millis(100))).unwrap_err();
+    assert_eq!(error.to_string(), "barrier timeout after 100ms, key: /late");
+    assert_eq!(refused.load(Ordering::SeqCst), 2, "no second BARRIER request");
+    stores[1].set("k", b"v").unwrap();
+    assert_eq!(stores[0].get("k").unwrap(), b"v");
+}
