@@ -21,7 +21,7 @@ Worlds and transports (any number of ranks on one GPU: NCCL's network transport 
 TASK_WORLDS, BENCH_WORLDS and TRAIN_WORLDS (\"2 4\": each world in turn), BENCH_PROFILE=network (sizes to 16 MiB,
 10 ops per trial: OUT_DIR/allreduce-nccl-N-net.{md,json}, all-to-all-nccl-N-net, p2p-nccl-N-net),
 TRAIN_BUCKETS=\"1 2\" (pg's example and DDP with one gradient bucket and with two, one report per world),
-MIXED=1 (a pg rank joined with the README's code beside PyTorch ranks, MIXED_RUNS=\"2:0 3:1 3:0\" as world:pg rank:
+MIXED=1 (a pg rank joined with the README's code beside PyTorch ranks, MIXED_RUNS=\"2:0 2:1 3:1 3:0\" as world:pg rank:
 OUT_DIR/mixed-nccl-N.{md,json}), TORCHRUN=1 (two torchrun agents, c10d rendezvous, --nproc-per-node 2, start the
 conformance ranks: OUT_DIR/conformance-torchrun-4.{md,json}).
 SUITE=network runs all of that on one GPU in one command (TASK_WORLDS, BENCH_WORLDS and TRAIN_WORLDS \"2 4\",
@@ -83,7 +83,7 @@ const RUN_SH: &str = r###"#!/usr/bin/env bash
 # Usage: run.sh [OUT_DIR]   (env: TASKS=conformance,experiments,interop  TASK_WORLDS="N ..."  BENCH=1
 #                            BENCH_PROFILE=nvlink|network  BENCH_WORLDS="N ..."  BENCH_MAX_BYTES=1073741824
 #                            BENCH_TRIALS=5  FIRST_TRIALS=5  NPROC=N  TRAIN=1  TRAIN_NPROC=1  TRAIN_WORLDS="N ..."
-#                            TRAIN_BUCKETS="1 2"  TRAIN_STEPS=100  MIXED=0  MIXED_RUNS="2:0 3:1 3:0"  TORCHRUN=0
+#                            TRAIN_BUCKETS="1 2"  TRAIN_STEPS=100  MIXED=0  MIXED_RUNS="2:0 2:1 3:1 3:0"  TORCHRUN=0
 #                            SUITE=network  ONLY=tasks|bench|train|mixed|torchrun  CUBLAS_DIR=directory of libcublas.so.13 or .12 (else looked for under
 #                            PyTorch and CUDA))
 # NPROC (default: the GPU count) is the world of TASKS and of the benchmarks; TASK_WORLDS and BENCH_WORLDS run
@@ -350,7 +350,7 @@ fi
 if [ "${MIXED:-0}" = "1" ]; then
   if has_torch; then
     rm -rf "$OUT/mixed"; mkdir -p "$OUT/mixed"
-    for RUN in ${MIXED_RUNS:-2:0 3:1 3:0}; do
+    for RUN in ${MIXED_RUNS:-2:0 2:1 3:1 3:0}; do
       W="${RUN%%:*}"; P="${RUN##*:}"
       DIR="$OUT/mixed/mixed-$W-pg$P"; mkdir -p "$DIR"
       PORT="$(free_port)"; PIDS=()
@@ -368,7 +368,7 @@ if [ "${MIXED:-0}" = "1" ]; then
       for p in "${PIDS[@]}"; do wait "$p" || rc=1; done
       echo "mixed group, world $W, pg at rank $P: done"
     done
-    PG_RUN_LABEL="$(date -u +%FT%TZ), $GPU_NAME, rank r on GPU r % $GPUS (ranks sharing a GPU: network transport, NCCL_HOSTID per rank, loopback sockets, not NVLink), commit $COMMIT, libnccl ${PG_NCCL_LIBRARY:-default}; runs (world:pg rank) ${MIXED_RUNS:-2:0 3:1 3:0}; command: MIXED=1 run.sh" \
+    PG_RUN_LABEL="$(date -u +%FT%TZ), $GPU_NAME, rank r on GPU r % $GPUS (ranks sharing a GPU: network transport, NCCL_HOSTID per rank, loopback sockets, not NVLink), commit $COMMIT, libnccl ${PG_NCCL_LIBRARY:-default}; runs (world:pg rank) ${MIXED_RUNS:-2:0 2:1 3:1 3:0}; command: MIXED=1 run.sh" \
       "$HERE/pg-nccl-gpu" merge-mixed --out "$OUT/mixed" || rc=1
     for f in "$OUT"/mixed/mixed-nccl-*.md "$OUT"/mixed/mixed-nccl-*.json; do
       if [ -f "$f" ]; then cp "$f" "$OUT/"; fi
