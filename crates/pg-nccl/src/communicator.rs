@@ -381,6 +381,12 @@ impl Communicator {
         taken.is_some()
     }
 
+    /// Marks the communicator aborted for `reason` (the first reason stays): no call gets through from now on.
+    fn mark_aborted(&self, reason: &str) {
+        self.abort_reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.to_owned());
+        self.aborted.store(true, Ordering::Release);
+    }
+
     /// The live handle, or the aborted error.
     fn live(&self) -> pg_core::Result<RawComm> {
         if self.aborted.load(Ordering::Acquire) {
@@ -444,9 +450,7 @@ impl Communicator {
         if let Some(op) = self.injected.as_ref().and_then(crate::fault::Injected::kills_now) {
             // Dead at once, quietly: no call gets through any more; the connections close when the dead rank's
             // group lets go of the communicator (the slow `ncclCommAbort`), as a process's die with it.
-            let reason = format!("injected fault: rank {} killed during operation {op}", self.rank);
-            self.abort_reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(reason);
-            self.aborted.store(true, Ordering::Release);
+            self.mark_aborted(&format!("injected fault: rank {} killed during operation {op}", self.rank));
             return Ok(());
         }
         let _issuing = self.lock_issue();
@@ -1030,11 +1034,7 @@ impl pg_core::Communicator for Communicator {
     }
 
     fn abort(&self, reason: &str) -> pg_core::Result<()> {
-        {
-            let mut stored = self.abort_reason.lock().unwrap_or_else(|e| e.into_inner());
-            stored.get_or_insert_with(|| reason.to_owned());
-        }
-        self.aborted.store(true, Ordering::Release);
+        self.mark_aborted(reason);
         // No call can start after this: every call reads the handle under the lock first.
         let taken = self.handle.write().unwrap_or_else(|e| e.into_inner()).take();
         let Some(comm) = taken else { return Ok(()) };
@@ -1067,10 +1067,10 @@ impl pg_core::Communicator for Communicator {
             // SAFETY: `comm` was live and is now out of the handle, so no new call can reach it; a thread already
             // inside a call is allowed by NCCL's abort contract.
             let result = unsafe { library.comm_abort(comm.0) };
-            if let Err(error) = &result {
+            // A caller that still waits gets the result; else (graphs held it, or it stopped waiting) it is logged.
+            if let Err(std::sync::mpsc::SendError(Err(error))) = done.send(result.map(drop)) {
                 tracing::warn!(%error, "ncclCommAbort failed");
             }
-            let _ = done.send(result.map(drop));
         });
         spawned.map_err(|e| Error::Backend(format!("cannot start the abort thread: {e}")))?;
         if with_graphs {

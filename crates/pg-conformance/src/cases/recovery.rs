@@ -303,6 +303,14 @@ fn a_group_shrinks_twice_and_maps_its_ranks_to_the_world<H: Harness>(h: &H) -> C
     })
 }
 
+/// Keeps every group of `mesh` until every rank is done with them ([`Rank::keep`]).
+fn keep_mesh<B: Backend>(r: &Rank<B>, mesh: &DeviceMesh<B>) -> Check {
+    for dim in 0..mesh.shape().len() {
+        r.keep(mesh.group(dim).ctx("a group of the mesh")?.clone());
+    }
+    Ok(())
+}
+
 fn a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     if n % 2 != 0 {
@@ -311,9 +319,7 @@ fn a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name<H: Harness>(h: &H)
     on_each_rank(h, n, |r| {
         let world = r.ready_group("0", Options::builder())?;
         let mesh = DeviceMesh::new(&world, &[("dp", n / 2), ("tp", 2)], &Options::builder().build()).ctx("mesh")?;
-        for dim in 0..mesh.shape().len() {
-            r.keep(mesh.group(dim).ctx("a group of the mesh")?.clone());
-        }
+        keep_mesh(r, &mesh)?;
         let healthy = ShrinkOptions { mode: ShrinkMode::Default, ..ShrinkOptions::default() };
         // The last two ranks (one dp index) leave: the mesh keeps tp = 2 and loses one dp index.
         let (first, second) = (caller_of(r.rank, &[n - 2, n - 1]), caller_of(r.rank, &[n - 1]));
@@ -323,9 +329,7 @@ fn a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name<H: Harness>(h: &H)
             let shrunk = r.keep(world.shrink(&excluded, &healthy).ctx("shrink by two")?);
             let rebuilt = mesh.after_shrink(&shrunk, &Options::builder().build()).ctx("after_shrink")?;
             ensure_eq!(rebuilt.shape(), &[n / 2 - 1, 2][..], "the rebuilt mesh's shape");
-            for dim in 0..rebuilt.shape().len() {
-                r.keep(rebuilt.group(dim).ctx("a group of the rebuilt mesh")?.clone());
-            }
+            keep_mesh(r, &rebuilt)?;
             let tp = rebuilt.group_named("tp").ctx("tp group")?;
             let buffer = r.filled((r.rank + 1) as f64, 8)?;
             tp.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce over tp")?;

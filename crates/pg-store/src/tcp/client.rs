@@ -123,6 +123,11 @@ impl Conn {
         result.map_err(|e| self.fail(format!("cannot send to the store server: {e}")))
     }
 
+    /// [`Conn::fail`] with a read's failure, naming the request whose reply it awaited.
+    fn fail_awaiting(&mut self, message: &str, what: Command) -> StoreError {
+        self.fail(format!("{message} (awaiting the reply to {what})"))
+    }
+
     fn fail(&mut self, message: String) -> StoreError {
         self.broken = Some(message.clone());
         StoreError::Network(message)
@@ -182,7 +187,7 @@ impl Conn {
             Err(ReadFailure::TimedOut) => {
                 Err(self.fail(format!("no reply to {what} from the store server within {}ms", timeout.as_millis())))
             }
-            Err(ReadFailure::Failed(message)) => Err(self.fail(format!("{message} (awaiting the reply to {what})"))),
+            Err(ReadFailure::Failed(message)) => Err(self.fail_awaiting(&message, what)),
         }
     }
 
@@ -222,9 +227,7 @@ impl Conn {
         let mut byte = [0];
         match self.read_until(&mut byte, deadline_after(timeout)) {
             Ok(()) => return self.expect_stop_waiting(byte[0], what).map(|()| true),
-            Err(ReadFailure::Failed(message)) => {
-                return Err(self.fail(format!("{message} (awaiting the reply to {what})")))
-            }
+            Err(ReadFailure::Failed(message)) => return Err(self.fail_awaiting(&message, what)),
             Err(ReadFailure::TimedOut) => {}
         }
         self.encoder.command(Command::CancelWait);
@@ -412,6 +415,11 @@ impl TcpStore {
     /// The server this handle hosts, if it hosts one.
     pub fn server(&self) -> Option<&Arc<TcpStoreServer>> {
         self.server.as_ref()
+    }
+
+    /// A new connection to this handle's server (validated and pinged), with its timeout and `limits`.
+    fn new_conn(&self, limits: Limits) -> Result<Conn, StoreError> {
+        connect(&self.host, self.port, self.timeout(), TcpStoreOptions::default().initial_backoff, limits)
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, Conn>, StoreError> {
@@ -800,12 +808,8 @@ impl Store for TcpStore {
             Ok(false) => Err(StoreError::BarrierTimeout { key: wire_key, timeout: wait }),
             Err(StoreError::Network(message)) if message.starts_with(CLOSED) => {
                 // The server refused the request before acting on it: a server without `BARRIER`.
+                *conn = self.new_conn(conn.limits).map_err(|_| StoreError::Network(message))?;
                 drop(conn);
-                let limits = self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits;
-                let fresh =
-                    connect(&self.host, self.port, self.timeout(), TcpStoreOptions::default().initial_backoff, limits)
-                        .map_err(|_| StoreError::Network(message))?;
-                *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
                 self.server_barrier.store(false, Ordering::Relaxed);
                 tracing::debug!(target: "pg_store", host = %self.host, port = self.port, "the store server has no BARRIER request: barriers are made of ADD, SET and WAIT");
                 counted_barrier(self, key, world_size, timeout)
@@ -816,8 +820,7 @@ impl Store for TcpStore {
 
     fn clone_store(&self) -> Result<Arc<dyn Store>, StoreError> {
         let timeout = self.timeout();
-        let limits = self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits;
-        let conn = connect(&self.host, self.port, timeout, TcpStoreOptions::default().initial_backoff, limits)?;
+        let conn = self.new_conn(self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits)?;
         Ok(Arc::new(Self {
             host: self.host.clone(),
             port: self.port,
