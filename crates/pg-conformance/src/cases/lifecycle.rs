@@ -415,14 +415,22 @@ fn clean_up_after_a_timeout_aborts_every_communicator_of_the_group<H: Harness>(h
 
 fn an_async_error_with_nothing_in_flight_fails_the_group<H: Harness>(h: &H) -> Check<Outcome> {
     need!(needs_faults(h));
-    need!(clock_of(h));
+    let clock = need!(clock_of(h));
     on_each_rank(h, h.world_size(), |r| {
         if !r.caps.inject(Fault::AsyncError { rank: r.rank, after_ops: 1 }) {
             return Err("the fault was refused".into());
         }
         let group = r.group("0", Options::builder().watchdog_period(Duration::from_millis(10)))?;
         let buffer = r.filled(1.0, 4)?;
-        group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?.synchronize().ctx("synchronize")?;
+        let synced = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?.synchronize();
+        match synced {
+            Ok(()) => {}
+            // Over a real network a peer whose op ended first fails at once and its abort closes the connections
+            // under this rank's last transfer: the op fails as a communicator error, which is what this case
+            // expects next anyway. A virtual clock's backend ends every rank's op together.
+            Err(error) if clock == Clock::Wall && error.kind() == ErrorKind::Communicator => {}
+            Err(error) => return Err(format!("synchronize: {error}")),
+        }
         // Nothing is in flight now; the communicator reports its error while the group idles.
         r.host_sleep(Duration::from_secs(1));
         ensure_eq!(group.status().in_flight, 0, "Works in flight");

@@ -105,6 +105,10 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
 }
 
 fn main() -> ExitCode {
+    // pg's log (an abort, a watchdog's finding) on standard error, when RUST_LOG names what to show.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (command, settings, task) = match parse(&args) {
         Ok(parsed) => parsed,
