@@ -12,12 +12,19 @@ use crate::harness::{Capabilities, Clock, Fault, Harness, Hazard, KernelLaunch, 
 #[derive(Debug, Clone)]
 pub struct MockHarness {
     world_size: usize,
+    native_grow: bool,
 }
 
 impl MockHarness {
     /// A harness whose worlds have up to `world_size` ranks.
     pub fn new(world_size: usize) -> Self {
-        Self { world_size }
+        Self { world_size, native_grow: true }
+    }
+
+    /// This harness with worlds that model an NCCL without `ncclCommGrow` (before 2.29): grows are made by a
+    /// rendezvous ([`WorldConfig::native_grow`]).
+    pub fn without_native_grow(self) -> Self {
+        Self { native_grow: false, ..self }
     }
 }
 
@@ -96,6 +103,7 @@ impl Harness for MockHarness {
         let world = World::new(WorldConfig {
             devices: n + 1,
             hazard_mode: pg_mock::HazardMode::Record,
+            native_grow: self.native_grow,
             ..WorldConfig::default()
         });
         let caps = capabilities(&world);

@@ -148,8 +148,8 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
 
     /// Whether communicators of this backend can grow ([`Communicator::grow`], [`Device::join_grown`]): `Ok` when
     /// they can, else [`crate::Error::Unsupported`] saying why (on NCCL: the loaded version, and 2.29, which has
-    /// `ncclCommGrow`). Every rank of a group-level grow, the new ones included, asks before anything else, so
-    /// that all of them refuse by name instead of waiting for the others.
+    /// `ncclCommGrow`). A group-level grow asks on its rank 0: without it, every rank, old and new, makes the grown
+    /// communicator by a rendezvous instead ([`crate::ProcessGroup::grow`]).
     ///
     /// The default refuses.
     fn grow_support(&self) -> Result<()> {

@@ -27,9 +27,12 @@
 //! for each new rank (`grow.join/{rank}`: where the grow lives, the new size, the grown group's name and world
 //! ranks), which that rank's `join_grown` waits for and takes. Then every rank, old and new, checks in with the new
 //! size it asks for (`member/{rank}`, `joiner/{rank}`) and compares it with everyone's before any communicator is
-//! touched, so a rank that asks for another size makes every rank fail by name. The grown communicator is the
-//! group's grown ([`crate::Communicator::grow`], NCCL's `ncclCommGrow`) on the members and joined
-//! ([`crate::Device::join_grown`]) on the new ranks: the members keep their ranks, the new ones take the next.
+//! touched, so a rank that asks for another size makes every rank fail by name. Rank 0 chooses how the grown
+//! communicator is made and says so at `path` before it checks in: `grow` where its device grows communicators
+//! ([`crate::Device::grow_support`]): the group's communicator grown ([`crate::Communicator::grow`], NCCL's
+//! `ncclCommGrow`) on the members and joined ([`crate::Device::join_grown`]) on the new ranks; else `rendezvous`
+//! (NCCL before 2.29): a new communicator of every rank, old and new, made by a rendezvous under `grow.{n}/` as a
+//! group's first op makes one. Either way the members keep their ranks and the new ones take the next.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -325,14 +328,14 @@ fn agree_on_shrink(store: &dyn Store, rank: usize, size: usize, can: bool, timeo
 
 impl<B: Backend> ProcessGroup<B> {
     /// The group of this one's ranks and `added` new ones, which join from processes of their own with
-    /// [`ProcessGroup::join_grown`]; made from this group's communicator without restarting a process (NCCL's
-    /// `ncclCommGrow`). Every rank of this group calls it, in the same order as its other grows, with the same
+    /// [`ProcessGroup::join_grown`]; made without restarting a process, from this group's communicator where the
+    /// device grows communicators (NCCL's `ncclCommGrow`, 2.29), else by a rendezvous of every rank, old and new,
+    /// for a new communicator (as rank 0 chooses; see the module's text). Every rank of this group calls it, in the same order as its other grows, with the same
     /// `added`; this group's ranks keep their numbers in the grown one and the new ranks take the next, their world
     /// ranks from `options.world_ranks`. This group stays usable. Subgroups and meshes of the grown group are made
     /// anew from it ([`crate::DeviceMesh::after_grow`]).
     ///
-    /// Refused by name: a backend or NCCL that cannot grow ([`Error::Unsupported`], naming the version: NCCL 2.29
-    /// has `ncclCommGrow`); `added` of 0, a size past NCCL's range, or world ranks that are not `added` new ones
+    /// Refused by name: `added` of 0, a size past NCCL's range, or world ranks that are not `added` new ones
     /// ([`Error::InvalidArgument`]); a group with ops that have not finished ([`Error::InvalidArgument`]: wait for
     /// them first); a group shut down or aborted ([`Error::Aborted`]); a revoked group, or one shrunk with abort
     /// ([`Error::Revoked`]: grow the shrunk group); ranks, old or new, that ask for different sizes
@@ -342,7 +345,6 @@ impl<B: Backend> ProcessGroup<B> {
         let inner = Arc::clone(self.shared());
         let (rank, size) = (self.rank(), self.size());
         let name = &self.options().group_name;
-        self.device().grow_support()?;
         if inner.superseded.load(Ordering::SeqCst) {
             return Err(Error::Revoked {
                 reason: format!(
@@ -405,14 +407,18 @@ impl<B: Backend> ProcessGroup<B> {
         group_options.timeout = options.timeout.unwrap_or_else(|| inner.timeout());
         let timeout = group_options.timeout;
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(grow_name.clone(), Arc::clone(self.store())));
-        let comm = match self.live_collective() {
-            Some(comm) => comm,
-            // The group has not made its communicator yet: every member makes it now, as a first op would.
-            None => self.collective_comm()?,
-        };
         let root = self.root_store();
         let tickets: Vec<String> = (size..new_size).map(ticket_key).collect();
         if rank == 0 {
+            let path = match self.device().grow_support() {
+                Ok(()) => GrowPath::Grow,
+                Err(error) => {
+                    tracing::info!(target: "pg", group = %name, %error,
+                        "the grown communicator is made by a rendezvous of every rank, old and new");
+                    GrowPath::Rendezvous
+                }
+            };
+            store.set(GROW_PATH_KEY, path.name().as_bytes())?;
             let ticket = Ticket {
                 path: join_path(&self.store_path(), &grow_name),
                 size: new_size,
@@ -436,8 +442,20 @@ impl<B: Backend> ProcessGroup<B> {
             }
             return Err(error);
         }
+        let path = grow_path(store.as_ref(), &group_options.group_name, self.device())?;
         tracing::info!(target: "pg", pg_id = self.local_id(), group = %name, rank, size, new_size,
-            grown = %group_options.group_name, "growing the group");
+            grown = %group_options.group_name, ?path, "growing the group");
+        let kind =
+            Kind::Subgroup(Membership { global_ranks: global_ranks.into(), call: None, root: self.root_store() });
+        if path == GrowPath::Rendezvous {
+            group_options.eager_init = true;
+            return ProcessGroup::build(store, (rank, new_size), self.device().clone(), group_options, kind, None);
+        }
+        let comm = match self.live_collective() {
+            Some(comm) => comm,
+            // The group has not made its communicator yet: every member makes it now, as a first op would.
+            None => self.collective_comm()?,
+        };
         // The id is made only now that every rank is in (NCCL makes one id per grow, and the next only once it is
         // used), and the new ranks wait for it, so the members start the grow first, as NCCL wants.
         let id = match rank {
@@ -457,19 +475,17 @@ impl<B: Backend> ProcessGroup<B> {
             Error::InitTimeout { what, .. } => Error::InitTimeout { cache_key: cache_key.clone(), timeout, what },
             other => other,
         })?;
-        let kind =
-            Kind::Subgroup(Membership { global_ranks: global_ranks.into(), call: None, root: self.root_store() });
         ProcessGroup::build(store, (rank, new_size), self.device().clone(), group_options, kind, Some(child))
     }
 
     /// This process's rank `rank` of a group that its members grow to `size` with [`ProcessGroup::grow`]: waits
     /// for the grow that needs this rank, announced under `store` (the store the world group was made with, at
-    /// `grow.join/{rank}`), takes it, and joins the grown communicator (NCCL's `ncclCommGrow` with no parent).
-    /// The group gets the members' name and world ranks; `options` gives the rest (its timeout bounds the wait
+    /// `grow.join/{rank}`), takes it, and joins the grown communicator (NCCL's `ncclCommGrow` with no parent, or
+    /// the rendezvous, as the members' rank 0 chose). The group gets the members' name and world ranks; `options` gives the rest (its timeout bounds the wait
     /// for the grow and the join).
     ///
-    /// Refused by name: a backend or NCCL that cannot grow ([`Error::Unsupported`], naming the version); a rank
-    /// out of range ([`Error::InvalidArgument`]); a grow to another size than `size` ([`Error::InvalidArgument`]
+    /// Refused by name: a grow that rank 0 makes with `ncclCommGrow` on a device that cannot join one
+    /// ([`Error::Unsupported`], naming the version); a rank out of range ([`Error::InvalidArgument`]); a grow to another size than `size` ([`Error::InvalidArgument`]
     /// on every rank, naming both); no grow that needs this rank within the timeout ([`Error::InitTimeout`]).
     pub fn join_grown(
         store: Arc<dyn Store>,
@@ -478,7 +494,6 @@ impl<B: Backend> ProcessGroup<B> {
         device: B::Device,
         options: Options,
     ) -> Result<ProcessGroup<B>> {
-        device.grow_support()?;
         if rank >= size {
             return Err(Error::invalid(format!("join_grown: rank {rank} is out of range for a group of size {size}")));
         }
@@ -517,6 +532,13 @@ impl<B: Backend> ProcessGroup<B> {
             return Err(size_mismatch(&ticket.name, (rank, size), (0, ticket.size), "member"));
         }
         check_in(grown.as_ref(), (rank, ticket.old, size), timeout, &ticket.name, &cache_key)?;
+        let kind =
+            Kind::Subgroup(Membership { global_ranks: ticket.world.into(), call: None, root: Arc::clone(&store) });
+        if grow_path(grown.as_ref(), &ticket.name, &device)? == GrowPath::Rendezvous {
+            tracing::info!(target: "pg", group = %ticket.name, rank, size, "joining a grown group by rendezvous");
+            options.eager_init = true;
+            return ProcessGroup::build(grown, (rank, size), device, options, kind, None);
+        }
         grown.wait(&["id"], Some(timeout)).map_err(|source| match source.is_timeout() {
             true => Error::InitTimeout {
                 cache_key: cache_key.clone(),
@@ -533,8 +555,6 @@ impl<B: Backend> ProcessGroup<B> {
         };
         tracing::info!(target: "pg", group = %ticket.name, rank, size, "joining a grown group");
         let comm = device.join_grown(&id, size, rank, &config)?;
-        let kind =
-            Kind::Subgroup(Membership { global_ranks: ticket.world.into(), call: None, root: Arc::clone(&store) });
         ProcessGroup::build(grown, (rank, size), device, options, kind, Some(comm))
     }
 }
@@ -570,6 +590,47 @@ impl Ticket {
         let world = lines.next()?.split(',').map(|r| r.parse().ok()).collect::<Option<Vec<usize>>>()?;
         let name = lines.next()?.to_owned();
         (old < size && world.len() == size).then_some(Self { path, size, old, name, world })
+    }
+}
+
+/// The key under a grow's store where rank 0 says how the grown communicator is made ([`GrowPath::name`]).
+const GROW_PATH_KEY: &str = "path";
+
+/// How a grow makes its communicator, as rank 0 chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GrowPath {
+    /// The members grow their communicator and the new ranks join it ([`crate::Communicator::grow`]).
+    Grow,
+    /// Every rank, old and new, joins a new communicator made by a rendezvous (a device that cannot grow).
+    Rendezvous,
+}
+
+impl GrowPath {
+    fn name(self) -> &'static str {
+        match self {
+            GrowPath::Grow => "grow",
+            GrowPath::Rendezvous => "rendezvous",
+        }
+    }
+}
+
+/// The path rank 0 chose for the grown group `name` (read under its `store` once every rank has checked in, so
+/// rank 0 has written it); a rank told to grow whose `device` cannot is refused by name.
+fn grow_path<D: crate::Device>(store: &dyn Store, name: &str, device: &D) -> Result<GrowPath> {
+    let value = store.get(GROW_PATH_KEY)?;
+    let path = [GrowPath::Grow, GrowPath::Rendezvous].into_iter().find(|path| path.name().as_bytes() == value);
+    match path {
+        Some(GrowPath::Grow) => device.grow_support().map(|()| GrowPath::Grow).map_err(|error| {
+            Error::Unsupported(format!(
+                "grow of group '{name}': rank 0 grows the communicator, and this rank cannot join such a grow: {error}"
+            ))
+        }),
+        Some(GrowPath::Rendezvous) => Ok(GrowPath::Rendezvous),
+        None => Err(Error::invalid(format!(
+            "grow of group '{name}': store key '{GROW_PATH_KEY}' holds '{}', not a grow's path: is another program \
+             using this store?",
+            String::from_utf8_lossy(&value)
+        ))),
     }
 }
 

@@ -1129,10 +1129,12 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn grow_unique_id(&self) -> Result<UniqueId> {
+        self.native_grow()?;
         self.grow_id()
     }
 
     fn grow(&self, added: usize, id: Option<&UniqueId>, config: &CommConfig) -> Result<MockCommunicator> {
+        self.native_grow()?;
         self.grow_to(added, id, config)
     }
 

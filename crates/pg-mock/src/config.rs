@@ -74,6 +74,9 @@ pub struct WorldConfig {
     /// see the connection to it closed: their communicators report an asynchronous remote error, as NCCL's do
     /// (ranks further round the ring see nothing until their ops time out).
     pub peer_loss: Duration,
+    /// Whether communicators grow (NCCL's `ncclCommGrow`, 2.29): when false the world models an older NCCL, whose
+    /// `Device::grow_support` refuses and whose grows are made by a rendezvous.
+    pub native_grow: bool,
     /// Injected faults.
     pub faults: Vec<Fault>,
 }
@@ -96,6 +99,7 @@ impl Default for WorldConfig {
             time_limit: Duration::from_secs(24 * 3600),
             stall_limit: Duration::from_secs(30),
             peer_loss: Duration::from_millis(1),
+            native_grow: true,
             faults: Vec::new(),
         }
     }

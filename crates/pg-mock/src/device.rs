@@ -419,10 +419,14 @@ impl pg_core::Device for MockDevice {
     }
 
     fn grow_support(&self) -> Result<()> {
-        Ok(())
+        match self.inner.config.native_grow {
+            true => Ok(()),
+            false => Err(no_native_grow()),
+        }
     }
 
     fn join_grown(&self, id: &UniqueId, size: usize, rank: usize, config: &CommConfig) -> Result<MockCommunicator> {
+        self.grow_support()?;
         self.join_grow(id, size, rank, config)
     }
 
@@ -466,4 +470,11 @@ impl pg_core::Device for MockDevice {
     fn versions(&self) -> Vec<(String, String)> {
         vec![("pg-mock".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]
     }
+}
+
+/// The refusal of a world without `ncclCommGrow` ([`crate::WorldConfig::native_grow`]).
+pub(crate) fn no_native_grow() -> Error {
+    Error::Unsupported(
+        "grow: this simulated world models an NCCL without ncclCommGrow (WorldConfig::native_grow is false)".to_owned(),
+    )
 }

@@ -119,6 +119,14 @@ fn grown_size(size: usize, added: usize) -> Result<usize> {
 }
 
 impl MockCommunicator {
+    /// `Ok` where the world grows communicators ([`crate::WorldConfig::native_grow`]).
+    pub(crate) fn native_grow(&self) -> Result<()> {
+        match self.inner.config.native_grow {
+            true => Ok(()),
+            false => Err(crate::device::no_native_grow()),
+        }
+    }
+
     /// [`pg_core::Communicator::grow_unique_id`]: a fresh id, registered for this communicator's next grow.
     pub(crate) fn grow_id(&self) -> Result<UniqueId> {
         let mut state = self.inner.lock();

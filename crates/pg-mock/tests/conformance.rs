@@ -5,6 +5,7 @@
 //! only cases that need more ranks than the world has may be not applicable.
 
 use pg_conformance::mock::MockHarness;
+use pg_conformance::Harness as _;
 use pg_conformance::{cases, collective_cases, dtype_cases, recovery_cases, run_all, subgroup_cases, Case, Outcome};
 
 fn conformance_at(world_size: usize) {
@@ -27,7 +28,12 @@ fn arithmetic_at(world_size: usize) {
 }
 
 fn conformance_of(world_size: usize, filter: impl Fn(&str) -> bool) {
-    let reports = run_all(&MockHarness::new(world_size), filter);
+    conformance_on(&MockHarness::new(world_size), filter);
+}
+
+fn conformance_on(harness: &MockHarness, filter: impl Fn(&str) -> bool) {
+    let world_size = harness.world_size();
+    let reports = run_all(harness, filter);
     print!("{}", pg_conformance::report::table(&reports));
     let failed: Vec<String> = reports
         .iter()
@@ -84,4 +90,14 @@ fn arithmetic_world_16() {
 #[test]
 fn recovery_world_3() {
     only_at(3, recovery_cases());
+}
+
+/// The grow cases where communicators cannot grow (NCCL before 2.29): every grow is made by a rendezvous of the
+/// ranks, old and new, and passes the same cases.
+#[test]
+fn grow_by_rendezvous_world_4() {
+    let names: Vec<&str> =
+        recovery_cases::<MockHarness>().iter().map(|c| c.name).filter(|name| name.contains("grow")).collect();
+    assert_eq!(names.len(), 3, "the grow cases: {names:?}");
+    conformance_on(&MockHarness::new(4).without_native_grow(), |name| names.contains(&name));
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use pg_core::store::{PrefixStore, Store};
 use pg_core::{
-    AgreeOptions, Backend, Device as _, DeviceMesh, ErrorKind, GrowOptions, Options, OptionsBuilder, ProcessGroup,
-    ReduceOp, ShrinkMode, ShrinkOptions,
+    AgreeOptions, Backend, DeviceMesh, ErrorKind, GrowOptions, Options, OptionsBuilder, ProcessGroup, ReduceOp,
+    ShrinkMode, ShrinkOptions,
 };
 
 use super::{all_equal, at_once, case, clock_of, communicator, need, needs_faults, on_each_rank, triangle};
@@ -432,25 +432,6 @@ fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> 
     })
 }
 
-/// Whether the backend grows communicators: one that cannot (NCCL before 2.29) makes the case not applicable, with
-/// its reason (the loaded version and the one needed). Every rank asks its own device (in a world of one rank, the
-/// others, in other processes, would not learn the answer and go on alone).
-fn grow_probe<H: Harness>(h: &H) -> Check<Option<Outcome>> {
-    let probe = h.run(h.world_size(), |r| match r.device.grow_support() {
-        Ok(()) => Ok(None),
-        Err(e) if e.kind() == ErrorKind::Unsupported => {
-            Ok(Some(Outcome::NotApplicable(format!("needs a backend that grows communicators: {e}"))))
-        }
-        Err(e) => Err(format!("grow_support: {e}")),
-    })?;
-    for (_, result) in probe.results {
-        if let Some(outcome) = result? {
-            return Ok(Some(outcome));
-        }
-    }
-    Ok(None)
-}
-
 /// The store a group named `name` of [`Rank::group`] was made with: what a new rank of its grow joins through.
 fn group_store<B: Backend>(r: &Rank<B>, name: &str) -> Arc<dyn Store> {
     Arc::new(PrefixStore::new(format!("{name}/"), Arc::clone(&r.store)))
@@ -472,9 +453,6 @@ fn check_grown<B: Backend>(r: &Rank<B>, grown: &ProcessGroup<B>, n: usize) -> Ch
 }
 
 fn a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back<H: Harness>(h: &H) -> Check<Outcome> {
-    if let Some(outcome) = grow_probe(h)? {
-        return Ok(outcome);
-    }
     let n = h.world_size();
     let victim = n - 1;
     // Where the harness kills, the victim dies in the all_reduce; elsewhere it stops issuing ops, which its peers
@@ -525,9 +503,6 @@ fn refused(error: Option<&pg_core::Error>, kind: ErrorKind, says: &str) -> bool 
 }
 
 fn grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
-    if let Some(outcome) = grow_probe(h)? {
-        return Ok(outcome);
-    }
     let n = h.world_size();
     on_each_rank(h, n, |r| {
         let group = r.ready_group("0", Options::builder())?;
@@ -575,9 +550,6 @@ fn grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name<H
 }
 
 fn ranks_that_ask_for_different_sizes_fail_by_name_then_grow<H: Harness>(h: &H) -> Check<Outcome> {
-    if let Some(outcome) = grow_probe(h)? {
-        return Ok(outcome);
-    }
     let n = h.world_size();
     // The first n - 1 ranks are a group that grows; the last rank is the new process.
     let (members, joiner) = (n - 1, n - 1);

@@ -11,8 +11,8 @@
 //! mock its thread stops; on NCCL its process aborts), the others revoke, agree, shrink and go on with the global
 //! batch redistributed; the JSON gains `"recoveries"` (step, from, to, detect_ms, recover_ms). `--grow RANK:STEP`
 //! (the same RANK, a later STEP) brings that rank's replacement back at the start of step STEP: it joins with
-//! `ProcessGroup::join_grown` (on the mock the dead rank's thread plays it; on NCCL the process does, which needs
-//! NCCL 2.29) while the survivors grow the group back; the JSON gains `"growths"` (step, from, to, ms).
+//! `ProcessGroup::join_grown` (on the mock the dead rank's thread plays it; on NCCL the process does: with
+//! `ncclCommGrow` on NCCL 2.29, by a rendezvous before) while the survivors grow the group back; the JSON gains `"growths"` (step, from, to, ms).
 //!
 //! `mock` runs N simulated ranks as threads of this process (host arithmetic on the mock's buffers). `nccl` is
 //! one process per GPU: at world size 1 it runs alone; otherwise start it as torchrun would (`RANK`,
