@@ -13,7 +13,9 @@ the three experiments and the interop task, one process per GPU over loopback; r
 bench/results/gpu-test). Without GPUs it says so and fails.
 With --bundle DIR: builds everything (release, stripped) into DIR with run.sh, to run where cargo is not: the
 suite, the interop task, the benchmarks and the training example (ddp_mlp) with the PyTorch scripts.
-run.sh [OUT_DIR] reads TASKS (default conformance,experiments,interop; none for none), BENCH (1 = every benchmark, the default;
+run.sh [OUT_DIR] reads TASKS (default conformance,experiments,interop; none for none), STALL_S (conformance ranks
+that finish no case for that long are stopped with their stacks in OUT_DIR/stalls/ and started again at the
+furthest case reached; default 180), TASK_TIMEOUT_S (each task of a world, default 600), BENCH (1 = every benchmark, the default;
 0 = none; or a list of all-reduce, all-to-all, p2p), BENCH_MAX_BYTES, BENCH_TRIALS, NPROC, TRAIN (1 = run the
 training example, the default), TRAIN_NPROC, TRAIN_STEPS and CUBLAS_DIR; the benchmarks write
 OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
@@ -85,7 +87,9 @@ const RUN_SH: &str = r###"#!/usr/bin/env bash
 #                            BENCH_TRIALS=5  FIRST_TRIALS=5  NPROC=N  TRAIN=1  TRAIN_NPROC=1  TRAIN_WORLDS="N ..."
 #                            TRAIN_BUCKETS="1 2"  TRAIN_STEPS=100  MIXED=0  MIXED_RUNS="2:0 2:1 3:1 3:0"  TORCHRUN=0
 #                            SUITE=network  ONLY=tasks|bench|train|mixed|torchrun  CUBLAS_DIR=directory of libcublas.so.13 or .12 (else looked for under
-#                            PyTorch and CUDA))
+#                            PyTorch and CUDA)  STALL_S=180  TASK_TIMEOUT_S=600)
+# STALL_S: conformance ranks that finish no case for that long are stopped, their stacks written to
+# OUT_DIR/stalls/, and started again at the furthest case reached; TASK_TIMEOUT_S bounds each task of a world.
 # NPROC (default: the GPU count) is the world of TASKS and of the benchmarks; TASK_WORLDS and BENCH_WORLDS run
 # them at each world of the list instead. Ranks beyond the GPUs share them, each its own NCCL host over
 # loopback sockets (the network transport); result files then say so.
@@ -173,7 +177,8 @@ run_tasks() {
   export PG_RUN_LABEL
   local TASK_LIST="${TASKS:-conformance,experiments,interop}"
   if [ "$TASK_LIST" != none ]; then
-    "$HERE/pg-nccl-gpu" run --tasks "$TASK_LIST" --out "$OUT" --nproc "$W" || rc=1
+    "$HERE/pg-nccl-gpu" run --tasks "$TASK_LIST" --out "$OUT" --nproc "$W" --stall-s "${STALL_S:-180}" \
+      --timeout-s "${TASK_TIMEOUT_S:-600}" || rc=1
   fi
   if [ -f "$OUT/interop.json" ]; then
     cp "$OUT/interop.json" "$OUT/interop-nccl-$W.json"; cp "$OUT/interop.md" "$OUT/interop-nccl-$W.md"

@@ -90,6 +90,44 @@ pub fn merge(per_rank: &[Vec<CaseReport>]) -> Vec<CaseReport> {
         .collect()
 }
 
+/// Where the rank processes of a run that stalled, or ran out of time, stood when they were stopped, and where a
+/// new set of them starts again: a launcher runs the suite's cases `names` (every rank the same list, in the same
+/// order) from index `from`, and `finished[r]` holds the reports rank `r` had written when it was stopped, of
+/// cases `from..`. A rank stopped in case `from + finished[r].len()`.
+///
+/// Returns the index the next processes start from and each rank's reports of cases `from` to it. The furthest
+/// case any rank reached runs again on every rank (its ranks may only have waited there for the stuck ones),
+/// and a rank behind it fails the case it was stuck in (`why`) and those it never reached; when every rank was
+/// stopped in one case, that case fails on each and the next starts. `resume: false` (the run's time is out)
+/// fails every case left on every rank instead, and starts nothing.
+pub fn after_stop(
+    names: &[&str],
+    from: usize,
+    mut finished: Vec<Vec<CaseReport>>,
+    why: &str,
+    resume: bool,
+) -> (usize, Vec<Vec<CaseReport>>) {
+    let at = |reports: &Vec<CaseReport>| (from + reports.len()).min(names.len());
+    let furthest = finished.iter().map(at).max().unwrap_or(from);
+    let restart = match (resume, finished.iter().all(|reports| at(reports) == furthest)) {
+        (false, _) => names.len(),
+        (true, true) => (furthest + 1).min(names.len()),
+        (true, false) => furthest,
+    };
+    for reports in &mut finished {
+        let stuck = at(reports);
+        reports.truncate(restart.saturating_sub(from));
+        for index in stuck..restart {
+            let detail = match index == stuck {
+                true => format!("stopped in this case on this rank: {why}"),
+                false => format!("not run on this rank: it was stopped in case {} ({why})", names[stuck]),
+            };
+            reports.push(CaseReport { name: names[index].to_owned(), min_ranks: 1, outcome: Outcome::Fail(detail) });
+        }
+    }
+    (restart, finished)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +159,51 @@ mod tests {
         assert_eq!(merged[2].outcome, Outcome::NotApplicable("no log".into()));
         assert_eq!(counts(&merged), (1, 1, 1));
         assert!(table(&merged).contains("1 passed, 1 failed, 1 not applicable"));
+    }
+
+    fn passed(names: &[&str]) -> Vec<CaseReport> {
+        names.iter().map(|name| report(name, Outcome::Pass)).collect()
+    }
+
+    fn words(reports: &[CaseReport]) -> Vec<(&str, &str)> {
+        reports.iter().map(|r| (r.name.as_str(), r.outcome.word())).collect()
+    }
+
+    #[test]
+    fn a_stall_reruns_the_furthest_case_and_fails_the_cases_a_stuck_rank_never_reached() {
+        let names = ["a", "b", "c", "d", "e"];
+        // From case b: rank 0 stuck in b; rank 1 finished b and c and waits in d for rank 0.
+        let (restart, segments) = after_stop(&names, 1, vec![vec![], passed(&["b", "c"])], "no progress", true);
+        assert_eq!(restart, 3, "d runs again on every rank");
+        assert_eq!(words(&segments[0]), [("b", "fail"), ("c", "fail")]);
+        assert!(segments[0][0].outcome.detail().contains("stopped in this case on this rank: no progress"));
+        assert!(segments[0][1].outcome.detail().contains("it was stopped in case b"));
+        assert_eq!(words(&segments[1]), [("b", "pass"), ("c", "pass")]);
+    }
+
+    #[test]
+    fn a_case_every_rank_is_stuck_in_fails_everywhere_and_the_next_one_starts() {
+        let names = ["a", "b", "c"];
+        let (restart, segments) = after_stop(&names, 0, vec![passed(&["a"]), passed(&["a"])], "no progress", true);
+        assert_eq!(restart, 2);
+        for segment in &segments {
+            assert_eq!(words(segment), [("a", "pass"), ("b", "fail")]);
+        }
+        // Stuck in the last case: nothing is left to start.
+        let (restart, segments) = after_stop(&names, 2, vec![vec![], vec![]], "no progress", true);
+        assert_eq!(restart, 3);
+        assert_eq!(words(&segments[1]), [("c", "fail")]);
+    }
+
+    #[test]
+    fn out_of_time_fails_every_case_left_on_every_rank() {
+        let names = ["a", "b", "c"];
+        let (restart, segments) = after_stop(&names, 0, vec![passed(&["a"]), passed(&["a", "b"])], "timed out", false);
+        assert_eq!(restart, 3);
+        assert_eq!(words(&segments[0]), [("a", "pass"), ("b", "fail"), ("c", "fail")]);
+        assert_eq!(words(&segments[1]), [("a", "pass"), ("b", "pass"), ("c", "fail")]);
+        // Merged, the ranks' lists line up case by case.
+        let merged = merge(&segments);
+        assert_eq!(words(&merged), [("a", "pass"), ("b", "fail"), ("c", "fail")]);
     }
 }

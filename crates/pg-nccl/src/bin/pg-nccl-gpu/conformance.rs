@@ -1,26 +1,53 @@
 //! The conformance task: every case of the suite on this rank, through the NCCL harness; the launcher merges
-//! the ranks' reports (a case fails if it failed on any rank).
+//! the ranks' reports (a case fails if it failed on any rank). Each rank writes its progress after every case, so
+//! that a launcher that finds the ranks stalled can stop them, keep what they finished and start the rest again
+//! ([`launch`]).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
-use pg_conformance::report;
+use pg_conformance::{report, CaseReport};
 use pg_nccl::conformance::NcclHarness;
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::Rank;
+use crate::{Rank, Settings};
 
-/// Runs every case on this rank and returns the report of this rank, in the suite's JSON form.
+/// How many times one run starts its ranks again after a stall.
+const MAX_RESTARTS: usize = 4;
+
+/// The environment variable that starts a rank at a case of the list (its index), for a restart.
+const FROM_VAR: &str = "PG_CONFORMANCE_FROM";
+
+/// The cases this run selects, in the suite's order: `PG_CONFORMANCE_ONLY` is a comma-separated list of name
+/// parts, and a case runs when its name holds one (unset: every case).
+fn selected() -> Vec<pg_conformance::Case<NcclHarness>> {
+    let only = std::env::var("PG_CONFORMANCE_ONLY").unwrap_or_default();
+    pg_conformance::cases::<NcclHarness>()
+        .into_iter()
+        .filter(|case| only.split(',').any(|part| case.name.contains(part)))
+        .collect()
+}
+
+/// Where rank `rank` writes the reports of the cases it finished so far.
+fn progress_file(out: &Path, rank: usize) -> PathBuf {
+    out.join(format!("conformance-rank{rank}.progress.json"))
+}
+
+/// Runs the selected cases on this rank (from `PG_CONFORMANCE_FROM`, else the first) and returns the report of
+/// this rank, in the suite's JSON form; after each case the reports so far are in the rank's progress file.
 pub fn run(ctx: &Rank) -> Result<Value, String> {
     let harness = NcclHarness::new(ctx.rank, ctx.world, ctx.device.clone(), Arc::clone(&ctx.store));
-    let only = std::env::var("PG_CONFORMANCE_ONLY").unwrap_or_default();
+    let from = match std::env::var(FROM_VAR) {
+        Ok(text) => text.parse::<usize>().map_err(|e| format!("{FROM_VAR}={text}: {e}"))?,
+        Err(_) => 0,
+    };
+    let versions: std::collections::BTreeMap<_, _> = pg_core::Device::versions(&ctx.device).into_iter().collect();
+    let progress = progress_file(&ctx.settings.out, ctx.rank);
     let mut reports = Vec::new();
-    for case in pg_conformance::cases::<NcclHarness>() {
-        // PG_CONFORMANCE_ONLY: a comma-separated list of name parts; a case runs when its name holds one.
-        if !only.split(',').any(|part| case.name.contains(part)) {
-            continue;
-        }
+    for case in selected().into_iter().skip(from) {
         harness.begin_case(case.name);
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let report = pg_conformance::run_case(&harness, &case);
         let took = started.elapsed().as_secs_f64();
         match &report.outcome {
@@ -30,8 +57,88 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
             outcome => eprintln!("rank {}: {} {} ({took:.1} s)", ctx.rank, report.name, outcome.word()),
         }
         reports.push(report);
+        let mut value = report::json("nccl", ctx.world, &reports);
+        value["versions"] = json!(versions);
+        crate::procs::write_atomically(&progress, &value)?;
     }
     Ok(report::json("nccl", ctx.world, &reports))
+}
+
+/// Runs the selected cases on `nproc` rank processes and returns each rank's report of all of them. When no rank
+/// finishes a case for `settings.stall` (a hang in NCCL, or a rank that waits for one that hangs), the ranks'
+/// stacks go to `OUT/stalls/`, the ranks are stopped, and a new set starts at the furthest case any rank reached
+/// (up to [`MAX_RESTARTS`] times; [`report::after_stop`] says what fails). Past `settings.timeout` every case left
+/// fails on every rank, and the report still holds what finished.
+pub fn launch(settings: &Settings, nproc: usize) -> Result<Vec<Value>, String> {
+    let names: Vec<&'static str> = selected().iter().map(|case| case.name).collect();
+    let deadline = Instant::now() + settings.timeout;
+    let progress: Vec<PathBuf> = (0..nproc).map(|rank| progress_file(&settings.out, rank)).collect();
+    let mut segments: Vec<Vec<CaseReport>> = vec![Vec::new(); nproc];
+    let mut versions = Value::Null;
+    let (mut from, mut restarts) = (0, 0);
+    while from < names.len() {
+        for file in &progress {
+            let _ = std::fs::remove_file(file);
+        }
+        let env = [(FROM_VAR, from.to_string())];
+        let mut children = crate::procs::start_ranks(settings, "conformance", nproc, &env)?;
+        let ended = crate::procs::wait_ranks(&mut children, deadline, Some((&progress, settings.stall)))?;
+        let statuses = match ended {
+            crate::procs::Ended::Exited(statuses) => statuses,
+            stopped => {
+                let resume = matches!(stopped, crate::procs::Ended::Stalled) && restarts < MAX_RESTARTS;
+                let why = match stopped {
+                    crate::procs::Ended::Stalled => {
+                        format!("no rank finished a case for {} s", settings.stall.as_secs())
+                    }
+                    _ => format!("the run's time ran out ({} s, --timeout-s)", settings.timeout.as_secs()),
+                };
+                let dir = settings.out.join("stalls");
+                for (rank, child) in children.iter_mut().enumerate() {
+                    let done = read_progress(&progress[rank], &mut versions).len();
+                    let case = names.get(from + done).copied().unwrap_or("end");
+                    crate::procs::stop_with_stacks(child, &dir.join(format!("conformance-{case}-rank{rank}.txt")));
+                }
+                println!("[conformance] {why}: stopped the ranks (stacks in {})", dir.display());
+                // Read once every rank has stopped: what each finished before it did.
+                let finished = progress.iter().map(|file| read_progress(file, &mut versions)).collect::<Vec<_>>();
+                let (restart, stopped_at) = report::after_stop(&names, from, finished, &why, resume);
+                for (segment, more) in segments.iter_mut().zip(stopped_at) {
+                    segment.extend(more);
+                }
+                restarts += 1;
+                from = restart;
+                continue;
+            }
+        };
+        for (rank, value) in crate::procs::collect_ranks(settings, "conformance", statuses)?.into_iter().enumerate() {
+            segments[rank].extend(report::from_json(&value)?);
+            versions = value["versions"].clone();
+        }
+        break;
+    }
+    Ok(segments
+        .iter()
+        .enumerate()
+        .map(|(rank, reports)| {
+            let mut value = report::json("nccl", nproc, reports);
+            value["rank"] = json!(rank);
+            value["versions"] = versions.clone();
+            value
+        })
+        .collect())
+}
+
+/// The reports in a rank's progress file (none if it wrote none), noting the versions it names.
+fn read_progress(file: &Path, versions: &mut Value) -> Vec<CaseReport> {
+    let Some(value) = std::fs::read_to_string(file).ok().and_then(|text| serde_json::from_str::<Value>(&text).ok())
+    else {
+        return Vec::new();
+    };
+    if versions.is_null() {
+        *versions = value["versions"].clone();
+    }
+    report::from_json(&value).unwrap_or_default()
 }
 
 /// Merges the ranks' reports into one: the table (markdown) and the suite's JSON, and whether no case failed.

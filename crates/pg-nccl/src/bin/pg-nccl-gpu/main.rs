@@ -21,13 +21,14 @@ mod first;
 #[allow(unsafe_code)] // A reason: raw device pointers from elsewhere are an unsafe constructor by design.
 mod interop;
 mod mixed;
+mod procs;
 mod profile;
 mod report;
 mod report_exchange;
 mod util;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode};
+use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,8 @@ use serde_json::{json, Value};
 const USAGE: &str = "\
 usage: pg-nccl-gpu run [--nproc N] [--tasks conformance,experiments,interop,bench,first,...] [--out DIR]
                        [--bench-max-bytes N] [--bench-trials N] [--bench-profile nvlink|network] [--timeout-s N]
+                       [--stall-s N]   (conformance: ranks that finish no case for N s, default 180, are stopped
+                       with their stacks in DIR/stalls/ and started again at the furthest case reached)
        pg-nccl-gpu rank --task TASK --out DIR [same bench options]   (one rank; torchrun can start it too:
                        torchrun ... --no-python pg-nccl-gpu rank --task conformance --out DIR)
        pg-nccl-gpu merge --task TASK --out DIR [--nproc N]   (the report of ranks another launcher started)
@@ -66,6 +69,9 @@ pub struct Settings {
     /// The gradient-bucket layouts `merge-train --buckets 1,2` joins (empty: the one pair of runs).
     pub train_buckets: Vec<usize>,
     pub timeout: Duration,
+    /// How long the conformance task's ranks may go without finishing a case before they are stopped
+    /// (`--stall-s`).
+    pub stall: Duration,
 }
 
 fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> {
@@ -78,6 +84,7 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
         bench_profile: profile::Profile::Nvlink,
         train_buckets: Vec::new(),
         timeout: Duration::from_secs(600),
+        stall: Duration::from_secs(180),
     };
     let (command, rest) = args.split_first().ok_or_else(|| USAGE.to_owned())?;
     let mut task = None;
@@ -97,6 +104,7 @@ fn parse(args: &[String]) -> Result<(String, Settings, Option<String>), String> 
             }
             "--bench-profile" => settings.bench_profile = profile::Profile::parse(&value()?)?,
             "--timeout-s" => settings.timeout = Duration::from_secs(number(value()?)? as u64),
+            "--stall-s" => settings.stall = Duration::from_secs(number(value()?)?.max(1) as u64),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
@@ -228,60 +236,17 @@ fn launch(settings: &Settings) -> Result<(), String> {
 
 /// Runs one task on `nproc` rank processes; returns each rank's result.
 fn launch_task(settings: &Settings, task: &str, nproc: usize) -> Result<Vec<Value>, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let port = free_port()?;
-    let gpus = pg_nccl::available().map_err(|err| format!("no GPU to test on: {err}"))?;
-    let mut children: Vec<Child> = Vec::new();
-    for rank in 0..nproc {
-        // Rank r on GPU r % gpus; several ranks on one GPU each pose as a host of their own to NCCL.
-        let placement = pg_nccl::placement::place(rank, nproc, gpus);
-        let child = Command::new(&exe)
-            .args(["rank", "--task", task, "--out"])
-            .arg(&settings.out)
-            .args(["--bench-max-bytes", &settings.bench_max_bytes.to_string()])
-            .args(["--bench-trials", &settings.bench_trials.to_string()])
-            .args(["--bench-profile", settings.bench_profile.name()])
-            .env("RANK", rank.to_string())
-            .envs(placement.env)
-            .env("WORLD_SIZE", nproc.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("NCCL_NVLS_ENABLE", "0")
-            .spawn()
-            .map_err(|e| format!("starting rank {rank}: {e}"))?;
-        children.push(child);
+    if task == "conformance" {
+        return conformance::launch(settings, nproc);
     }
-    let deadline = Instant::now() + settings.timeout;
-    let mut statuses = vec![None; nproc];
-    while statuses.iter().any(Option::is_none) {
-        for (rank, child) in children.iter_mut().enumerate() {
-            if statuses[rank].is_none() {
-                if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-                    statuses[rank] = Some(status);
-                }
-            }
+    let mut children = procs::start_ranks(settings, task, nproc, &[])?;
+    match procs::wait_ranks(&mut children, Instant::now() + settings.timeout, None)? {
+        procs::Ended::Exited(statuses) => procs::collect_ranks(settings, task, statuses),
+        _ => {
+            procs::stop(&mut children);
+            Err(format!("timed out after {} s", settings.timeout.as_secs()))
         }
-        if Instant::now() > deadline {
-            for child in &mut children {
-                let _ = child.kill();
-            }
-            return Err(format!("timed out after {} s", settings.timeout.as_secs()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    let mut results = Vec::new();
-    for (rank, status) in statuses.into_iter().enumerate() {
-        let status = status.expect("all done");
-        let path = rank_file(&settings.out, task, rank);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("rank {rank} ({status}) left no result at {}: {e}", path.display()))?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if !status.success() {
-            return Err(format!("rank {rank} exited with {status}: {}", value["error"]));
-        }
-        results.push(value);
-    }
-    Ok(results)
 }
 
 /// A TCP port free on the loopback right now (the OS picks it; rank 0's store server binds it next).
