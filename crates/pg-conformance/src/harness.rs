@@ -306,9 +306,23 @@ impl<B: Backend> Rank<B> {
     /// Ends this rank's part of a world: waits until every rank of the world has got here (a store barrier,
     /// at most `timeout`), then lets go of the groups made with [`Rank::group`]. A harness calls it after a case's
     /// body; a rank whose peers never arrive lets go after the timeout.
+    ///
+    /// Once every rank is here, nothing more runs on the world's groups: each healthy one is shut down (its
+    /// communicators finalized and destroyed, the last made first), as a program ends its groups, and only the
+    /// others are dropped, which aborts their communicators. An abort on NCCL's network transport while peers
+    /// abort the same communicator can take long; a finalize with nothing in flight does not.
     pub fn finish_world(&self, timeout: Duration) -> Check {
         let waited = self.store.barrier("pg_conformance/world_end", self.size as i64, Some(timeout));
-        self.kept.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        let kept = std::mem::take(&mut *self.kept.lock().unwrap_or_else(PoisonError::into_inner));
+        if waited.is_ok() {
+            for group in kept.iter().rev().filter(|g| g.error().is_none() && !g.is_revoked()) {
+                if let Err(error) = group.shutdown() {
+                    tracing::warn!(target: "pg", rank = self.rank, group = %group.options().group_name,
+                        "the end of a world: shutdown of a kept group: {error}");
+                }
+            }
+        }
+        drop(kept);
         waited.map_err(|e| format!("rank {}: the end-of-world barrier: {e}", self.rank))
     }
 
