@@ -106,7 +106,8 @@ const RUN_SH: &str = r###"#!/usr/bin/env bash
 # MIXED=1: for each WORLD:PG_RANK of MIXED_RUNS, pg's rank (pg-nccl-gpu mixed, the README's join code) beside
 # PyTorch ranks (torch_mixed.py), every op checked on both sides: OUT_DIR/mixed-nccl-N.{md,json}.
 # TORCHRUN=1: two torchrun agents (--nnodes 2 --nproc-per-node 2, c10d rendezvous on 127.0.0.1, each "node" its
-# own NCCL_HOSTID) start pg-nccl-gpu's conformance ranks: OUT_DIR/conformance-torchrun-4.{md,json}.
+# own NCCL_HOSTID) start pg-nccl-gpu's conformance ranks: OUT_DIR/conformance-torchrun-4.{md,json}. The agents get
+# TORCHRUN_TIMEOUT_S (default 500); a rank stopped by then is reported from what it finished.
 # SUITE=network: the one-GPU network-transport suite in one command: TASKS at worlds 2 and 4, MIXED=1,
 # TORCHRUN=1, TRAIN_WORLDS="2 4" with TRAIN_BUCKETS="1 2", BENCH_PROFILE=network at BENCH_WORLDS="2 4" (each
 # variable still overrides).
@@ -393,7 +394,7 @@ if [ "${TORCHRUN:-0}" = "1" ]; then
       # Each agent a "node" of its own to NCCL; pg-nccl-gpu gives each of its ranks that share a GPU a host id
       # under the node's. Node 0 hosts the rendezvous store.
       NCCL_HOSTID="torchrun-node-$node" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}" \
-        timeout 500 torchrun --nnodes "$NODES" --node-rank "$node" --nproc-per-node "$PER_NODE" --rdzv-backend c10d \
+        timeout "${TORCHRUN_TIMEOUT_S:-500}" torchrun --nnodes "$NODES" --node-rank "$node" --nproc-per-node "$PER_NODE" --rdzv-backend c10d \
         --rdzv-endpoint "127.0.0.1:$PORT" --rdzv-id "pg-rehearsal-$$" --rdzv-conf "is_host=$(( node == 0 ? 1 : 0 ))" \
         --no-python "$HERE/pg-nccl-gpu" rank --task conformance --out "$DIR" > "$OUT/torchrun-node$node.txt" 2>&1 & PIDS+=($!)
     done

@@ -129,6 +129,46 @@ pub fn launch(settings: &Settings, nproc: usize) -> Result<Vec<Value>, String> {
         .collect())
 }
 
+/// The reports of ranks 0..`nproc` that another launcher started (torchrun): each rank's result file, or, for a
+/// rank that left none (stopped, or still running when its launcher gave up), what its progress file holds, every
+/// case it did not finish failing by name.
+pub fn read_ranks(settings: &Settings, nproc: usize) -> Result<Vec<Value>, String> {
+    let names: Vec<&'static str> = selected().iter().map(|case| case.name).collect();
+    let mut versions = Value::Null;
+    let mut finished = Vec::new();
+    let mut unfinished = Vec::new();
+    for rank in 0..nproc {
+        let path = crate::rank_file(&settings.out, "conformance", rank);
+        let done = std::fs::read_to_string(&path).ok().and_then(|text| serde_json::from_str::<Value>(&text).ok());
+        match done {
+            Some(value) if value["error"].is_null() => {
+                versions = value["versions"].clone();
+                finished.push(report::from_json(&value)?);
+            }
+            Some(value) => return Err(format!("rank {rank} failed: {}", value["error"])),
+            None => {
+                unfinished.push(rank);
+                finished.push(read_progress(&progress_file(&settings.out, rank), &mut versions));
+            }
+        }
+    }
+    if !unfinished.is_empty() {
+        let why = format!("rank(s) {unfinished:?} left no result, only their progress");
+        println!("[conformance] {why}");
+        finished = report::after_stop(&names, 0, finished, &why, false).1;
+    }
+    Ok(finished
+        .iter()
+        .enumerate()
+        .map(|(rank, reports)| {
+            let mut value = report::json("nccl", nproc, reports);
+            value["rank"] = json!(rank);
+            value["versions"] = versions.clone();
+            value
+        })
+        .collect())
+}
+
 /// The reports in a rank's progress file (none if it wrote none), noting the versions it names.
 fn read_progress(file: &Path, versions: &mut Value) -> Vec<CaseReport> {
     let Some(value) = std::fs::read_to_string(file).ok().and_then(|text| serde_json::from_str::<Value>(&text).ok())

@@ -321,8 +321,22 @@ fn restart_with(vars: &[(&'static str, String)]) -> Result<usize, String> {
 }
 
 /// `merge --task T --out DIR [--nproc N]`: reports a task whose ranks another launcher started (torchrun), from
-/// their `DIR/T-rankR.json` (ranks 0..N; without `--nproc`, every consecutive rank file from rank 0).
+/// their `DIR/T-rankR.json` (ranks 0..N; without `--nproc`, every consecutive rank file from rank 0; the
+/// conformance task with `--nproc` also from the progress of ranks that left no result).
 fn merge_ranks(settings: &Settings, task: &str) -> Result<(), String> {
+    let ranks = match (settings.nproc, task) {
+        // A conformance rank that left no result still left what it finished.
+        (Some(nproc), "conformance") => conformance::read_ranks(settings, nproc)?,
+        _ => read_rank_files(settings, task)?,
+    };
+    match report::task(settings, task, &ranks)? {
+        true => Ok(()),
+        false => Err(format!("{task} failed (see {}/{task}.md)", settings.out.display())),
+    }
+}
+
+/// The result files `DIR/T-rankR.json` of ranks 0..N (without `--nproc`, every consecutive one from rank 0).
+fn read_rank_files(settings: &Settings, task: &str) -> Result<Vec<Value>, String> {
     let mut ranks = Vec::new();
     for rank in 0.. {
         if settings.nproc.is_some_and(|n| rank >= n) {
@@ -340,10 +354,7 @@ fn merge_ranks(settings: &Settings, task: &str) -> Result<(), String> {
         }
         ranks.push(value);
     }
-    match report::task(settings, task, &ranks)? {
-        true => Ok(()),
-        false => Err(format!("{task} failed (see {}/{task}.md)", settings.out.display())),
-    }
+    Ok(ranks)
 }
 
 fn rank_body(task: &str, rank: usize, gpu: usize, settings: &Settings) -> Result<Value, String> {
