@@ -1,6 +1,7 @@
 //! The in-flight list: the Works a group still watches (or, without a watchdog, keeps for abort), and the last
 //! collective enqueued.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -87,8 +88,11 @@ impl<B: Backend> InFlight<B> {
         finished: &[Arc<WorkState<B>>],
         error: &Error,
     ) {
+        // A set of the finished Works' addresses: one pass over the list whatever its length (a list that grew
+        // long, a watchdog that passes seldom, must not make an abort or a shutdown quadratic).
+        let finished: HashSet<*const WorkState<B>> = finished.iter().map(Arc::as_ptr).collect();
         for work in self.lock().iter() {
-            if on(work) && !finished.iter().any(|done| Arc::ptr_eq(done, work)) {
+            if on(work) && !finished.contains(&Arc::as_ptr(work)) {
                 work.set_exception(error.clone());
             }
         }
