@@ -571,6 +571,17 @@ mod tests {
     }
 
     #[test]
+    fn run_sh_bounds_the_tasks_by_stall_s_and_task_timeout_s() {
+        let (ok, log) = run_sh_with(&[("ONLY", "tasks"), ("XTASK_EXPERIMENTS", "0")]);
+        assert!(ok, "{log}");
+        assert!(log.contains("--stall-s 180 --timeout-s 600"), "the defaults: {log}");
+        let vars = [("ONLY", "tasks"), ("XTASK_EXPERIMENTS", "0"), ("STALL_S", "90"), ("TASK_TIMEOUT_S", "560")];
+        let (ok, log) = run_sh_with(&vars);
+        assert!(ok, "{log}");
+        assert!(log.contains("--stall-s 90 --timeout-s 560"), "{log}");
+    }
+
+    #[test]
     fn run_sh_network_benches_run_at_each_world_with_the_network_profile() {
         let (ok, log) = run_sh_with(&[("SUITE", "network"), ("ONLY", "bench")]);
         assert!(ok, "{log}");
