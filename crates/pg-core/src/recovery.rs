@@ -330,10 +330,10 @@ impl<B: Backend> ProcessGroup<B> {
     /// The group of this one's ranks and `added` new ones, which join from processes of their own with
     /// [`ProcessGroup::join_grown`]; made without restarting a process, from this group's communicator where the
     /// device grows communicators (NCCL's `ncclCommGrow`, 2.29), else by a rendezvous of every rank, old and new,
-    /// for a new communicator (as rank 0 chooses; see the module's text). Every rank of this group calls it, in the same order as its other grows, with the same
-    /// `added`; this group's ranks keep their numbers in the grown one and the new ranks take the next, their world
-    /// ranks from `options.world_ranks`. This group stays usable. Subgroups and meshes of the grown group are made
-    /// anew from it ([`crate::DeviceMesh::after_grow`]).
+    /// for a new communicator (as rank 0 chooses; see the module's text). Every rank of this group calls it, in the
+    /// same order as its other grows, with the same `added`; this group's ranks keep their numbers in the grown one
+    /// and the new ranks take the next, their world ranks from `options.world_ranks`. This group stays usable.
+    /// Subgroups and meshes of the grown group are made anew from it ([`crate::DeviceMesh::after_grow`]).
     ///
     /// Refused by name: `added` of 0, a size past NCCL's range, or world ranks that are not `added` new ones
     /// ([`Error::InvalidArgument`]); a group with ops that have not finished ([`Error::InvalidArgument`]: wait for
@@ -481,12 +481,13 @@ impl<B: Backend> ProcessGroup<B> {
     /// This process's rank `rank` of a group that its members grow to `size` with [`ProcessGroup::grow`]: waits
     /// for the grow that needs this rank, announced under `store` (the store the world group was made with, at
     /// `grow.join/{rank}`), takes it, and joins the grown communicator (NCCL's `ncclCommGrow` with no parent, or
-    /// the rendezvous, as the members' rank 0 chose). The group gets the members' name and world ranks; `options` gives the rest (its timeout bounds the wait
-    /// for the grow and the join).
+    /// the rendezvous, as the members' rank 0 chose). The group gets the members' name and world ranks; `options`
+    /// gives the rest (its timeout bounds the wait for the grow and the join).
     ///
     /// Refused by name: a grow that rank 0 makes with `ncclCommGrow` on a device that cannot join one
-    /// ([`Error::Unsupported`], naming the version); a rank out of range ([`Error::InvalidArgument`]); a grow to another size than `size` ([`Error::InvalidArgument`]
-    /// on every rank, naming both); no grow that needs this rank within the timeout ([`Error::InitTimeout`]).
+    /// ([`Error::Unsupported`], naming the version); a rank out of range ([`Error::InvalidArgument`]); a grow to
+    /// another size than `size` ([`Error::InvalidArgument`] on every rank, naming both); no grow that needs this
+    /// rank within the timeout ([`Error::InitTimeout`]).
     pub fn join_grown(
         store: Arc<dyn Store>,
         rank: usize,
