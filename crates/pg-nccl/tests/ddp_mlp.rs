@@ -203,17 +203,19 @@ fn the_generator_gives_the_numbers_the_pytorch_script_computes() {
 
 /// Every rank's elastic run of a simulated world of `world` ranks in which world rank `kill.0` dies at step `kill.1`.
 fn elastic_runs(world: usize, config: &Config, kill: (usize, usize)) -> Vec<elastic::ElasticRun> {
-    elastic_runs_with(world, config, kill, None)
+    elastic_runs_with(world, config, kill, None, true)
 }
 
-/// [`elastic_runs`] in which the dead rank's replacement joins at step `rejoin`.
+/// [`elastic_runs`] in which the dead rank's replacement joins at step `rejoin`, in a world whose communicators
+/// grow (`native_grow`, NCCL 2.29) or not (the grow is then a rendezvous).
 fn elastic_runs_with(
     world: usize,
     config: &Config,
     kill: (usize, usize),
     rejoin: Option<usize>,
+    native_grow: bool,
 ) -> Vec<elastic::ElasticRun> {
-    let sim = pg_mock::World::new(pg_mock::WorldConfig { devices: world, ..Default::default() });
+    let sim = pg_mock::World::new(pg_mock::WorldConfig { devices: world, native_grow, ..Default::default() });
     let store = sim.store();
     let options = Options::builder()
         .timeout(std::time::Duration::from_secs(2))
@@ -267,7 +269,15 @@ fn elastic_training_goes_4_to_3_and_back_to_4_when_a_replacement_joins_and_follo
     let config = config();
     let one: Vec<f64> = curves(1, &config).remove(0).unwrap().iter().map(|r| r.loss).collect();
     let (victim, death, rejoin) = (2, 8, 16);
-    let runs = elastic_runs_with(4, &config, (victim, death), Some(rejoin));
+    // With ncclCommGrow (NCCL 2.29) and without it (the grow a rendezvous): the same steps and curve.
+    for native_grow in [true, false] {
+        elastic_grows_back(&config, &one, (victim, death, rejoin), native_grow);
+    }
+}
+
+/// Checks one elastic run in which `victim` dies at step `death` and its replacement joins at step `rejoin`.
+fn elastic_grows_back(config: &Config, one: &[f64], (victim, death, rejoin): (usize, usize, usize), native_grow: bool) {
+    let runs = elastic_runs_with(4, config, (victim, death), Some(rejoin), native_grow);
     for (rank, run) in runs.iter().enumerate() {
         let steps: Vec<usize> = run.records.iter().map(|r| r.step).collect();
         if rank == victim {
@@ -293,7 +303,7 @@ fn elastic_training_goes_4_to_3_and_back_to_4_when_a_replacement_joins_and_follo
         }
     }
     // The same run gives the same recoveries and grows, to the nanosecond of virtual time.
-    let again = elastic_runs_with(4, &config, (victim, death), Some(rejoin));
+    let again = elastic_runs_with(4, config, (victim, death), Some(rejoin), native_grow);
     for (a, b) in runs.iter().zip(&again) {
         assert_eq!((&a.recoveries, &a.growths), (&b.recoveries, &b.growths));
     }
