@@ -94,11 +94,14 @@ pub fn launch(settings: &Settings, nproc: usize) -> Result<Vec<Value>, String> {
                     _ => format!("the run's time ran out ({} s, --timeout-s)", settings.timeout.as_secs()),
                 };
                 let dir = settings.out.join("stalls");
-                for (rank, child) in children.iter_mut().enumerate() {
-                    let done = read_progress(&progress[rank], &mut versions).len();
-                    let case = names.get(from + done).copied().unwrap_or("end");
-                    crate::procs::stop_with_stacks(child, &dir.join(format!("conformance-{case}-rank{rank}.txt")));
-                }
+                let stacks: Vec<PathBuf> = (0..nproc)
+                    .map(|rank| {
+                        let done = read_progress(&progress[rank], &mut versions).len();
+                        let case = names.get(from + done).copied().unwrap_or("end");
+                        dir.join(format!("conformance-{case}-rank{rank}.txt"))
+                    })
+                    .collect();
+                crate::procs::stop_all_with_stacks(&mut children, &stacks);
                 println!("[conformance] {why}: stopped the ranks (stacks in {})", dir.display());
                 // Read once every rank has stopped: what each finished before it did.
                 let finished = progress.iter().map(|file| read_progress(file, &mut versions)).collect::<Vec<_>>();

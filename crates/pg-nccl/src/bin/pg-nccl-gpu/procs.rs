@@ -125,6 +125,16 @@ pub fn stop(children: &mut [Child]) {
     }
 }
 
+/// [`stop_with_stacks`] for every child at once (a debugger attached to a process of many threads takes seconds),
+/// child `i`'s stacks to `paths[i]`.
+pub fn stop_all_with_stacks(children: &mut [Child], paths: &[PathBuf]) {
+    std::thread::scope(|scope| {
+        for (child, path) in children.iter_mut().zip(paths) {
+            scope.spawn(move || stop_with_stacks(child, path));
+        }
+    });
+}
+
 /// How long one debugger may take to print a process's stacks.
 const STACKS_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -219,12 +229,13 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(600);
         let ended = wait_ranks(&mut children, far, Some((&never, Duration::from_millis(1)))).unwrap();
         assert!(matches!(ended, Ended::Stalled), "{ended:?}");
-        let stacks = dir.join("stalls/rank0.txt");
-        stop_with_stacks(&mut children[0], &stacks);
-        assert!(children[0].try_wait().unwrap().is_some(), "the rank was stopped");
-        let text = std::fs::read_to_string(&stacks).unwrap();
-        assert!(text.contains(&children[0].id().to_string()), "{text}");
-        stop(&mut children);
+        let stacks = [dir.join("stalls/rank0.txt"), dir.join("stalls/rank1.txt")];
+        stop_all_with_stacks(&mut children, &stacks);
+        for (child, path) in children.iter_mut().zip(&stacks) {
+            assert!(child.try_wait().unwrap().is_some(), "the rank was stopped");
+            let text = std::fs::read_to_string(path).unwrap();
+            assert!(text.contains(&child.id().to_string()), "{text}");
+        }
         let ended = wait_ranks(&mut children, far, Some((&never, Duration::from_millis(1)))).unwrap();
         assert!(matches!(ended, Ended::Exited(ref statuses) if statuses.len() == 2), "{ended:?}");
         let _ = std::fs::remove_dir_all(dir);
