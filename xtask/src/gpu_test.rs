@@ -11,12 +11,13 @@ cargo xtask gpu-test [--bundle DIR] [--nproc N] [--out DIR]
 Without --bundle: finds the GPUs (nvidia-smi), builds pg-nccl-gpu (release) and runs the conformance suite,
 the three experiments and the interop task, one process per GPU over loopback; results in --out (default
 bench/results/gpu-test). Without GPUs it says so and fails.
-With --bundle DIR: builds everything (release, stripped) into DIR with run.sh, to run where cargo is not: the
-suite, the interop task, the benchmarks and the training example (ddp_mlp) with the PyTorch scripts.
+With --bundle DIR: builds everything (release, no debug info, function names kept for the stacks of a stalled
+run) into DIR with run.sh, to run where cargo is not: the suite, the interop task, the benchmarks and the training
+example (ddp_mlp) with the PyTorch scripts.
 run.sh [OUT_DIR] reads TASKS (default conformance,experiments,interop; none for none), STALL_S (conformance ranks
 that finish no case for that long are stopped with their stacks in OUT_DIR/stalls/ and started again at the
-furthest case reached; default 180), TASK_TIMEOUT_S (each task of a world, default 600), BENCH (1 = every benchmark, the default;
-0 = none; or a list of all-reduce, all-to-all, p2p), BENCH_MAX_BYTES, BENCH_TRIALS, NPROC, TRAIN (1 = run the
+furthest case reached; default 180), TASK_TIMEOUT_S (each task of a world, default 600), BENCH (1 = every
+benchmark, the default; 0 = none; or a list of all-reduce, all-to-all, p2p), BENCH_MAX_BYTES, BENCH_TRIALS, NPROC, TRAIN (1 = run the
 training example, the default), TRAIN_NPROC, TRAIN_STEPS and CUBLAS_DIR; the benchmarks write
 OUT_DIR/allreduce.{md,json}, OUT_DIR/all-to-all.{md,json} and OUT_DIR/p2p.{md,json}.
 Worlds and transports (any number of ranks on one GPU: NCCL's network transport over loopback sockets):
@@ -55,6 +56,8 @@ pub fn build_suite() -> Result<PathBuf, String> {
         .args(["--example", "ddp_mlp"])
         // The suite and the benchmark read pg-nccl's test and benchmark hooks (raw baseline, launch log, timer).
         .args(["--features", "pg-nccl/testing,xtask/testing"])
+        // Function names stay (a megabyte or two): the stacks of a stalled run name pg's frames.
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
         .status()
         .map_err(|e| format!("cargo build: {e}"))?;
     if !status.success() {
