@@ -307,15 +307,21 @@ impl<B: Backend> Rank<B> {
     /// at most `timeout`), then lets go of the groups made with [`Rank::group`]. A harness calls it after a case's
     /// body; a rank whose peers never arrive lets go after the timeout.
     ///
-    /// Once every rank is here, nothing more runs on the world's groups: each healthy one is shut down (its
-    /// communicators finalized and destroyed, the last made first), as a program ends its groups, and only the
-    /// others are dropped, which aborts their communicators. An abort on NCCL's network transport while peers
-    /// abort the same communicator can take long; a finalize with nothing in flight does not.
+    /// Once every rank is here, nothing more runs on the world's groups: each healthy one with nothing in flight is
+    /// shut down (its communicators finalized and destroyed, the last made first), as a program ends its groups,
+    /// and only the others are dropped, which aborts their communicators (a finalize would wait for an op a peer
+    /// never joined). An abort on NCCL's network transport while peers abort the same communicator can take long; a
+    /// finalize with nothing in flight does not.
     pub fn finish_world(&self, timeout: Duration) -> Check {
         let waited = self.store.barrier("pg_conformance/world_end", self.size as i64, Some(timeout));
         let kept = std::mem::take(&mut *self.kept.lock().unwrap_or_else(PoisonError::into_inner));
         if waited.is_ok() {
-            for group in kept.iter().rev().filter(|g| g.error().is_none() && !g.is_revoked()) {
+            let idle = |group: &&ProcessGroup<B>| {
+                let status = group.status();
+                let healthy = group.error().is_none() && status.error.is_none() && !group.is_revoked();
+                healthy && status.in_flight == 0 && status.aborted_comms == 0
+            };
+            for group in kept.iter().rev().filter(idle) {
                 if let Err(error) = group.shutdown() {
                     tracing::warn!(target: "pg", rank = self.rank, group = %group.options().group_name,
                         "the end of a world: shutdown of a kept group: {error}");

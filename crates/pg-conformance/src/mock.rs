@@ -8,6 +8,10 @@ use pg_mock::{Mock, MockBuffer, MockDevice, World, WorldConfig};
 
 use crate::harness::{Capabilities, Clock, Fault, Harness, Hazard, KernelLaunch, Offers, Ran, Rank};
 
+/// How long a rank waits at the end of a world for its peers (virtual time) before it lets go of the world's
+/// groups.
+const WORLD_END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Runs the suite on the simulated backend at a given world size.
 #[derive(Debug, Clone)]
 pub struct MockHarness {
@@ -108,8 +112,15 @@ impl Harness for MockHarness {
         });
         let caps = capabilities(&world);
         let store = world.store();
-        let results =
-            world.run(n, |rank, device| body(&Rank::new(rank, n, device, Arc::clone(&store), Arc::clone(&caps))));
+        let results = world.run(n, |rank, device| {
+            let rank = Rank::new(rank, n, device, Arc::clone(&store), Arc::clone(&caps));
+            let result = body(&rank);
+            // The world ends as on real GPUs: once every rank is done, its groups are shut down or let go.
+            if let Err(error) = rank.finish_world(WORLD_END_TIMEOUT) {
+                tracing::warn!(target: "pg", "{error}");
+            }
+            result
+        });
         Ok(Ran { results: results.into_iter().enumerate().collect(), caps })
     }
 }
