@@ -551,15 +551,28 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// Shuts the group down cleanly: finalizes every communicator; later calls return [`Error::Aborted`].
     ///
+    /// The ops in flight end first, each waited for at most until its timeout (from its enqueue, as the
+    /// watchdog counts): one that has not ended by then (a peer never joined it), or whose communicator failed, is
+    /// not left to a finalize, which would wait for it without a bound; the communicators are aborted instead, the
+    /// op's Work fails, and the call returns its error ([`Error::WorkTimeout`] naming the op).
+    ///
     /// A revoked group is not finalized (NCCL refuses a finalize after a revoke): its threads stop and its
     /// communicators are released without it, and the call returns [`Error::Revoked`] saying so.
     pub fn shutdown(&self) -> Result<()> {
         let comms = self.inner.all_comms();
         let revoked = self.is_revoked();
+        // The ops in flight end first, each within its timeout: a finalize would wait for one that never ends.
+        let stuck = if revoked { None } else { self.inner.drain_in_flight() };
         self.inner.mark_shut_down(Error::Aborted { reason: "the process group was shut down".to_owned() });
-        let finalized = match revoked {
-            false => comms.iter().try_for_each(|comm| comm.finalize()),
-            true => Err(Error::Revoked {
+        let finalized = match (revoked, stuck) {
+            (false, None) => comms.iter().try_for_each(|comm| comm.finalize()),
+            (false, Some(error)) => {
+                // Not finalized: aborted, so that nothing waits for the op; the caller gets its timeout error.
+                let reason = format!("rank {}: shutdown with an op that never finished: {error}", self.inner.rank);
+                self.inner.abort_all_and_settle(&reason, &error);
+                Err(error)
+            }
+            (true, _) => Err(Error::Revoked {
                 reason: format!(
                     "rank {}: shutdown of a revoked group: its communicators cannot be finalized (NCCL refuses \
                      ncclCommFinalize after ncclCommRevoke); they were released without it",

@@ -17,7 +17,7 @@ use crate::signals::{Signals, StoreLink, Threads};
 use crate::status::{ErrorState, GroupStatus};
 use crate::subgroup_call::SubgroupCall;
 use crate::work::WorkState;
-use crate::{Backend, Communicator, Error, Options};
+use crate::{Backend, Communicator, Device as _, Error, Event as _, Options};
 
 /// Where a subgroup sits in the world (see `subgroups.rs`, which makes them).
 pub(crate) struct Membership {
@@ -255,6 +255,26 @@ impl<B: Backend> Shared<B> {
     pub(crate) fn fail_unfinished_in_flight(&self, error: &Error) {
         let finished = self.in_flight.finished(|_| true);
         self.in_flight.fail_unfinished(|_| true, &finished, error);
+    }
+
+    /// Waits until the op of every Work in flight has ended on the device, each at most until its own timeout
+    /// runs out (counted from its host start, as the watchdog counts), polling every `blocking_wait_poll`. Returns
+    /// `None` when all ended; else the error of the first Work whose op has not ended and failed (a communicator
+    /// error: its kernel may wait for a peer forever) or timed out (that Work fails with the timeout). What a
+    /// shutdown does before it finalizes: a finalize waits for every op without a bound.
+    pub(crate) fn drain_in_flight(&self) -> Option<Error> {
+        let never = AtomicBool::new(false);
+        let ended = |work: &Arc<WorkState<B>>| work.captured || work.end_event.query().unwrap_or(false);
+        let mut running: Vec<_> = self.in_flight.snapshot().into_iter().filter(|work| !ended(work)).collect();
+        while !running.is_empty() {
+            let failed = running.iter().find(|work| work.is_completed() || work.check_timeout(work.timeout));
+            if let Some(work) = failed {
+                return work.exception();
+            }
+            self.device.sleep(self.options.blocking_wait_poll, &never);
+            running.retain(|work| !ended(work));
+        }
+        None
     }
 
     /// Aborts every communicator of the group (their Works are not settled: see

@@ -25,6 +25,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(every_call_after_shutdown_returns_aborted, 1),
         case!(dropping_a_group_without_shutdown_aborts_its_communicators, 2),
         case!(dropping_a_group_fails_every_work_whose_op_never_ran, 2),
+        case!(shutdown_with_an_op_a_peer_never_joined_returns_its_timeout_instead_of_hanging, 2),
         case!(a_failed_wait_fails_every_unfinished_work_of_its_communicator_in_every_mode, 2),
         case!(abort_aborts_every_communicator_of_the_group, 1),
         case!(clean_up_after_a_timeout_aborts_every_communicator_of_the_group, 1),
@@ -321,6 +322,46 @@ fn dropping_a_group_fails_every_work_whose_op_never_ran<H: Harness>(h: &H) -> Ch
         check_never_ran(&behind, "an op queued behind a long kernel, after the drop")?;
         // The device finishes its work: the aborted stream drained.
         let _ = r.device.synchronize();
+        Ok(())
+    })
+}
+
+/// A shutdown waits for the ops in flight at most until their timeouts run out: an op a peer never joined fails
+/// with its timeout, the communicators are aborted instead of finalized (a finalize would wait for the op without
+/// a bound), and the call returns that error; the peer, with nothing in flight, shuts down cleanly.
+fn shutdown_with_an_op_a_peer_never_joined_returns_its_timeout_instead_of_hanging<H: Harness>(h: &H) -> Check<Outcome> {
+    let clock = need!(clock_of(h));
+    let (timeout, slack) = match clock {
+        Clock::Virtual => (Duration::from_secs(1), Duration::from_millis(50)),
+        // An abort on NCCL's network transport can take seconds.
+        Clock::Wall => (Duration::from_secs(2), Duration::from_secs(15)),
+    };
+    on_each_rank(h, 2, |r| {
+        // No watchdog: only the shutdown acts on the op.
+        let group = r.own_ready_group("stuck", Options::builder().timeout(timeout).enable_watchdog(false))?;
+        if r.rank == 1 {
+            // Rank 1 never joins rank 0's all_reduce; it keeps its communicator until rank 0 is done.
+            r.barrier("rank 0 shut down")?;
+            return group.shutdown().ctx("shutdown with nothing in flight");
+        }
+        let buffer = r.filled(1.0, 4)?;
+        let start = r.device.now();
+        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        let error = group.shutdown().err().ok_or("shutdown with an op that never ends returned Ok")?;
+        let took = r.device.now().saturating_sub(start);
+        r.barrier("rank 0 shut down")?;
+        ensure!(
+            matches!(error.kind(), ErrorKind::WorkTimeout | ErrorKind::Communicator | ErrorKind::Remote),
+            "shutdown's error is neither the op's timeout nor its communicator's failure: {error}"
+        );
+        if error.kind() == ErrorKind::WorkTimeout {
+            ensure!(took >= timeout, "the shutdown gave up after {took:?}, before the op's timeout {timeout:?}");
+            ensure!(error.to_string().contains("ALLREDUCE"), "the error names the op: {error}");
+        }
+        ensure!(took <= timeout + slack, "the shutdown took {took:?} for an op whose timeout is {timeout:?}");
+        check_never_ran(&work, "the op a peer never joined, after the shutdown")?;
+        let after = group.all_reduce(&buffer, ReduceOp::Sum).err();
+        ensure!(after.is_some_and(|e| e.kind() == ErrorKind::Aborted), "an op after the shutdown was not Aborted");
         Ok(())
     })
 }
