@@ -120,16 +120,7 @@ pub fn launch(settings: &Settings, nproc: usize) -> Result<Vec<Value>, String> {
         }
         break;
     }
-    Ok(segments
-        .iter()
-        .enumerate()
-        .map(|(rank, reports)| {
-            let mut value = report::json("nccl", nproc, reports);
-            value["rank"] = json!(rank);
-            value["versions"] = versions.clone();
-            value
-        })
-        .collect())
+    Ok(rank_values(&segments, &versions))
 }
 
 /// The reports of ranks 0..`nproc` that another launcher started (torchrun): each rank's result file, or, for a
@@ -160,16 +151,19 @@ pub fn read_ranks(settings: &Settings, nproc: usize) -> Result<Vec<Value>, Strin
         println!("[conformance] {why}");
         finished = report::after_stop(&names, 0, finished, &why, false).1;
     }
-    Ok(finished
-        .iter()
-        .enumerate()
-        .map(|(rank, reports)| {
-            let mut value = report::json("nccl", nproc, reports);
-            value["rank"] = json!(rank);
-            value["versions"] = versions.clone();
-            value
-        })
-        .collect())
+    Ok(rank_values(&finished, &versions))
+}
+
+/// Each rank's reports as the JSON a rank process writes (the suite's form, with its rank and the versions).
+fn rank_values(per_rank: &[Vec<CaseReport>], versions: &Value) -> Vec<Value> {
+    let nproc = per_rank.len();
+    let value = |(rank, reports): (usize, &Vec<CaseReport>)| {
+        let mut value = report::json("nccl", nproc, reports);
+        value["rank"] = json!(rank);
+        value["versions"] = versions.clone();
+        value
+    };
+    per_rank.iter().enumerate().map(value).collect()
 }
 
 /// The reports in a rank's progress file (none if it wrote none), noting the versions it names.
