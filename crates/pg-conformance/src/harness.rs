@@ -328,7 +328,10 @@ impl<B: Backend> Rank<B> {
                 }
             }
         }
-        drop(kept);
+        // The rest are let go in the same order, the last made first (a subgroup before the group it came from).
+        for group in kept.into_iter().rev() {
+            drop(group);
+        }
         waited.map_err(|e| format!("rank {}: the end-of-world barrier: {e}", self.rank))
     }
 
