@@ -379,8 +379,12 @@ fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> 
                 "shrink excluding {excluded:?}: {error:?}"
             );
         }
-        // A revoked group: ops, subgroups and shutdown (a finalize) are refused by name.
+        // A revoked group: ops, subgroups and shutdown (a finalize) are refused by name. A revoke tears the
+        // communicator down on this rank at once: on NCCL's network transport a rank whose part of the ready
+        // barrier is done may still have that barrier's last bytes to send, so no rank revokes before every rank
+        // is past it.
         let buffer = r.filled(1.0, 8)?;
+        r.barrier("past the ready barrier")?;
         group.revoke("the case revokes it");
         ensure!(group.is_revoked(), "is_revoked after revoke");
         let op = group.all_reduce(&buffer, ReduceOp::Sum).err();
@@ -401,7 +405,8 @@ fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> 
         );
         child.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the child")?;
         all_equal(&r.read(&buffer)?, n as f64)?;
-        // A live parent shrunk with abort is revoked by it.
+        // A live parent shrunk with abort is revoked by it (once every rank is past its all_reduce, as above).
+        r.barrier("past the child's all_reduce")?;
         let parent = child;
         let grandchild =
             r.keep(parent.shrink(&[], &ShrinkOptions::default()).ctx("an aborting shrink of a live group")?);
@@ -415,6 +420,7 @@ fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> 
         );
         // The backend's rule under the group's: a revoked communicator refuses a finalize and every op.
         let comm = communicator(r, "raw_revoke")?;
+        r.barrier("the raw communicator made")?;
         match pg_core::Communicator::revoke(&comm, "the case revokes the communicator") {
             Err(error) if error.kind() == ErrorKind::Unsupported => return Ok(()),
             other => other.ctx("revoke")?,
@@ -523,7 +529,9 @@ fn grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name<H
         );
         work.wait().ctx("wait")?;
         all_equal(&r.read(&buffer)?, n as f64)?;
-        // A revoked group, then the parent of an aborting shrink.
+        // A revoked group, then the parent of an aborting shrink; no rank revokes before every rank is past the
+        // all_reduce (a revoke tears the communicator down under a peer still in it).
+        r.barrier("past the all_reduce")?;
         group.revoke("the case revokes it");
         let revoked = grow(&group);
         ensure!(refused(revoked.as_ref(), ErrorKind::Revoked, "revoked"), "a grow of a revoked group: {revoked:?}");
