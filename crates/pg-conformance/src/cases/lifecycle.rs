@@ -231,6 +231,10 @@ fn every_call_after_abort_returns_aborted<H: Harness>(h: &H) -> Check<Outcome> {
         let group = r.group("0", Options::builder())?;
         let buffer = r.filled(1.0, 4)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+        // No rank aborts while a peer's part of that all_reduce may still run (an abort closes the connections
+        // under a peer's unfinished send, which would fail it with a remote error instead of Aborted).
+        r.read(&buffer).ctx("reading the result")?;
+        r.barrier("past the all_reduce")?;
         // An op still in flight when the group is aborted fails with Aborted too.
         r.sleep_current(SLEEP)?;
         let in_flight = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
