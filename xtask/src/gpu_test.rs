@@ -26,10 +26,11 @@ TASK_WORLDS, BENCH_WORLDS and TRAIN_WORLDS (\"2 4\": each world in turn), BENCH_
 TRAIN_BUCKETS=\"1 2\" (pg's example and DDP with one gradient bucket and with two, one report per world),
 MIXED=1 (a pg rank joined with the README's code beside PyTorch ranks, MIXED_RUNS=\"2:0 2:1 3:1 3:0\" as world:pg rank:
 OUT_DIR/mixed-nccl-N.{md,json}), TORCHRUN=1 (two torchrun agents, c10d rendezvous, --nproc-per-node 2, start the
-conformance ranks: OUT_DIR/conformance-torchrun-4.{md,json}).
-SUITE=network runs all of that on one GPU in one command (TASK_WORLDS, BENCH_WORLDS and TRAIN_WORLDS \"2 4\",
-TRAIN_BUCKETS \"1 2\", BENCH_PROFILE=network, MIXED=1, TORCHRUN=1; about 15 minutes on one H200); ONLY=PART[,PART]
-(tasks, bench, train, mixed, torchrun) runs those parts alone (SUITE=network ONLY=bench: the network benchmarks at
+conformance ranks: OUT_DIR/conformance-torchrun-4.{md,json}), FAULTS=1 (pg-xtask faults --backend nccl at each world
+of FAULT_WORLDS, default \"2 4\": OUT_DIR/faults-nccl-N.{md,json}).
+SUITE=network runs all of that on one GPU in one command (TASK_WORLDS, BENCH_WORLDS, TRAIN_WORLDS and FAULT_WORLDS
+\"2 4\", TRAIN_BUCKETS \"1 2\", BENCH_PROFILE=network, MIXED=1, TORCHRUN=1, FAULTS=1; about 20 minutes on one GPU);
+ONLY=PART[,PART] (tasks, bench, train, mixed, torchrun, faults) runs those parts alone (SUITE=network ONLY=bench: the network benchmarks at
 worlds 2 and 4).
 ";
 
@@ -83,13 +84,14 @@ pub fn find_gpus() -> Result<Vec<String>, String> {
 const RUN_SH: &str = r###"#!/usr/bin/env bash
 # Runs pg's real-GPU suite from this bundle (no cargo needed): the conformance suite, the three experiments,
 # the interop task, the benchmarks (raw NCCL loop, pg's process group, PyTorch) on the same libnccl, the
-# training example beside PyTorch DDP, mixed groups of pg and PyTorch ranks, and a multi-node rehearsal under
-# torchrun's own launch.
+# training example beside PyTorch DDP, mixed groups of pg and PyTorch ranks, a multi-node rehearsal under
+# torchrun's own launch, and the fault matrix.
 # Usage: run.sh [OUT_DIR]   (env: TASKS=conformance,experiments,interop  TASK_WORLDS="N ..."  BENCH=1
 #                            BENCH_PROFILE=nvlink|network  BENCH_WORLDS="N ..."  BENCH_MAX_BYTES=1073741824
 #                            BENCH_TRIALS=5  FIRST_TRIALS=5  NPROC=N  TRAIN=1  TRAIN_NPROC=1  TRAIN_WORLDS="N ..."
 #                            TRAIN_BUCKETS="1 2"  TRAIN_STEPS=100  MIXED=0  MIXED_RUNS="2:0 2:1 3:1 3:0"  TORCHRUN=0
-#                            SUITE=network  ONLY=tasks|bench|train|mixed|torchrun  CUBLAS_DIR=directory of libcublas.so.13 or .12 (else looked for under
+#                            FAULTS=0  FAULT_WORLDS="N ..."
+#                            SUITE=network  ONLY=tasks|bench|train|mixed|torchrun|faults  CUBLAS_DIR=directory of libcublas.so.13 or .12 (else looked for under
 #                            PyTorch and CUDA)  STALL_S=180  TASK_TIMEOUT_S=600)
 # STALL_S: conformance ranks that finish no case for that long are stopped, their stacks written to
 # OUT_DIR/stalls/, and started again at the furthest case reached; TASK_TIMEOUT_S bounds each task of a world.
@@ -111,11 +113,14 @@ const RUN_SH: &str = r###"#!/usr/bin/env bash
 # TORCHRUN=1: two torchrun agents (--nnodes 2 --nproc-per-node 2, c10d rendezvous on 127.0.0.1, each "node" its
 # own NCCL_HOSTID) start pg-nccl-gpu's conformance ranks: OUT_DIR/conformance-torchrun-4.{md,json}. The agents get
 # TORCHRUN_TIMEOUT_S (default 500); a rank stopped by then is reported from what it finished.
+# FAULTS=1: the fault matrix on NCCL (pg-xtask faults --backend nccl: a skipped collective with the desync report,
+# a rank SIGKILLed mid-all_reduce, an async error, an abort from another thread, a new group after an error) at
+# each world of FAULT_WORLDS (default "2 4"): OUT_DIR/faults-nccl-N.{md,json}.
 # SUITE=network: the one-GPU network-transport suite in one command: TASKS at worlds 2 and 4, MIXED=1,
-# TORCHRUN=1, TRAIN_WORLDS="2 4" with TRAIN_BUCKETS="1 2", BENCH_PROFILE=network at BENCH_WORLDS="2 4" (each
-# variable still overrides).
+# TORCHRUN=1, TRAIN_WORLDS="2 4" with TRAIN_BUCKETS="1 2", BENCH_PROFILE=network at BENCH_WORLDS="2 4", FAULTS=1
+# at FAULT_WORLDS="2 4" (each variable still overrides).
 # ONLY=PART[,PART...] runs those parts alone (the others' switches default to off): tasks, bench, train, mixed,
-# torchrun; with SUITE=network, those parts of the suite (SUITE=network ONLY=bench; ONLY=mixed,torchrun,train).
+# torchrun, faults; with SUITE=network, those parts of the suite (SUITE=network ONLY=bench; ONLY=mixed,torchrun,train).
 # With all-reduce among BENCH (nvlink profile) the bench also times the first all_reduce of a fresh group (pg
 # lazy and eager, PyTorch without and with device_id, FIRST_TRIALS fresh launches each) and merges it into
 # OUT_DIR/allreduce.{md,json}.
@@ -127,7 +132,7 @@ export NCCL_NVLS_ENABLE=0
 mkdir -p "$OUT"
 if [ -n "${ONLY:-}" ]; then
   for part in ${ONLY//,/ }; do
-    case "$part" in tasks | bench | train | mixed | torchrun) ;; *) echo "ONLY: unknown part '$part' (tasks, bench, train, mixed, torchrun)"; exit 2 ;; esac
+    case "$part" in tasks | bench | train | mixed | torchrun | faults) ;; *) echo "ONLY: unknown part '$part' (tasks, bench, train, mixed, torchrun, faults)"; exit 2 ;; esac
   done
   only() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
   if ! only tasks; then : "${TASKS:=none}" "${XTASK_EXPERIMENTS:=0}"; fi
@@ -135,10 +140,11 @@ if [ -n "${ONLY:-}" ]; then
   if ! only train; then : "${TRAIN:=0}"; fi
   if only mixed; then MIXED=1; else : "${MIXED:=0}"; fi
   if only torchrun; then TORCHRUN=1; else : "${TORCHRUN:=0}"; fi
+  if only faults; then FAULTS=1; else : "${FAULTS:=0}"; fi
 fi
 if [ "${SUITE:-}" = network ]; then
   : "${TASK_WORLDS:=2 4}" "${MIXED:=1}" "${TORCHRUN:=1}" "${TRAIN:=1}" "${TRAIN_WORLDS:=2 4}" "${TRAIN_BUCKETS:=1 2}"
-  : "${BENCH:=1}" "${BENCH_PROFILE:=network}" "${BENCH_WORLDS:=2 4}"
+  : "${BENCH:=1}" "${BENCH_PROFILE:=network}" "${BENCH_WORLDS:=2 4}" "${FAULTS:=1}" "${FAULT_WORLDS:=2 4}"
 elif [ -n "${SUITE:-}" ]; then
   echo "SUITE: unknown suite '$SUITE' (network)"; exit 2
 fi
@@ -410,6 +416,23 @@ if [ "${TORCHRUN:-0}" = "1" ]; then
   else
     echo "no torchrun here: the torchrun rehearsal is skipped"; rc=1
   fi
+fi
+
+# ===== the fault matrix on NCCL =====
+if [ "${FAULTS:-0}" = "1" ]; then
+  for W in ${FAULT_WORLDS:-2 4}; do
+    # The last rank is the faulty one; pg-xtask starts one process per rank, placed as the tasks' ranks are.
+    "$HERE/pg-xtask" faults --backend nccl --world-size "$W" --json "$OUT/faults-rows-$W.json" --dumps "$OUT/faults-dumps-$W" \
+      > "$OUT/faults-nccl-$W.txt" 2>&1 || rc=1
+    LABEL="$(run_label "$W"); command: pg-xtask faults --backend nccl --world-size $W (FAULTS=1 run.sh)"
+    { echo "# The fault matrix on NCCL, world $W"; echo; echo "$LABEL"; echo; echo '```text'; cat "$OUT/faults-nccl-$W.txt"; echo '```'
+    } > "$OUT/faults-nccl-$W.md"
+    python3 -c 'import json, sys
+try: doc = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e: doc = {"backend": "nccl", "world_size": int(sys.argv[3]), "error": str(e), "rows": []}
+doc["machine"] = sys.argv[2]
+json.dump(doc, open(sys.argv[4], "w"), indent=1)' "$OUT/faults-rows-$W.json" "$LABEL" "$W" "$OUT/faults-nccl-$W.json" || rc=1
+  done
 fi
 exit $rc
 "###;
