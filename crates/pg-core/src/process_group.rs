@@ -525,12 +525,15 @@ impl<B: Backend> ProcessGroup<B> {
     // ===== lifecycle =====
 
     /// Aborts the group: every communicator (ready or being created) is aborted, blocked waits return, and
-    /// every later call returns [`Error::Aborted`]. Callable from any thread.
+    /// every later call returns [`Error::Aborted`]. Callable from any thread. It returns once the backend's abort
+    /// of each communicator has (NCCL's, at most a bound the backend sets, also when the watchdog started it) and
+    /// the group's threads have stopped, so a program may exit right after it: nothing of the group still runs
+    /// while the process tears CUDA down.
     pub fn abort(&self, reason: &str) {
         let error = Error::Aborted { reason: format!("rank {}: {reason}", self.inner.rank) };
         self.inner.tear_down(error.clone());
         self.inner.abort_all_and_settle(reason, &error);
-        self.inner.signals.stop(&self.inner.device);
+        self.inner.stop_threads();
     }
 
     /// Revokes the group (NCCL's `ncclCommRevoke` on each communicator, or `ncclCommAbort` where the loaded NCCL

@@ -2,12 +2,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use nccl_sys::{Library, Status};
 use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, ShrinkMode, UniqueId};
 
+use crate::abort_end::AbortEnd;
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
 use crate::exchange::{self, Call};
 use crate::handle::RawComm;
@@ -83,6 +84,8 @@ pub struct Communicator {
     /// the destroy and an abort runs on a thread of its own.
     graphs: AtomicUsize,
     abort_reason: Mutex<Option<String>>,
+    /// Whether NCCL's abort of this communicator, once called, has returned.
+    abort_end: Arc<AbortEnd>,
     /// The fault the conformance harness injected when this communicator was made.
     #[cfg(feature = "testing")]
     injected: Option<crate::fault::Injected>,
@@ -230,6 +233,7 @@ impl Communicator {
             finalized: AtomicBool::new(false),
             graphs: AtomicUsize::new(0),
             abort_reason: Mutex::new(None),
+            abort_end: Arc::default(),
             #[cfg(feature = "testing")]
             injected: crate::fault::for_new_communicator(),
             revoked: AtomicBool::new(false),
@@ -305,6 +309,7 @@ impl Communicator {
             finalized: AtomicBool::new(false),
             graphs: AtomicUsize::new(0),
             abort_reason: Mutex::new(None),
+            abort_end: Arc::default(),
             revoked: AtomicBool::new(false),
             revoke_reason: Mutex::new(None),
             #[cfg(feature = "testing")]
@@ -368,6 +373,17 @@ impl Communicator {
     fn aborted_error(&self) -> Error {
         let reason = self.abort_reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Error::Aborted { reason: reason.unwrap_or_else(|| "the communicator was aborted".into()) }
+    }
+
+    /// Waits for an abort another caller runs, at most [`ABORT_WAIT`] and not while graphs hold the communicator.
+    fn wait_for_abort(&self) {
+        if self.graphs.load(Ordering::Acquire) == 0 && !self.abort_end.wait(ABORT_WAIT) {
+            tracing::error!(
+                rank = self.rank,
+                size = self.size,
+                "ncclCommAbort has not returned within {ABORT_WAIT:?}; it goes on on its own thread"
+            );
+        }
     }
 
     /// Marks the communicator aborted for `reason` and takes its handle out, without calling NCCL: whoever
@@ -1036,8 +1052,21 @@ impl pg_core::Communicator for Communicator {
     fn abort(&self, reason: &str) -> pg_core::Result<()> {
         self.mark_aborted(reason);
         // No call can start after this: every call reads the handle under the lock first.
-        let taken = self.handle.write().unwrap_or_else(|e| e.into_inner()).take();
-        let Some(comm) = taken else { return Ok(()) };
+        let taken = {
+            let mut handle = self.handle.write().unwrap_or_else(|e| e.into_inner());
+            let taken = handle.take();
+            if taken.is_some() {
+                self.abort_end.start();
+            }
+            taken
+        };
+        let Some(comm) = taken else {
+            // Another caller's abort (the watchdog's, say) is under way: this one returns once NCCL's has, waiting
+            // as long as that caller does, so that a program that aborts and then exits does not tear CUDA down
+            // under it. Graphs that hold the communicator keep NCCL's abort from returning: nobody waits then.
+            self.wait_for_abort();
+            return Ok(());
+        };
         // Prefer aborting with the issue mutex held; if a thread stays inside NCCL (blocked on a peer), abort
         // under it, which is what NCCL's abort is for.
         let deadline = Instant::now() + ABORT_LOCK_WAIT;
@@ -1057,7 +1086,7 @@ impl pg_core::Communicator for Communicator {
         // graph refuses to launch, the communicator being marked aborted), and it can hang outright when peers
         // went away mid-transfer. No host call of pg blocks on it past the bound.
         let with_graphs = self.graphs.load(Ordering::Acquire) > 0;
-        let (library, device) = (self.library, self.device.clone());
+        let (library, device, end) = (self.library, self.device.clone(), Arc::clone(&self.abort_end));
         let (done, finished) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("pg-nccl abort".into()).spawn(move || {
             // The whole handle moves here (it may cross threads), not its raw pointer alone.
@@ -1067,6 +1096,7 @@ impl pg_core::Communicator for Communicator {
             // SAFETY: `comm` was live and is now out of the handle, so no new call can reach it; a thread already
             // inside a call is allowed by NCCL's abort contract.
             let result = unsafe { library.comm_abort(comm.0) };
+            end.finish();
             // A caller that still waits gets the result; else (graphs held it, or it stopped waiting) it is logged.
             if let Err(std::sync::mpsc::SendError(Err(error))) = done.send(result.map(drop)) {
                 tracing::warn!(%error, "ncclCommAbort failed");
@@ -1126,7 +1156,11 @@ impl pg_core::Communicator for Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         let taken = self.handle.get_mut().unwrap_or_else(|e| e.into_inner()).take();
-        let Some(comm) = taken else { return };
+        let Some(comm) = taken else {
+            // An abort took the handle: the last owner lets go only once NCCL's abort returned (see `abort`).
+            self.wait_for_abort();
+            return;
+        };
         let _ = self.device.bind_to_thread();
         // SAFETY: `&mut self`: no other thread can hold the handle; it was live (not aborted).
         if let Err(err) = unsafe { self.library.comm_destroy(comm.0) } {

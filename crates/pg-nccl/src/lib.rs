@@ -17,6 +17,7 @@
 //! retires the communicator (aborted, handle taken out, no NCCL call) and leaves the abort to the helper
 //! (`split.rs`).
 
+mod abort_end;
 mod buffer;
 mod communicator;
 #[cfg(feature = "testing")]
