@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::desync::DesyncReport;
 use crate::flight_recorder::{dump_path, write_dump, DumpHeader};
+use crate::lifecycle::GroupState;
 use crate::shared::Shared;
 use crate::signals::{remote_error_key, EXCEPTION_DUMP_KEY};
 use crate::work::WorkState;
@@ -20,7 +21,8 @@ pub(crate) fn on_error<B: Backend>(
     timed_out: Option<&WorkState<B>>,
     comm: Option<&Arc<B::Communicator>>,
 ) {
-    if let Some(aborted @ Error::Aborted { .. }) = group.error() {
+    if matches!(group.state(), GroupState::ShutDown | GroupState::Aborted) {
+        let aborted = group.state();
         // The group's user aborted it or shut it down: its communicators are going, and what its threads see
         // meanwhile (its own aborted ops, its peers' reports of losing it) is no failure to act on: such a rank must
         // not report errors, check in to the survivors' agreement or revoke as if it were a live one.
@@ -28,7 +30,7 @@ pub(crate) fn on_error<B: Backend>(
         return;
     }
     if error.kind() == ErrorKind::Communicator {
-        group.comm_failed.store(true, Ordering::SeqCst);
+        group.lifecycle.note_comm_failed();
     }
     let options = &group.options;
     let first = record_first_error(group, &error);
@@ -76,7 +78,7 @@ pub(crate) fn on_error<B: Backend>(
     // The failure is made visible before any data can be read: the group is torn down and the device poisoned
     // first, then the streams blocked behind the failed op are drained by the aborts (a read they wake fails).
     if mode.should_tear_down() {
-        group.tear_down(error.clone());
+        group.fail(error.clone());
     }
     poison_device(&group.device, &error);
     if mode.aborts_communicators() {

@@ -65,7 +65,7 @@ fn report_stuck<B: Backend>(group: &Shared<B>, elapsed: Duration) {
     // The watchdog cannot do its job, so the monitor does it: sticky state, failed Works, aborted
     // communicators (which also unblocks a watchdog wedged in the communication library).
     record_first_error(group, &error);
-    group.tear_down(error.clone());
+    group.fail(error.clone());
     poison_device(&group.device, &error);
     group.fail_in_flight(&error);
     group.abort_comms(&error.to_string());

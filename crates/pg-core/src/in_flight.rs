@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::work::WorkState;
-use crate::{Backend, Error, Event, OpType};
+use crate::{Backend, Error, OpType};
 
 /// Without a watchdog, the enqueue path prunes the in-flight list once it holds this many Works (or twice as
 /// many as the last pruning kept).
@@ -49,7 +49,7 @@ impl<B: Backend> InFlight<B> {
             // so that an abort from another thread fails them and reaches a blocked wait; a Work leaves once its
             // op is done (until then its stash may guard its buffers), as the watchdog retires it.
             // Pruning runs when the list has doubled since the last time, so it costs O(1) per op.
-            works.retain(|work| !work.end_event.query().unwrap_or(true));
+            works.retain(|work| !work.observe_end() && work.exception().is_none());
             self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
         }
         works.push(Arc::clone(work));
@@ -77,7 +77,7 @@ impl<B: Backend> InFlight<B> {
     /// ends between this look and the abort is failed with the rest: a false failure, never a false success.)
     pub(crate) fn finished(&self, on: impl Fn(&WorkState<B>) -> bool) -> Vec<Arc<WorkState<B>>> {
         let works = self.lock();
-        works.iter().filter(|work| on(work) && work.end_event.query().unwrap_or(false)).cloned().collect()
+        works.iter().filter(|work| on(work) && work.observe_end()).cloned().collect()
     }
 
     /// Sets `error` on every Work on the list for which `on` holds, except those in `finished` (see

@@ -149,12 +149,12 @@ impl<B: Backend> ProcessGroup<B> {
         input_splits: Option<&[usize]>,
     ) -> Result<WorkHandle<B>> {
         const WHAT: &str = "all_to_all_single";
-        self.check_device(WHAT, input)?;
-        self.check_device(WHAT, output)?;
-        check_dtype(WHAT, input.dtype(), output.dtype())?;
-        let input_splits = self.splits(WHAT, "input", input, input_splits)?;
-        let output_splits = self.splits(WHAT, "output", output, output_splits)?;
-        self.check_chunk_sizes(WHAT, &input_splits, &output_splits)?;
+        let (input_splits, output_splits) = self.checked_sizes(WHAT, || {
+            self.check_device(WHAT, input)?;
+            self.check_device(WHAT, output)?;
+            check_dtype(WHAT, input.dtype(), output.dtype())?;
+            Ok((self.splits(WHAT, "input", input, input_splits)?, self.splits(WHAT, "output", output, output_splits)?))
+        })?;
         let spec = OpSpec::lists(OpType::AllToAllBase, Bufs::One(input), Bufs::One(output));
         self.run(spec, |comm, stream| comm.all_to_all_single(input, output, &input_splits, &output_splits, stream))
     }
@@ -163,21 +163,23 @@ impl<B: Backend> ProcessGroup<B> {
     /// and `outputs[i]` comes from rank `i`; one buffer per rank on each side, all of one dtype, sizes free.
     pub fn all_to_all(&self, outputs: &[B::Buffer], inputs: &[B::Buffer]) -> Result<WorkHandle<B>> {
         const WHAT: &str = "all_to_all";
-        self.check_list(WHAT, "inputs", inputs)?;
-        self.check_list(WHAT, "outputs", outputs)?;
-        let dtype = inputs[0].dtype();
-        for buffer in inputs.iter().chain(outputs) {
-            check_dtype(WHAT, dtype, buffer.dtype())?;
-        }
-        let rank = self.rank();
-        if inputs[rank].numel() != outputs[rank].numel() {
-            return Err(Error::invalid(format!(
-                "{WHAT}: this rank ({rank}) sends itself {} elements (inputs[{rank}]) but outputs[{rank}] holds {}",
-                inputs[rank].numel(),
-                outputs[rank].numel()
-            )));
-        }
-        self.check_chunk_sizes(WHAT, &sizes(inputs), &sizes(outputs))?;
+        self.checked_sizes(WHAT, || {
+            self.check_list(WHAT, "inputs", inputs)?;
+            self.check_list(WHAT, "outputs", outputs)?;
+            let dtype = inputs[0].dtype();
+            for buffer in inputs.iter().chain(outputs) {
+                check_dtype(WHAT, dtype, buffer.dtype())?;
+            }
+            let rank = self.rank();
+            if inputs[rank].numel() != outputs[rank].numel() {
+                return Err(Error::invalid(format!(
+                    "{WHAT}: this rank ({rank}) sends itself {} elements (inputs[{rank}]) but outputs[{rank}] holds {}",
+                    inputs[rank].numel(),
+                    outputs[rank].numel()
+                )));
+            }
+            Ok((sizes(inputs), sizes(outputs)))
+        })?;
         let spec = OpSpec::lists(OpType::AllToAll, Bufs::List(inputs), Bufs::List(outputs));
         self.run(spec, |comm, stream| comm.all_to_all(inputs, outputs, stream))
     }
@@ -186,13 +188,15 @@ impl<B: Backend> ProcessGroup<B> {
     /// tensor list): one output per rank, of that rank's input size (sizes may differ by rank), one dtype.
     pub fn all_gather_into(&self, outputs: &[B::Buffer], input: &B::Buffer) -> Result<WorkHandle<B>> {
         const WHAT: &str = "all_gather_into";
-        self.check_device(WHAT, input)?;
-        self.check_list(WHAT, "outputs", outputs)?;
-        for buffer in outputs {
-            check_dtype(WHAT, input.dtype(), buffer.dtype())?;
-        }
-        self.check_own_chunk(WHAT, "outputs", &outputs[self.rank()], input)?;
-        self.check_chunk_sizes(WHAT, &vec![input.numel(); self.size()], &sizes(outputs))?;
+        self.checked_sizes(WHAT, || {
+            self.check_device(WHAT, input)?;
+            self.check_list(WHAT, "outputs", outputs)?;
+            for buffer in outputs {
+                check_dtype(WHAT, input.dtype(), buffer.dtype())?;
+            }
+            self.check_own_chunk(WHAT, "outputs", &outputs[self.rank()], input)?;
+            Ok((vec![input.numel(); self.size()], sizes(outputs)))
+        })?;
         let spec = OpSpec::lists(OpType::AllGather, Bufs::One(input), Bufs::List(outputs));
         self.run(spec, |comm, stream| comm.all_gather_v(input, outputs, stream))
     }
@@ -201,15 +205,17 @@ impl<B: Backend> ProcessGroup<B> {
     /// list): one input per rank, `inputs[j]` of rank `j`'s output size (sizes may differ by rank), one dtype.
     pub fn reduce_scatter_from(&self, output: &B::Buffer, inputs: &[B::Buffer], op: ReduceOp) -> Result<WorkHandle<B>> {
         const WHAT: &str = "reduce_scatter_from";
-        self.check_device(WHAT, output)?;
-        self.check_list(WHAT, "inputs", inputs)?;
-        for buffer in inputs {
-            check_dtype(WHAT, output.dtype(), buffer.dtype())?;
-        }
-        op.check(output.dtype())?;
-        no_pre_mul_sum(WHAT, op)?;
-        self.check_own_chunk(WHAT, "inputs", &inputs[self.rank()], output)?;
-        self.check_chunk_sizes(WHAT, &sizes(inputs), &vec![output.numel(); self.size()])?;
+        self.checked_sizes(WHAT, || {
+            self.check_device(WHAT, output)?;
+            self.check_list(WHAT, "inputs", inputs)?;
+            for buffer in inputs {
+                check_dtype(WHAT, output.dtype(), buffer.dtype())?;
+            }
+            op.check(output.dtype())?;
+            no_pre_mul_sum(WHAT, op)?;
+            self.check_own_chunk(WHAT, "inputs", &inputs[self.rank()], output)?;
+            Ok((sizes(inputs), vec![output.numel(); self.size()]))
+        })?;
         let spec = OpSpec::lists(OpType::ReduceScatter, Bufs::List(inputs), Bufs::One(output));
         self.run(spec, |comm, stream| comm.reduce_scatter_v(inputs, output, op, stream))
     }

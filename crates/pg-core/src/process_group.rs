@@ -12,6 +12,7 @@ use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
 use crate::flight_recorder::ListSizes;
+use crate::lifecycle::{Call, GroupState};
 use crate::op_trace::{Identity, OpInfo, Tracer};
 use crate::shared::{Membership, Shared};
 use crate::status::{ErrorType, GroupStatus};
@@ -69,10 +70,25 @@ pub struct ProcessGroup<B: Backend> {
 }
 
 impl<B: Backend> ProcessGroup<B> {
-    /// Compares `what`'s chunk sizes (elements sent to and expected from each rank) across ranks, when the group
-    /// checks them ([`Options::check_chunk_sizes`]).
-    pub(crate) fn check_chunk_sizes(&self, what: &str, sends: &[usize], recvs: &[usize]) -> Result<()> {
-        crate::chunk_check::check(&self.inner, what, sends, recvs)
+    /// Runs `local`, the one-rank checks of op `what` that give its chunk sizes (elements sent to and expected
+    /// from each rank), then, when the group checks them ([`Options::check_chunk_sizes`]), compares the sizes across
+    /// ranks. An op refused by `local` still takes its turn in the cross-rank check, saying it was refused, so that
+    /// the peers fail the same op and every rank's next checked op is the same one.
+    pub(crate) fn checked_sizes(
+        &self,
+        what: &str,
+        local: impl FnOnce() -> Result<(Vec<usize>, Vec<usize>)>,
+    ) -> Result<(Vec<usize>, Vec<usize>)> {
+        match local() {
+            Ok((sends, recvs)) => {
+                crate::chunk_check::check(&self.inner, what, &sends, &recvs)?;
+                Ok((sends, recvs))
+            }
+            Err(error) => {
+                crate::chunk_check::refuse(&self.inner, what, &error);
+                Err(error)
+            }
+        }
     }
 }
 
@@ -531,7 +547,8 @@ impl<B: Backend> ProcessGroup<B> {
     /// while the process tears CUDA down.
     pub fn abort(&self, reason: &str) {
         let error = Error::Aborted { reason: format!("rank {}: {reason}", self.inner.rank) };
-        self.inner.tear_down(error.clone());
+        // An abort is refused in no state; a group shut down stays so.
+        let _ = self.inner.transition(Call::Abort, Some(error.clone()));
         self.inner.abort_all_and_settle(reason, &error);
         self.inner.stop_threads();
     }
@@ -549,7 +566,12 @@ impl<B: Backend> ProcessGroup<B> {
     /// Whether the group was revoked ([`ProcessGroup::revoke`], the watchdog with `Options::revoke_on_error`, or
     /// a shrink of it with [`crate::ShrinkMode::Abort`]).
     pub fn is_revoked(&self) -> bool {
-        self.inner.revoked.load(Ordering::SeqCst)
+        self.inner.state().is_revoked()
+    }
+
+    /// Where the group is in its life: what its calls do (the table in `docs/semantics.md`).
+    pub fn state(&self) -> GroupState {
+        self.inner.state()
     }
 
     /// Shuts the group down cleanly: finalizes every communicator; later calls return [`Error::Aborted`].
@@ -566,7 +588,8 @@ impl<B: Backend> ProcessGroup<B> {
         let revoked = self.is_revoked();
         // The ops in flight end first, each within its timeout: a finalize would wait for one that never ends.
         let stuck = if revoked { None } else { self.inner.drain_in_flight() };
-        self.inner.mark_shut_down(Error::Aborted { reason: "the process group was shut down".to_owned() });
+        // A shutdown is refused in no state; a group aborted stays so.
+        let _ = self.inner.transition(Call::Shutdown, None);
         let finalized = match (revoked, stuck) {
             (false, None) => comms.iter().try_for_each(|comm| comm.finalize()),
             (false, Some(error)) => {
@@ -637,6 +660,15 @@ impl<B: Backend> ProcessGroup<B> {
     /// `_set_default_timeout`); the group's `Options::timeout` stays what it was built with.
     pub fn set_timeout(&self, timeout: std::time::Duration) {
         self.inner.set_timeout(timeout);
+    }
+
+    /// Fault injection (`testing` feature): aborts the communicator of `cache_key` directly, as a backend does on
+    /// its own (a split that timed out aborts its parent) or a holder of the communicator outside the group would,
+    /// without telling the group. Returns whether the key had a ready communicator.
+    #[cfg(feature = "testing")]
+    pub fn abort_communicator_behind_the_group(&self, cache_key: &str, reason: &str) -> bool {
+        let comm = self.lock_cache().ready.get(cache_key).map(|entry| Arc::clone(&entry.comm));
+        comm.map(|comm| comm.abort(reason)).is_some()
     }
 
     /// Fault injection (`testing` feature): the watchdog's next pass blocks for `duration`, as if wedged in a
@@ -849,6 +881,7 @@ impl<B: Backend> ProcessGroup<B> {
             captured,
             exception: Mutex::new(None),
             failed: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
             stashed: !stash.is_empty(),
             stash: Mutex::new(stash),
             waiters: std::sync::OnceLock::new(),
@@ -937,7 +970,7 @@ impl<B: Backend> ProcessGroup<B> {
         cache.initializing.remove(&cache_key);
         if let Err(error @ (Error::PrefixCollision { .. } | Error::SubgroupMismatch { .. })) = &created {
             // Every later op of this group would read keys of another group: the group is unusable.
-            self.inner.tear_down(error.clone());
+            self.inner.fail(error.clone());
         }
         let entry = created?;
         if *key == self.collective_key() {
@@ -1106,10 +1139,7 @@ impl<B: Backend> ProcessGroup<B> {
     // ===== checks and helpers =====
 
     fn check_usable(&self) -> Result<()> {
-        match self.error() {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
+        self.inner.check(Call::Op)
     }
 
     fn check_buffer(&self, what: &str, buffer: &B::Buffer) -> Result<()> {

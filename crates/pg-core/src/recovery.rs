@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use pg_store::{PrefixStore, Store};
 
+use crate::lifecycle::Call;
 use crate::process_group::Kind;
 use crate::shared::Membership;
 use crate::{
@@ -134,6 +135,7 @@ impl<B: Backend> ProcessGroup<B> {
                 return Err(Error::invalid(format!("agree_survivors: rank {rank} reports itself dead")));
             }
         }
+        self.shared().check(Call::Agree)?;
         let round = self.shared().recoveries.fetch_add(1, Ordering::Relaxed);
         let store = self.store().as_ref();
         let key = |what: &str, rank: usize| crate::failure::round_key(round, what, rank);
@@ -205,21 +207,8 @@ impl<B: Backend> ProcessGroup<B> {
     pub fn shrink(&self, excluded: &[usize], options: &ShrinkOptions) -> Result<ProcessGroup<B>> {
         let inner = Arc::clone(self.shared());
         let (rank, size) = (self.rank(), self.size());
-        if inner.superseded.load(Ordering::SeqCst) {
-            return Err(Error::Revoked {
-                reason: format!(
-                    "rank {rank}: shrink of group '{}', which was already shrunk with abort: shrink the group that \
-                     shrink returned",
-                    self.options().group_name
-                ),
-            });
-        }
-        if inner.is_shut_down() {
-            return Err(Error::Aborted { reason: format!("rank {rank}: shrink of a group that was shut down") });
-        }
-        if let Some(error @ Error::Aborted { .. }) = self.error() {
-            return Err(error);
-        }
+        let aborting = options.mode == ShrinkMode::Abort;
+        inner.check(if aborting { Call::ShrinkAbort } else { Call::Shrink })?;
         let mut out = BTreeSet::new();
         for &gone in excluded {
             if gone >= size {
@@ -250,29 +239,83 @@ impl<B: Backend> ProcessGroup<B> {
         group_options.group_name =
             options.group_name.clone().unwrap_or_else(|| format!("{}.{name}", self.options().group_name));
         group_options.timeout = options.timeout.unwrap_or_else(|| inner.timeout());
-        let global_ranks = members.iter().map(|&r| self.global_rank(r)).collect::<Result<Arc<[usize]>>>()?;
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(name, Arc::clone(self.store())));
-        let aborting = options.mode == ShrinkMode::Abort;
+        let global_ranks = members.iter().map(|&r| self.global_rank(r)).collect::<Result<Arc<[usize]>>>()?;
         if aborting {
+            let reason = format!(
+                "rank {rank}: group '{}' is being shrunk with abort (excluded ranks {excluded:?}) into group '{}'",
+                self.options().group_name,
+                group_options.group_name
+            );
+            let error = Error::Revoked { reason };
+            inner.transition(Call::ShrinkAbort, Some(error.clone()))?;
+            inner.fail_revoked_works(&error);
+        }
+        let shrunk = self.shrink_into(
+            &inner,
+            store,
+            (new_rank, members.len()),
+            &excluded,
+            options,
+            group_options.clone(),
+            global_ranks,
+        );
+        if aborting {
+            // The group is superseded by the shrunk one, or, where the shrink failed, left revoked and shrinkable
+            // again (the survivors agree again and shrink with the right list).
+            let ended = match &shrunk {
+                Ok(_) => Call::ShrinkSucceeded,
+                Err(_) => Call::ShrinkFailed,
+            };
             let reason = format!(
                 "rank {rank}: group '{}' was shrunk with abort (excluded ranks {excluded:?}) into group '{}'; use that group",
                 self.options().group_name,
                 group_options.group_name
             );
-            inner.superseded.store(true, Ordering::SeqCst);
-            inner.mark_revoked(&Error::Revoked { reason });
+            let _ = inner.transition(ended, Some(Error::Revoked { reason }));
         }
+        shrunk
+    }
+
+    /// The body of [`ProcessGroup::shrink`] once the call was checked and, for a shrink with abort, the group moved to
+    /// shrinking: the path every caller agrees on, the new communicator, and the new group. With abort, the group's
+    /// communicators are revoked (or shrunk with abort) whether it succeeds or not.
+    #[allow(clippy::too_many_arguments)]
+    fn shrink_into(
+        &self,
+        inner: &Arc<crate::shared::Shared<B>>,
+        store: Arc<dyn Store>,
+        (new_rank, new_size): (usize, usize),
+        excluded: &[usize],
+        options: &ShrinkOptions,
+        mut group_options: Options,
+        global_ranks: Arc<[usize]>,
+    ) -> Result<ProcessGroup<B>> {
+        let rank = self.rank();
+        let aborting = options.mode == ShrinkMode::Abort;
+        let revoke_rest = || {
+            if aborting {
+                inner.revoke_comms(&format!("rank {rank}: shrunk with abort"));
+                inner.finish_revoke();
+            }
+        };
         // NCCL's shrink needs a rank to exclude (as PyTorch's `shrink_group`): a shrink that excludes none makes
         // a new communicator of the same ranks by rendezvous, after revoking the parent's when aborting. So does a
         // shrink where any caller's communicator was aborted or reported an asynchronous error (on NCCL the dead
         // rank's neighbours lose its connections, and `ncclCommShrink` of such a communicator fails, while the
         // others only revoked theirs): the callers agree on the path through the store.
-        let failed = inner.comm_failed.load(Ordering::SeqCst);
+        let failed = inner.lifecycle.comm_failed();
         let parent = self
             .collective()
             .filter(|comm| !failed && !comm.is_aborted() && comm.async_error().is_ok() && !excluded.is_empty());
         let every_caller_shrinks =
-            agree_on_shrink(store.as_ref(), new_rank, members.len(), parent.is_some(), group_options.timeout)?;
+            match agree_on_shrink(store.as_ref(), new_rank, new_size, parent.is_some(), group_options.timeout) {
+                Ok(every) => every,
+                Err(error) => {
+                    revoke_rest();
+                    return Err(error);
+                }
+            };
         let child = match parent.filter(|_| every_caller_shrinks) {
             Some(parent) => {
                 let config = CommConfig {
@@ -280,7 +323,7 @@ impl<B: Backend> ProcessGroup<B> {
                     description: format!("{}:{}", group_options.group_desc, group_options.group_name),
                     timeout: Some(group_options.timeout),
                 };
-                let shrunk = parent.shrink(&excluded, options.mode, &config);
+                let shrunk = parent.shrink(excluded, options.mode, &config);
                 if aborting {
                     inner.finish_revoke();
                 }
@@ -297,19 +340,16 @@ impl<B: Backend> ProcessGroup<B> {
                 }
             }
             None => {
-                if aborting {
-                    inner.revoke_comms(&format!("rank {rank}: shrunk with abort"));
-                    inner.finish_revoke();
-                }
+                revoke_rest();
                 // Nothing to shrink: the survivors rendezvous for a new communicator under the new prefix.
                 group_options.eager_init = true;
                 None
             }
         };
         tracing::info!(target: "pg", pg_id = self.local_id(), group = %self.options().group_name, rank, new_rank,
-            size = members.len(), ?excluded, shrunk = child.is_some(), "shrinking the group");
+            size = new_size, ?excluded, shrunk = child.is_some(), "shrinking the group");
         let kind = Kind::Subgroup(Membership { global_ranks, call: None, root: self.root_store() });
-        ProcessGroup::build(store, (new_rank, members.len()), self.device().clone(), group_options, kind, child)
+        ProcessGroup::build(store, (new_rank, new_size), self.device().clone(), group_options, kind, child)
     }
 }
 
@@ -345,28 +385,7 @@ impl<B: Backend> ProcessGroup<B> {
         let inner = Arc::clone(self.shared());
         let (rank, size) = (self.rank(), self.size());
         let name = &self.options().group_name;
-        if inner.superseded.load(Ordering::SeqCst) {
-            return Err(Error::Revoked {
-                reason: format!(
-                    "rank {rank}: grow of group '{name}', which was already shrunk with abort: grow the group that \
-                     shrink returned"
-                ),
-            });
-        }
-        if inner.is_shut_down() {
-            return Err(Error::Aborted { reason: format!("rank {rank}: grow of a group that was shut down") });
-        }
-        if let Some(error @ Error::Aborted { .. }) = self.error() {
-            return Err(error);
-        }
-        if self.is_revoked() {
-            return Err(Error::Revoked {
-                reason: format!(
-                    "rank {rank}: grow of group '{name}', which was revoked: agree on the survivors, shrink the group \
-                     to them, then grow the shrunk group"
-                ),
-            });
-        }
+        inner.check(Call::Grow)?;
         if added == 0 {
             return Err(Error::invalid(format!("grow of group '{name}': added is 0; a grow adds at least one rank")));
         }

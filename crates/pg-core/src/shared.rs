@@ -11,6 +11,7 @@ use pg_store::Store;
 use crate::cache::{CommCache, CommEntry, CommOwner, CommShared};
 use crate::flight_recorder::{FlightRecorder, NewEntry};
 use crate::in_flight::InFlight;
+use crate::lifecycle::{Asker, Call, GroupState, Lifecycle};
 use crate::op_trace::Tracer;
 use crate::reuse::WorkPool;
 use crate::signals::{Signals, StoreLink, Threads};
@@ -55,20 +56,11 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) shrinks: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
     /// How many grows this rank made of the group: the next one's number (every rank takes part in a grow).
     pub(crate) grows: AtomicU64,
-    /// Whether the group was revoked (`ProcessGroup::revoke`, the watchdog's revoke, an aborting shrink): no
-    /// finalize may follow, and a shrink may.
-    pub(crate) revoked: AtomicBool,
-    /// Whether the group was the parent of a shrink with `ShrinkMode::Abort`: no later shrink may start from it.
-    pub(crate) superseded: AtomicBool,
-    /// Whether a communicator of the group reported an asynchronous error (on NCCL, a peer's connection lost): such
-    /// a communicator cannot be shrunk, and a shrink of the group makes its communicator by a rendezvous.
-    pub(crate) comm_failed: AtomicBool,
+    /// Where the group is in its life (healthy, failed, revoked, ...): every public call is checked against it.
+    pub(crate) lifecycle: Lifecycle,
     pub(crate) cache: Mutex<CommCache<B>>,
     /// This rank's collective communicator, also in the cache, for a lock-free hot path.
     pub(crate) collective: OnceLock<CommEntry<B>>,
-    lifecycle: Mutex<Lifecycle>,
-    /// Whether `lifecycle.error` is set: the enqueue path reads this flag instead of taking the lock.
-    errored: AtomicBool,
     pub(crate) seq_collective: AtomicU64,
     pub(crate) seq_p2p: AtomicU64,
     pub(crate) comms_created: AtomicU64,
@@ -91,12 +83,6 @@ pub(crate) struct Shared<B: Backend> {
     /// An injected wedge for the watchdog's next pass (`ProcessGroup::inject_watchdog_stall`).
     #[cfg(feature = "testing")]
     pub(crate) stall: Mutex<Option<Duration>>,
-}
-
-/// The first fatal error (every later call returns it) and whether the group was shut down.
-struct Lifecycle {
-    error: Option<Error>,
-    shut_down: bool,
 }
 
 impl<B: Backend> Shared<B> {
@@ -123,13 +109,9 @@ impl<B: Backend> Shared<B> {
             recoveries: AtomicU64::new(0),
             shrinks: Mutex::new(std::collections::HashMap::new()),
             grows: AtomicU64::new(0),
-            revoked: AtomicBool::new(false),
-            superseded: AtomicBool::new(false),
-            comm_failed: AtomicBool::new(false),
+            lifecycle: Lifecycle::default(),
             cache: Mutex::new(CommCache::default()),
             collective: OnceLock::new(),
-            lifecycle: Mutex::new(Lifecycle { error: None, shut_down: false }),
-            errored: AtomicBool::new(false),
             seq_collective: AtomicU64::new(0),
             seq_p2p: AtomicU64::new(0),
             comms_created: AtomicU64::new(0),
@@ -154,28 +136,42 @@ impl<B: Backend> Shared<B> {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn lock_lifecycle(&self) -> MutexGuard<'_, Lifecycle> {
-        self.lifecycle.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Who asks, for the words of a refusal.
+    pub(crate) fn asker(&self) -> Asker<'_> {
+        Asker { rank: self.rank, group: &self.options.group_name, call: None }
     }
 
-    /// The first fatal error of the group, if any.
+    /// The state of the group now.
+    pub(crate) fn state(&self) -> GroupState {
+        self.lifecycle.state()
+    }
+
+    /// The error the group's ops return now, if any.
     pub(crate) fn error(&self) -> Option<Error> {
-        match self.errored.load(Ordering::Acquire) {
-            true => self.lock_lifecycle().error.clone(),
-            false => None,
-        }
+        self.lifecycle.error()
     }
 
-    /// Makes every later call of the group return `error` (the first such error stays): the group is torn down.
-    pub(crate) fn tear_down(&self, error: Error) {
-        self.lock_lifecycle().error.get_or_insert(error);
-        self.errored.store(true, Ordering::Release);
+    /// Checks `call` against the group's state (see `lifecycle.rs`).
+    pub(crate) fn check(&self, call: Call) -> crate::Result<()> {
+        self.lifecycle.check(call, &self.asker())
     }
 
-    /// Marks the group as shut down cleanly and tears it down with `error`.
-    pub(crate) fn mark_shut_down(&self, error: Error) {
-        self.lock_lifecycle().shut_down = true;
-        self.tear_down(error);
+    /// [`Shared::check`] of a call that a refusal names as `called` (`new_group(ranks [0, 1])`).
+    pub(crate) fn check_named(&self, call: Call, called: &str) -> crate::Result<()> {
+        self.lifecycle.check(call, &Asker { call: Some(called), ..self.asker() })
+    }
+
+    /// Moves the group through `call` (see `lifecycle.rs`), `error` being what its ops return from then on when it is
+    /// the group's first. Returns the state it is in afterwards, or the refusal.
+    pub(crate) fn transition(&self, call: Call, error: Option<Error>) -> crate::Result<GroupState> {
+        self.lifecycle.apply(call, error, &self.asker())
+    }
+
+    /// A fatal error found by the group's threads or checks: a healthy group fails with it (every later op returns
+    /// it); a group already failed, revoked, shut down or aborted keeps what it has.
+    pub(crate) fn fail(&self, error: Error) {
+        // A failure is refused in no state.
+        let _ = self.transition(Call::Fail, Some(error));
     }
 
     /// Every communicator of the group, ready or being created.
@@ -229,8 +225,14 @@ impl<B: Backend> Shared<B> {
     /// The group's half of a revoke, before its communicators are revoked (or shrunk with abort): every later call
     /// returns `error`, and the Works in flight whose op had not been seen finished fail with it.
     pub(crate) fn mark_revoked(&self, error: &Error) {
-        self.revoked.store(true, Ordering::SeqCst);
-        self.tear_down(error.clone());
+        // A revoke is refused in no state (a shut down or aborted group stays so).
+        let _ = self.transition(Call::Revoke, Some(error.clone()));
+        self.fail_revoked_works(error);
+    }
+
+    /// The Works' half of a revoke: every communicator is marked aborting and the Works in flight whose op had not
+    /// been seen finished fail with `error`.
+    pub(crate) fn fail_revoked_works(&self, error: &Error) {
         for entry in self.lock_cache().ready.values() {
             entry.aborting.store(true, Ordering::SeqCst);
         }
@@ -243,11 +245,6 @@ impl<B: Backend> Shared<B> {
     pub(crate) fn finish_revoke(&self) {
         self.retire_in_flight();
         self.signals.stop(&self.device);
-    }
-
-    /// Whether `shutdown()` ran.
-    pub(crate) fn is_shut_down(&self) -> bool {
-        self.lock_lifecycle().shut_down
     }
 
     /// Sets `error` on every in-flight Work whose end event has not passed ([`InFlight::finished`]), leaving them on
@@ -403,7 +400,7 @@ impl<B: Backend> Shared<B> {
 
 impl<B: Backend> Drop for Shared<B> {
     fn drop(&mut self) {
-        let shut_down = self.lifecycle.get_mut().unwrap_or_else(PoisonError::into_inner).shut_down;
+        let shut_down = self.state() == GroupState::ShutDown;
         // A group dropped without shutdown() aborts the communicators it still holds live, as PyTorch's
         // destructor does: an op of the group still waiting for a peer ends instead of holding its stream.
         if !shut_down && self.all_comms().iter().any(|comm| !comm.is_aborted()) {

@@ -141,16 +141,7 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// Takes the number of this group's next subgroup call and publishes this rank's `view` of it.
     fn subgroup_call(&self, view: String) -> Result<SubgroupCall> {
-        if self.is_revoked() {
-            return Err(Error::Revoked {
-                reason: format!(
-                    "rank {}: {view} of revoked group '{}': a revoked group makes no subgroups; shrink it and make \
-                     them from the group shrink returns",
-                    self.rank(),
-                    self.options().group_name
-                ),
-            });
-        }
+        self.shared().check_named(crate::lifecycle::Call::Subgroup, &view)?;
         let (parent, number) = (self.options().group_name.clone(), self.next_subgroup_index());
         SubgroupCall::publish(Arc::clone(self.store()), parent, (self.rank(), self.size()), number, view)
     }

@@ -56,6 +56,9 @@ pub(crate) struct WorkState<B: Backend> {
     /// Set (after the slot) once `exception` holds an error, so that the checks of a Work that has none, on the
     /// enqueue path, in `wait()` and in every watchdog pass, take no lock.
     pub(crate) failed: std::sync::atomic::AtomicBool,
+    /// Set once a query saw the end event passed while the communicator was neither aborted nor revoked: the op
+    /// ran to its end, and a later abort changes nothing about it (see [`WorkState::observe_end`]).
+    pub(crate) ended: std::sync::atomic::AtomicBool,
     /// Buffers kept alive until the Work is waited on (avoid-record-streams mode, S12).
     pub(crate) stash: Mutex<Vec<B::Buffer>>,
     /// Whether the Work was made with a non-empty stash (nothing is added later): a Work without one takes no
@@ -103,7 +106,45 @@ impl<B: Backend> WorkState<B> {
         }
     }
 
-    /// PyTorch's `isCompleted`: an exception, or the end event has passed.
+    /// Whether the op is known to have run to its end: the one rule that decides a Work's success, whoever aborts
+    /// its communicator (the group, the backend on its own, as after a split's timeout, or a caller of the
+    /// communicator from outside the group).
+    ///
+    /// An aborted (or revoked) communicator's stream drains past the ops still queued on it without running them,
+    /// and their end events pass all the same: a passed end event proves the op ran only if the communicator was
+    /// not stopped when it was seen. So the event is queried first and the communicator read after: passed and not
+    /// stopped means the op ended before any abort, and the Work remembers it; stopped before that was seen means
+    /// the op may not have run, and the Work fails with [`Error::Aborted`] (unless it failed already).
+    pub(crate) fn observe_end(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.ended.load(Ordering::Acquire) {
+            return true;
+        }
+        let passed = self.end_event.query();
+        let stopped = self.entry.comm.is_aborted() || self.entry.comm.is_revoked();
+        match passed {
+            Ok(true) if !stopped => {
+                self.ended.store(true, Ordering::Release);
+                true
+            }
+            Ok(_) if stopped => {
+                self.set_exception(Error::Aborted {
+                    reason: format!(
+                        "the communicator was aborted before {} (seq {}) was seen finished: its stream drains past                          the ops queued on it without running them",
+                        self.op, self.seq
+                    ),
+                });
+                false
+            }
+            Ok(_) => false,
+            Err(error) => {
+                self.set_exception(error);
+                false
+            }
+        }
+    }
+
+    /// PyTorch's `isCompleted`: an exception, or the op ran to its end ([`WorkState::observe_end`]).
     ///
     /// An op still pending on an aborted communicator will never finish: it completes with
     /// [`Error::Aborted`], so that a wait blocked on it returns (abort from another thread, S26).
@@ -112,27 +153,16 @@ impl<B: Backend> WorkState<B> {
             // Its end event belongs to the capture and cannot be queried; the Work itself ran nothing.
             return true;
         }
-        let aborted = self.entry.comm.is_aborted();
-        if !aborted {
-            self.check_and_set_exception();
-        }
         if self.exception().is_some() {
             return true;
         }
-        match self.end_event.query() {
-            Ok(true) => true,
-            Ok(false) | Err(_) if aborted => {
-                self.set_exception(Error::Aborted {
-                    reason: format!("the communicator was aborted while {} (seq {}) was in flight", self.op, self.seq),
-                });
-                true
-            }
-            Ok(false) => false,
-            Err(error) => {
-                self.set_exception(error);
-                true
-            }
+        if self.observe_end() {
+            return true;
         }
+        if self.exception().is_none() {
+            self.check_and_set_exception();
+        }
+        self.exception().is_some()
     }
 
     /// Sets the timeout error if the Work has run longer than `timeout` since its host start time.
@@ -193,6 +223,11 @@ impl<B: Backend> WorkState<B> {
         } else if self.is_barrier {
             // A barrier is a host barrier: the current stream is synchronised, not the device (S16).
             self.entry.device.current_stream().synchronize()?;
+        }
+        if !self.captured {
+            // A wait that returns at once still reports an op whose communicator was stopped before it was seen
+            // finished: its outputs may never have been written.
+            self.observe_end();
         }
         match self.exception() {
             None => Ok(()),

@@ -3,9 +3,11 @@
 //! results for every dtype, uneven and empty chunks, their bad-input errors and what a cross-rank size mismatch
 //! becomes.
 
+use std::time::Duration;
+
 use pg_core::{Backend, DType, Device as _, ErrorKind, OpType, Options, P2POp, ProcessGroup, ReduceOp, WorkHandle};
 
-use super::{case, need, needs_hazards, on_each_rank, SLEEP};
+use super::{at_once, case, clock_of, need, needs_hazards, on_each_rank, SLEEP};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
 use crate::registry::{pass, Case, Outcome};
@@ -22,6 +24,8 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(list_ops_refuse_bad_input_before_enqueueing, 1),
         case!(list_ops_record_every_buffer_in_the_flight_recorder, 1),
         case!(all_to_all_with_splits_two_ranks_disagree_on_fails_on_every_rank_when_chunk_sizes_are_checked, 2),
+        case!(a_checked_op_of_a_revoked_aborted_or_shut_down_group_fails_at_once_with_its_error, 1),
+        case!(a_checked_op_one_rank_refuses_fails_on_every_rank_and_later_checked_ops_stay_in_step, 2),
         case!(list_op_buffers_outlive_the_op_through_record_stream_or_the_stash, 1),
     ]
 }
@@ -417,6 +421,72 @@ fn all_to_all_with_splits_two_ranks_disagree_on_fails_on_every_rank_when_chunk_s
             .ctx("wait")?;
         let want: Vec<f64> = (0..n).flat_map(|k| vec![k as f64; k + 1]).collect();
         ensure_eq!(r.read(&output)?, want, "the agreeing all_to_all_single's output");
+        Ok(())
+    })
+}
+
+/// A checked op on a group that can run no op (revoked, aborted, shut down) fails at once with the group's error,
+/// instead of waiting for chunk sizes no rank will publish.
+fn a_checked_op_of_a_revoked_aborted_or_shut_down_group_fails_at_once_with_its_error<H: Harness>(
+    h: &H,
+) -> Check<Outcome> {
+    let clock = need!(clock_of(h));
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let input = r.holding(DType::F32, &vec![1.0; n])?;
+        let output = r.holding(DType::F32, &vec![0.0; n])?;
+        let outputs = (0..n).map(|_| r.holding(DType::F32, &[0.0])).collect::<Check<Vec<_>>>()?;
+        let one = r.holding(DType::F32, &[1.0])?;
+        let ends = ["revoke", "abort", "shutdown"];
+        for (at, end) in ends.iter().enumerate() {
+            // A long group timeout: a checked op that waited for rows would take it.
+            let options = Options::builder().check_chunk_sizes(true).timeout(Duration::from_secs(600));
+            let group = r.group(&format!("{at}"), options)?;
+            match *end {
+                "revoke" => group.revoke("the case revokes it"),
+                "abort" => group.abort("the case aborts it"),
+                _ => group.shutdown().ctx("shutdown")?,
+            }
+            let want = if *end == "revoke" { ErrorKind::Revoked } else { ErrorKind::Aborted };
+            let (single, took) = r.host_time(|| group.all_to_all_single(&output, &input, None, None).err());
+            ensure_eq!(single.map(|e| e.kind()), Some(want), "all_to_all_single after {end}");
+            ensure!(took < at_once(clock), "all_to_all_single after {end} took {took:?}");
+            let (list, took) = r.host_time(|| group.all_gather_into(&outputs, &one).err());
+            ensure_eq!(list.map(|e| e.kind()), Some(want), "all_gather_into after {end}");
+            ensure!(took < at_once(clock), "all_gather_into after {end} took {took:?}");
+        }
+        Ok(())
+    })
+}
+
+/// Rank 0 refuses its checked op on its own arguments (its splits do not sum to its buffer's length); the other
+/// ranks' identical valid ops fail too, naming rank 0's refusal, instead of going ahead; the checked ops that follow
+/// stay in step and move.
+fn a_checked_op_one_rank_refuses_fails_on_every_rank_and_later_checked_ops_stay_in_step<H: Harness>(
+    h: &H,
+) -> Check<Outcome> {
+    let n = h.world_size();
+    on_each_rank(h, n, |r| {
+        let group = r.group("0", Options::builder().check_chunk_sizes(true))?;
+        let input = r.holding(DType::F32, &vec![r.rank as f64; n])?;
+        let output = r.holding(DType::F32, &vec![-1.0; n])?;
+        let mut splits = vec![1; n];
+        if r.rank == 0 {
+            splits[0] += 2;
+        }
+        let refused = group.all_to_all_single(&output, &input, Some(&splits), Some(&splits)).err();
+        let refused = refused.ok_or("the op of rank 0's refusal was enqueued")?;
+        ensure_eq!(refused.kind(), ErrorKind::InvalidArgument, "{refused}");
+        if r.rank != 0 {
+            ensure!(refused.to_string().contains("rank 0 refused"), "the error does not name rank 0: {refused}");
+        }
+        for round in 0..3 {
+            let work =
+                group.all_to_all_single(&output, &input, None, None).map_err(|e| format!("checked op {round}: {e}"))?;
+            work.wait().ctx("wait")?;
+            let want: Vec<f64> = (0..n).map(|k| k as f64).collect();
+            ensure_eq!(r.read(&output)?, want, "round {round}'s output");
+        }
         Ok(())
     })
 }

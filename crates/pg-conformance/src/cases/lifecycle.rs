@@ -2,6 +2,7 @@
 //! buffers, abort and shutdown, asynchronous and remote errors, the watchdog's bookkeeping, and the Work,
 //! Future and `dyn Work` interfaces.
 
+use std::future::IntoFuture as _;
 use std::time::Duration;
 
 use pg_core::{
@@ -42,6 +43,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(is_success_and_seq_follow_each_work, 1),
         case!(works_are_usable_through_dyn_work, 1),
         case!(debug_output_names_the_group_and_its_works, 1),
+        case!(a_work_whose_communicator_was_aborted_behind_the_group_never_reports_success, 1),
     ]
 }
 
@@ -870,6 +872,45 @@ fn debug_output_names_the_group_and_its_works<H: Harness>(h: &H) -> Check<Outcom
         }
         work.wait().ctx("wait")?;
         ensure!(wrong.is_empty(), "{}", wrong.join("; "));
+        Ok(())
+    })
+}
+
+/// A communicator aborted by something other than the group (the backend on its own, as after a split's timeout, or
+/// a holder of the communicator) while an op waits on its stream: the op may be drained unrun, so its Work reports
+/// `Aborted` through `exception()`, `is_success()`, `wait()` and `.await`, then and after its timeout, never success.
+fn a_work_whose_communicator_was_aborted_behind_the_group_never_reports_success<H: Harness>(h: &H) -> Check<Outcome> {
+    on_each_rank(h, h.world_size(), |r| {
+        let timeout = Duration::from_millis(400);
+        let group = r.group("0", Options::builder().timeout(timeout).watchdog_period(Duration::from_millis(10)))?;
+        let buffer = r.filled(1.0, 4)?;
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("the first all_reduce")?;
+        r.read(&buffer).ctx("reading the result")?;
+        r.barrier("past the first all_reduce")?;
+        // Only rank 0 enqueues the second op, behind a kernel: no peer joins it, so it cannot have run when the
+        // communicator goes.
+        if r.rank == 0 {
+            r.sleep_current(SLEEP)?;
+            let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("the op behind the kernel")?;
+            ensure!(group.abort_communicator_behind_the_group("0", "aborted behind the group"), "no communicator '0'");
+            let outcomes = |when: &str| -> Check {
+                let error = work.exception().ok_or_else(|| format!("{when}: the Work has no error"))?;
+                ensure_eq!(error.kind(), ErrorKind::Aborted, "{when}: the Work's error: {error}");
+                ensure!(!work.is_success(), "{when}: is_success");
+                let waited = work.wait().err().map(|e| e.kind());
+                ensure_eq!(waited, Some(ErrorKind::Aborted), "{when}: wait()");
+                let awaited = futures::executor::block_on(work.clone().into_future()).err().map(|e| e.kind());
+                ensure_eq!(awaited, Some(ErrorKind::Aborted), "{when}: .await");
+                Ok(())
+            };
+            ensure!(work.is_completed(), "a Work whose communicator was aborted is completed");
+            outcomes("at once")?;
+            // Past the kernel and the op's timeout, with the watchdog's passes in between.
+            r.host_sleep(SLEEP + timeout + Duration::from_millis(100));
+            outcomes("after the timeout")?;
+        }
+        r.barrier("rank 0 checked its Work")?;
+        group.abort("the case is over");
         Ok(())
     })
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use pg_core::store::{PrefixStore, Store};
 use pg_core::{
-    AgreeOptions, Backend, DeviceMesh, ErrorKind, GrowOptions, Options, OptionsBuilder, ProcessGroup, ReduceOp,
-    ShrinkMode, ShrinkOptions,
+    AgreeOptions, Backend, DeviceMesh, ErrorKind, GroupState, GrowOptions, Options, OptionsBuilder, ProcessGroup,
+    ReduceOp, ShrinkMode, ShrinkOptions,
 };
 
 use super::{all_equal, at_once, case, clock_of, communicator, need, needs_faults, on_each_rank, triangle};
@@ -28,6 +28,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back, 2),
         case!(grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name, 1),
         case!(ranks_that_ask_for_different_sizes_fail_by_name_then_grow, 2),
+        case!(a_failed_shrink_with_abort_leaves_the_group_revoked_and_shrinkable_again, 2),
     ]
 }
 
@@ -624,6 +625,35 @@ fn ranks_that_ask_for_different_sizes_fail_by_name_then_grow<H: Harness>(h: &H) 
 }
 
 /// The rank's host clock.
+/// The last rank stops taking part (it never calls shrink); the others shrink with abort excluding nobody, which
+/// waits for it and fails at its timeout. The group is then revoked, not superseded: the survivors shrink it again
+/// with the right list and the shrunk group computes.
+fn a_failed_shrink_with_abort_leaves_the_group_revoked_and_shrinkable_again<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let gone = n - 1;
+    on_each_rank(h, n, |r| {
+        let group = r.ready_group("0", Options::builder())?;
+        // No rank shrinks (which revokes) before every rank is past the ready barrier.
+        r.barrier("past the ready barrier")?;
+        if r.rank != gone {
+            let quick = ShrinkOptions { mode: ShrinkMode::Abort, timeout: Some(AGREE_TIMEOUT), ..Default::default() };
+            let failed = group.shrink(&[], &quick).err().ok_or("a shrink that waited for a rank that never came")?;
+            ensure_eq!(group.state(), GroupState::Revoked, "the group after the failed shrink ({failed})");
+            let op = group.all_reduce(&r.filled(1.0, 4)?, ReduceOp::Sum).err().map(|e| e.kind());
+            ensure_eq!(op, Some(ErrorKind::Revoked), "an op of the group after the failed shrink");
+            let options =
+                ShrinkOptions { mode: ShrinkMode::Abort, timeout: Some(SHRINK_TIMEOUT), ..Default::default() };
+            let child = r.keep(group.shrink(&[gone], &options).ctx("the second shrink, without the lost rank")?);
+            ensure_eq!(group.state(), GroupState::Superseded, "the group after the shrink that succeeded");
+            let buffer = r.filled((r.rank + 1) as f64, 8)?;
+            child.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the shrunk group")?;
+            all_equal(&r.read(&buffer)?, triangle(n - 1))?;
+            child.barrier_sync().ctx("barrier on the shrunk group")?;
+        }
+        r.barrier("the survivors are done")
+    })
+}
+
 fn now<B: pg_core::Backend>(r: &Rank<B>) -> Duration {
     pg_core::Device::now(&r.device)
 }
