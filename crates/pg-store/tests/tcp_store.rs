@@ -901,3 +901,24 @@ fn a_server_without_barrier_gets_barriers_made_of_add_set_and_wait() {
     stores[1].set("k", b"v").unwrap();
     assert_eq!(stores[0].get("k").unwrap(), b"v");
 }
+
+/// A world size the store's i64 counter cannot hold is refused by name, not wrapped negative.
+#[test]
+fn a_world_size_beyond_i64_is_refused_by_name() {
+    for world_size in [usize::MAX, 1 << 63] {
+        let error = TcpStore::serve_as_master(0, world_size, Duration::from_secs(1)).err();
+        match &error {
+            Some(StoreError::InvalidArgument(message)) => {
+                assert!(message.contains(&world_size.to_string()), "{message}");
+                assert!(message.contains(&i64::MAX.to_string()), "{message}");
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        let error = TcpStore::connect_as_worker("127.0.0.1", 1, world_size, Duration::from_secs(1)).err();
+        assert!(matches!(error, Some(StoreError::InvalidArgument(_))), "{error:?}");
+    }
+    let largest = TcpStoreOptions { num_workers: Some(i64::MAX as usize), ..TcpStoreOptions::default() };
+    let error =
+        TcpStore::new("127.0.0.1", TcpStoreOptions { port: 1, timeout: Duration::from_millis(1), ..largest }).err();
+    assert!(matches!(error, Some(StoreError::Network(_))), "i64::MAX workers is a valid count: {error:?}");
+}

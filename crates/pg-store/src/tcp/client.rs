@@ -34,7 +34,8 @@ pub struct TcpStoreOptions {
     /// With `is_server` and a fixed port, reuse a server this process already runs on that port instead of
     /// binding again (PyTorch's `multi_tenant`); the server stops when its last handle drops.
     pub multi_tenant: bool,
-    /// The number of workers that will connect, the server's process included.
+    /// The number of workers that will connect, the server's process included: 1 to `i64::MAX` (the `init/`
+    /// counter's range); others are [`StoreError::InvalidArgument`].
     pub num_workers: Option<usize>,
     /// Whether to count this worker in `init/` and, on the server, wait for `num_workers`.
     pub wait_workers: bool,
@@ -493,6 +494,8 @@ impl TcpStore {
     /// PyTorch's `waitForWorkers`: every worker counts itself in `init/`; the server's worker then polls
     /// the count every 10 ms until it reaches `workers` or the timeout passes.
     fn wait_for_workers(&self, workers: usize, is_server: bool) -> Result<(), StoreError> {
+        // `check_workers` refused counts beyond i64 before anything connected.
+        let expected = i64::try_from(workers).unwrap_or(i64::MAX);
         self.add_raw(INIT_KEY, 1)?;
         if !is_server {
             return Ok(());
@@ -501,7 +504,7 @@ impl TcpStore {
         let start = Instant::now();
         loop {
             let joined = self.add_raw(INIT_KEY, 0)?;
-            if joined >= workers as i64 {
+            if joined >= expected {
                 return Ok(());
             }
             if !timeout.is_zero() && start.elapsed() > timeout {
@@ -522,10 +525,15 @@ impl TcpStore {
     }
 }
 
-/// PyTorch's refusal of a world size of 0.
+/// PyTorch's refusal of a world size of 0, and of one that the `init/` counter (an i64 on the wire and in the
+/// server) cannot reach, which would wrap negative and let the server's worker pass at once.
 fn check_workers(options: &TcpStoreOptions) -> Result<(), StoreError> {
     match options.num_workers {
         Some(0) => Err(StoreError::InvalidArgument("world_size (num_workers) must be greater than 0".into())),
+        Some(workers) if i64::try_from(workers).is_err() => Err(StoreError::InvalidArgument(format!(
+            "world_size (num_workers) {workers} is beyond the store's worker counter: at most {} (i64::MAX)",
+            i64::MAX
+        ))),
         _ => Ok(()),
     }
 }
