@@ -922,3 +922,36 @@ fn a_world_size_beyond_i64_is_refused_by_name() {
         TcpStore::new("127.0.0.1", TcpStoreOptions { port: 1, timeout: Duration::from_millis(1), ..largest }).err();
     assert!(matches!(error, Some(StoreError::Network(_))), "i64::MAX workers is a valid count: {error:?}");
 }
+
+/// Runs `call` on a thread and returns its result with how long it took; panics if it takes longer than `bound`
+/// (a hang is a failure, not a stuck test).
+fn bounded<T: Send + 'static>(bound: Duration, call: impl FnOnce() -> T + Send + 'static) -> (T, Duration) {
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let result = call();
+        let _ = done.send((result, start.elapsed()));
+    });
+    outcome.recv_timeout(bound).unwrap_or_else(|_| panic!("the call did not return within {bound:?}"))
+}
+
+/// A store opened with timeout 0 (no timeout for its own blocking operations) still honours the timeout a caller
+/// passes to `wait` or `barrier`, and a zero one means "now".
+#[test]
+fn a_store_without_a_timeout_honours_each_calls_timeout() {
+    let store = Arc::new(TcpStore::serve(0, Duration::ZERO).unwrap());
+    let short = Duration::from_millis(200);
+    let waiter = Arc::clone(&store);
+    let (error, took) = bounded(TIMEOUT, move || waiter.wait(&["never"], Some(short)).unwrap_err());
+    assert_eq!(error.to_string(), "wait timeout after 200ms, keys: /never");
+    assert!(took >= short, "{took:?}");
+    let waiter = Arc::clone(&store);
+    let (error, _) = bounded(TIMEOUT, move || waiter.wait(&["never"], Some(Duration::ZERO)).unwrap_err());
+    assert_eq!(error.to_string(), "wait timeout after 0ms, keys: /never");
+    let waiter = Arc::clone(&store);
+    let (error, took) = bounded(TIMEOUT, move || waiter.barrier("never", 2, Some(short)).unwrap_err());
+    assert_eq!(error.to_string(), "barrier timeout after 200ms, key: /never");
+    assert!(took >= short, "{took:?}");
+    store.set("never", b"now").unwrap();
+    assert_eq!(store.get("never").unwrap(), b"now");
+}

@@ -83,6 +83,17 @@ struct Conn {
     limits: Limits,
 }
 
+/// How a `WAIT` or `BARRIER` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaited {
+    /// The server released it.
+    Released,
+    /// Its time ran out, and the cancel found it released: the server sent `STOP_WAITING` before `WAIT_CANCELED`.
+    ReleasedAtCancel,
+    /// Its time ran out and the server cancelled it.
+    Canceled,
+}
+
 /// Why reading a reply stopped.
 enum ReadFailure {
     TimedOut,
@@ -220,14 +231,17 @@ impl Conn {
         Ok(value)
     }
 
-    /// Waits for the reply byte of a `WAIT` or `BARRIER`, cancelling on timeout as PyTorch's client does.
-    ///
-    /// Returns `Ok(true)` when the wait completed and `Ok(false)` when it timed out and was cancelled; the
-    /// connection stays usable in both cases.
-    fn await_stop_waiting(&mut self, timeout: Duration, what: Command) -> Result<bool, StoreError> {
+    /// Waits for the reply byte of a `WAIT` or `BARRIER` until `deadline` (`timeout` from the request; `None`: no
+    /// limit), then cancels as PyTorch's client does. The connection stays usable whatever the outcome.
+    fn await_stop_waiting(
+        &mut self,
+        timeout: Duration,
+        deadline: Option<Instant>,
+        what: Command,
+    ) -> Result<Awaited, StoreError> {
         let mut byte = [0];
-        match self.read_until(&mut byte, deadline_after(timeout)) {
-            Ok(()) => return self.expect_stop_waiting(byte[0], what).map(|()| true),
+        match self.read_until(&mut byte, deadline) {
+            Ok(()) => return self.expect_stop_waiting(byte[0], what).map(|()| Awaited::Released),
             Err(ReadFailure::Failed(message)) => return Err(self.fail_awaiting(&message, what)),
             Err(ReadFailure::TimedOut) => {}
         }
@@ -236,14 +250,16 @@ impl Conn {
         // The server answers a cancel at once; a bounded read keeps a dead server from hanging us.
         let cancel_timeout = timeout.max(Duration::from_secs(10));
         let mut reply = self.read_u8(cancel_timeout, Command::CancelWait)?;
+        let mut awaited = Awaited::Canceled;
         if reply == STOP_WAITING {
             // The keys arrived while the cancel was on its way: the server sent STOP_WAITING first.
+            awaited = Awaited::ReleasedAtCancel;
             reply = self.read_u8(cancel_timeout, Command::CancelWait)?;
         }
         if reply != WAIT_CANCELED {
             return Err(self.fail(format!("the store server answered CANCEL_WAIT with {reply}, not WAIT_CANCELED")));
         }
-        Ok(false)
+        Ok(awaited)
     }
 
     fn expect_stop_waiting(&mut self, byte: u8, what: Command) -> Result<(), StoreError> {
@@ -518,10 +534,19 @@ impl TcpStore {
         let mut conn = self.lock()?;
         conn.encoder.command(Command::Wait).keys(keys);
         conn.send()?;
-        match conn.await_stop_waiting(timeout, Command::Wait)? {
-            true => Ok(()),
-            false => Err(StoreError::Timeout { keys: keys.to_vec(), timeout }),
+        // A wait that ran out of time fails even if the cancel found the keys there, as PyTorch's client does.
+        match conn.await_stop_waiting(timeout, deadline_after(timeout), Command::Wait)? {
+            Awaited::Released => Ok(()),
+            Awaited::ReleasedAtCancel | Awaited::Canceled => Err(StoreError::Timeout { keys: keys.to_vec(), timeout }),
         }
+    }
+
+    fn check_prefixed(&self, keys: &[String]) -> Result<bool, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Check).keys(keys);
+        conn.send()?;
+        Ok(conn.read_u8(timeout, Command::Check)? == CHECK_READY)
     }
 }
 
@@ -686,15 +711,20 @@ impl Store for TcpStore {
     }
 
     fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
-        let timeout = self.timeout();
-        let mut conn = self.lock()?;
-        conn.encoder.command(Command::Check).keys(&prefixed_all(keys));
-        conn.send()?;
-        Ok(conn.read_u8(timeout, Command::Check)? == CHECK_READY)
+        self.check_prefixed(&prefixed_all(keys))
     }
 
+    /// A zero `timeout` means "now", as in `HashStore`: one `CHECK`, and a missing key is a timeout at once. (The
+    /// store's own timeout of zero, used when `timeout` is `None`, means no timeout.)
     fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<(), StoreError> {
-        self.wait_prefixed(&prefixed_all(keys), timeout.unwrap_or_else(|| self.timeout()))
+        let keys = prefixed_all(keys);
+        match timeout {
+            Some(now) if now.is_zero() => match self.check_prefixed(&keys)? {
+                true => Ok(()),
+                false => Err(StoreError::Timeout { keys, timeout: now }),
+            },
+            timeout => self.wait_prefixed(&keys, timeout.unwrap_or_else(|| self.timeout())),
+        }
     }
 
     fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
@@ -808,12 +838,19 @@ impl Store for TcpStore {
         }
         let wire_key = prefixed(key);
         let wait = timeout.unwrap_or_else(|| self.timeout());
+        // A timeout given for this call bounds it even when zero ("now": the barrier passes only if this arrival
+        // completes it); the store's own timeout of zero means no timeout.
+        let deadline = match timeout {
+            Some(timeout) => Instant::now().checked_add(timeout),
+            None => deadline_after(wait),
+        };
         let mut conn = self.lock()?;
         conn.encoder.command(Command::Barrier).bytes(wire_key.as_bytes()).i64(world_size);
         conn.send()?;
-        match conn.await_stop_waiting(wait, Command::Barrier) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(StoreError::BarrierTimeout { key: wire_key, timeout: wait }),
+        match conn.await_stop_waiting(wait, deadline, Command::Barrier) {
+            // A barrier released before its cancel was handled passed: every participant arrived.
+            Ok(Awaited::Released | Awaited::ReleasedAtCancel) => Ok(()),
+            Ok(Awaited::Canceled) => Err(StoreError::BarrierTimeout { key: wire_key, timeout: wait }),
             Err(StoreError::Network(message)) if message.starts_with(CLOSED) => {
                 // The server refused the request before acting on it: a server without `BARRIER`.
                 *conn = self.new_conn(conn.limits).map_err(|_| StoreError::Network(message))?;
