@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,18 @@ const EXPLAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const CLOSED: &str = "the store server closed the connection";
 /// The worker counter, sent without the prefix.
 const INIT_KEY: &str = "init/";
+/// The key of the probe that asks a server whether it has the `BARRIER` request; without the `/` prefix it is no
+/// user key, and the probe deletes it at once.
+const BARRIER_PROBE_KEY: &str = "pg_store/barrier_probe";
+/// The least time the probe gets, so that a barrier with a zero or spent timeout can still tell the servers apart.
+const BARRIER_PROBE_MIN: Duration = Duration::from_secs(1);
+
+/// What a handle knows of its server's `BARRIER` request (the values of [`TcpStore::server_barrier`]).
+const BARRIER_UNKNOWN: u8 = 0;
+/// The server answered a `BARRIER`: it has the request.
+const BARRIER_NATIVE: u8 = 1;
+/// The server refused a `BARRIER` (PyTorch's): barriers are made of `ADD`, `SET` and `WAIT`.
+const BARRIER_MISSING: u8 = 2;
 
 /// How to open a [`TcpStore`] (PyTorch's `TCPStoreOptions`).
 #[derive(Debug, Clone)]
@@ -176,6 +188,10 @@ impl Conn {
             }
             match self.stream.read(&mut self.rbuf) {
                 Ok(0) => return Err(ReadFailure::Failed(CLOSED.into())),
+                // A close with unread bytes on either side arrives as a reset: the server closed the connection.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(ReadFailure::Failed(format!("{CLOSED} (reset)")))
+                }
                 Ok(n) => {
                     self.rstart = 0;
                     self.rend = n;
@@ -288,8 +304,9 @@ pub struct TcpStore {
     conn: Mutex<Conn>,
     timeout: Mutex<Duration>,
     server: Option<Arc<TcpStoreServer>>,
-    /// Whether the server may have the `BARRIER` request (false once it refused one).
-    server_barrier: AtomicBool,
+    /// What this handle knows of the server's `BARRIER` request: [`BARRIER_UNKNOWN`], [`BARRIER_NATIVE`] or
+    /// [`BARRIER_MISSING`].
+    server_barrier: AtomicU8,
 }
 
 impl TcpStore {
@@ -409,14 +426,9 @@ impl TcpStore {
     ) -> Result<Self, StoreError> {
         let conn = connect(host, port, options.timeout, options.initial_backoff, options.limits)?;
         let timeout = Mutex::new(options.timeout);
-        Ok(Self {
-            host: host.to_owned(),
-            port,
-            conn: Mutex::new(conn),
-            timeout,
-            server,
-            server_barrier: AtomicBool::new(true),
-        })
+        // The server this handle hosts is this crate's, which has `BARRIER`.
+        let server_barrier = AtomicU8::new(if server.is_some() { BARRIER_NATIVE } else { BARRIER_UNKNOWN });
+        Ok(Self { host: host.to_owned(), port, conn: Mutex::new(conn), timeout, server, server_barrier })
     }
 
     /// The server's host as given.
@@ -528,6 +540,72 @@ impl TcpStore {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// A `BARRIER` whose connection failed before any reply, on a server not known to have the request. PyTorch's
+    /// server closes the connection on it before counting anything; this crate's counts the arrival first. A probe
+    /// on a new connection tells them apart, within what is left of the barrier's timeout. On a server with
+    /// `BARRIER` the arrival may have been counted: a network error. On one without, the barrier is made of `ADD`,
+    /// `SET` and `WAIT` on another new connection, as every later barrier of this handle is.
+    fn barrier_after_failure(
+        &self,
+        key: &str,
+        world_size: i64,
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+        message: String,
+    ) -> Result<(), StoreError> {
+        let wire_key = prefixed(key);
+        let failed =
+            |detail: String| StoreError::Network(format!("{message}, in the barrier on key '{wire_key}'; {detail}"));
+        let left = deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
+        let budget = left.unwrap_or(EXPLAIN_TIMEOUT).max(BARRIER_PROBE_MIN);
+        let limits = self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits;
+        match self.probe_barrier(budget, limits) {
+            Err(error) => Err(failed(format!("asking the store server whether it has BARRIER failed: {error}"))),
+            Ok(true) => {
+                self.server_barrier.store(BARRIER_NATIVE, Ordering::Relaxed);
+                Err(failed(
+                    "the server has BARRIER, so it may have counted this arrival: the barrier is not made again".into(),
+                ))
+            }
+            Ok(false) => {
+                let fresh = try_connect(&self.host, self.port, budget, Instant::now().checked_add(budget), limits)
+                    .map_err(|error| failed(format!("no new connection to make it of ADD, SET and WAIT: {error}")))?;
+                *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+                self.server_barrier.store(BARRIER_MISSING, Ordering::Relaxed);
+                tracing::debug!(target: "pg_store", host = %self.host, port = self.port, "the store server has no BARRIER request: barriers are made of ADD, SET and WAIT");
+                // What is left of the barrier's own timeout bounds the rest; its error names the whole timeout.
+                let rest = timeout.map(|timeout| left.unwrap_or(timeout));
+                counted_barrier(self, key, world_size, rest).map_err(|error| match (error, timeout) {
+                    (StoreError::BarrierTimeout { key, .. }, Some(timeout)) => {
+                        StoreError::BarrierTimeout { key, timeout }
+                    }
+                    (error, _) => error,
+                })
+            }
+        }
+    }
+
+    /// Whether the server has the `BARRIER` request, asked on a new connection (one attempt within `budget`): a
+    /// one-way `BARRIER` on a key of its own passes at once on a server that has it, and a `DELETE_KEY` removes the
+    /// key; a server without it closes the connection, as PyTorch's does on every request it does not know.
+    fn probe_barrier(&self, budget: Duration, limits: Limits) -> Result<bool, String> {
+        let deadline = Instant::now().checked_add(budget);
+        let mut conn = try_connect(&self.host, self.port, budget, deadline, limits)?;
+        conn.encoder.command(Command::Barrier).bytes(BARRIER_PROBE_KEY.as_bytes()).i64(1);
+        conn.encoder.command(Command::DeleteKey).bytes(BARRIER_PROBE_KEY.as_bytes());
+        conn.send().map_err(|error| error.to_string())?;
+        let mut byte = [0];
+        match conn.read_until(&mut byte, deadline) {
+            Ok(()) if byte[0] == STOP_WAITING => {}
+            Ok(()) => return Err(format!("the store server answered BARRIER with {}, not STOP_WAITING", byte[0])),
+            Err(ReadFailure::Failed(message)) if message.starts_with(CLOSED) => return Ok(false),
+            Err(ReadFailure::Failed(message)) => return Err(message),
+            Err(ReadFailure::TimedOut) => return Err(format!("no reply to BARRIER within {}ms", budget.as_millis())),
+        }
+        conn.read_i64(budget, Command::DeleteKey).map_err(|error| error.to_string())?;
+        Ok(true)
     }
 
     fn wait_prefixed(&self, keys: &[String], timeout: Duration) -> Result<(), StoreError> {
@@ -831,9 +909,11 @@ impl Store for TcpStore {
 
     /// With a server that has the `BARRIER` request (this crate's), one request; with one that does not (PyTorch's
     /// closes the connection on it, as torchrun's agent store does), the same barrier out of `ADD`, `SET` and
-    /// `WAIT` on a new connection, and from then on at once.
+    /// `WAIT` on a new connection, and from then on at once. A connection that fails during a `BARRIER` on a
+    /// server that has the request is a [`StoreError::Network`]: the server may have counted the arrival, so the
+    /// barrier is never made again (it could pass without one of its participants).
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<(), StoreError> {
-        if !self.server_barrier.load(Ordering::Relaxed) {
+        if self.server_barrier.load(Ordering::Relaxed) == BARRIER_MISSING {
             return counted_barrier(self, key, world_size, timeout);
         }
         let wire_key = prefixed(key);
@@ -846,19 +926,21 @@ impl Store for TcpStore {
         };
         let mut conn = self.lock()?;
         conn.encoder.command(Command::Barrier).bytes(wire_key.as_bytes()).i64(world_size);
-        conn.send()?;
-        match conn.await_stop_waiting(wait, deadline, Command::Barrier) {
-            // A barrier released before its cancel was handled passed: every participant arrived.
-            Ok(Awaited::Released | Awaited::ReleasedAtCancel) => Ok(()),
-            Ok(Awaited::Canceled) => Err(StoreError::BarrierTimeout { key: wire_key, timeout: wait }),
-            Err(StoreError::Network(message)) if message.starts_with(CLOSED) => {
-                // The server refused the request before acting on it: a server without `BARRIER`.
-                *conn = self.new_conn(conn.limits).map_err(|_| StoreError::Network(message))?;
-                drop(conn);
-                self.server_barrier.store(false, Ordering::Relaxed);
-                tracing::debug!(target: "pg_store", host = %self.host, port = self.port, "the store server has no BARRIER request: barriers are made of ADD, SET and WAIT");
-                counted_barrier(self, key, world_size, timeout)
+        let outcome = conn.send().and_then(|()| conn.await_stop_waiting(wait, deadline, Command::Barrier));
+        drop(conn);
+        match outcome {
+            Ok(awaited) => {
+                self.server_barrier.store(BARRIER_NATIVE, Ordering::Relaxed);
+                match awaited {
+                    // A barrier released before its cancel was handled passed: every participant arrived.
+                    Awaited::Released | Awaited::ReleasedAtCancel => Ok(()),
+                    Awaited::Canceled => Err(StoreError::BarrierTimeout { key: wire_key, timeout: wait }),
+                }
             }
+            Err(StoreError::Network(message)) => match self.server_barrier.load(Ordering::Relaxed) {
+                BARRIER_UNKNOWN => self.barrier_after_failure(key, world_size, timeout, deadline, message),
+                _ => Err(StoreError::Network(format!("{message}, in the barrier on key '{wire_key}'"))),
+            },
             Err(error) => Err(error),
         }
     }
@@ -873,7 +955,7 @@ impl Store for TcpStore {
             timeout: Mutex::new(timeout),
             // A clone is a client only, as in PyTorch: the server lives as long as the handle that started it.
             server: None,
-            server_barrier: AtomicBool::new(self.server_barrier.load(Ordering::Relaxed)),
+            server_barrier: AtomicU8::new(self.server_barrier.load(Ordering::Relaxed)),
         }))
     }
 
