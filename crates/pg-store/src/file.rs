@@ -199,13 +199,18 @@ impl FileStore {
         let start = Instant::now();
         while !self.check_regular(keys)? {
             if !timeout.is_zero() && start.elapsed() > timeout {
-                let keys = keys.iter().map(|key| String::from_utf8_lossy(key).into_owned()).collect();
-                return Err(StoreError::Timeout { keys, timeout });
+                return Err(timed_out(keys, timeout));
             }
             std::thread::sleep(POLL_INTERVAL);
         }
         Ok(())
     }
+}
+
+/// The timeout error of a wait for `keys`.
+fn timed_out(keys: &[Vec<u8>], timeout: Duration) -> StoreError {
+    let keys = keys.iter().map(|key| String::from_utf8_lossy(key).into_owned()).collect();
+    StoreError::Timeout { keys, timeout }
 }
 
 /// One length-prefixed field of a record at `at`: the bytes and the offset after them.
@@ -268,7 +273,15 @@ impl Store for FileStore {
 
     fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<(), StoreError> {
         let keys: Vec<Vec<u8>> = keys.iter().map(|key| regular(key)).collect();
-        self.wait_regular(&keys, timeout.unwrap_or_else(|| self.timeout()))
+        match timeout {
+            // A zero timeout for this call means "now", as in `HashStore`: the keys are checked once. (The store's
+            // own timeout of zero means no timeout.)
+            Some(now) if now.is_zero() => match self.check_regular(&keys)? {
+                true => Ok(()),
+                false => Err(timed_out(&keys, now)),
+            },
+            timeout => self.wait_regular(&keys, timeout.unwrap_or_else(|| self.timeout())),
+        }
     }
 
     fn delete_key(&self, key: &str) -> Result<bool, StoreError> {

@@ -80,7 +80,8 @@ pub fn rendezvous_with(
             if location.is_empty() {
                 return Err(invalid("url", url, "file path missing"));
             }
-            let store = FileStore::new(location, world_size as i64)?;
+            // `check_rank` refused world sizes beyond i64.
+            let store = FileStore::new(location, i64::try_from(world_size).unwrap_or(i64::MAX))?;
             store.set_timeout(timeout);
             Ok(Rendezvous { store: Arc::new(store), rank, world_size, local_rank })
         }
@@ -103,6 +104,11 @@ fn parse_port(name: &str, value: &str) -> Result<u16, StoreError> {
 fn check_rank(rank: usize, world_size: usize) -> Result<(usize, usize), StoreError> {
     if world_size == 0 {
         return Err(invalid("world_size", "0", "must be at least 1"));
+    }
+    if i64::try_from(world_size).is_err() {
+        // The stores count workers in an i64 (the TCP store's `init/`, the file store's cleanup count).
+        let reason = format!("must be at most {} (i64::MAX, the stores' worker counters)", i64::MAX);
+        return Err(invalid("world_size", &world_size.to_string(), &reason));
     }
     if rank >= world_size {
         return Err(invalid("rank", &rank.to_string(), &format!("must be below world_size {world_size}")));

@@ -31,7 +31,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Whether every key in `keys` is set, without waiting.
     fn check(&self, keys: &[&str]) -> Result<bool, StoreError>;
 
-    /// Waits until every key in `keys` is set, up to `timeout` (the store's timeout when `None`).
+    /// Waits until every key in `keys` is set, up to `timeout` (the store's timeout when `None`). A zero `timeout`
+    /// means "now": the keys are checked once and a missing one is [`StoreError::Timeout`] at once, on every store
+    /// (whereas a store's own timeout of zero, for a TCP or file store, means no timeout).
     fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<(), StoreError>;
 
     /// Deletes `key`; returns whether it existed.
@@ -85,7 +87,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         Err(StoreError::Unsupported("list_keys"))
     }
 
-    /// Increments the counter at `key` and waits until it reaches `world_size`, up to `timeout`.
+    /// Increments the counter at `key` and waits until it reaches `world_size`, up to `timeout` (the store's
+    /// timeout when `None`; zero: only an arrival that completes the barrier passes, the others time out at once).
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<(), StoreError> {
         counted_barrier(self, key, world_size, timeout)
     }

@@ -166,3 +166,44 @@ fn file_store_adds_from_many_handles_are_exact() {
     drop(stores);
     assert!(!path.exists(), "the last of the four workers removed the file");
 }
+
+/// A zero timeout passed to `wait` or `barrier` means "now" on every store, as in `HashStore`: the keys are checked
+/// once, and a missing key is a timeout at once (a store's own zero timeout, the TCP store's "no timeout", is another
+/// thing: it is never a per-call timeout).
+#[test]
+fn a_zero_timeout_wait_or_barrier_checks_once_on_every_store() {
+    for case in cases() {
+        let name = case.name;
+        let store = Arc::clone(&case.store);
+        let (done, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            store.set("present", b"v").unwrap();
+            let present = store.wait(&["present"], Some(Duration::ZERO));
+            let missing = store.wait(&["present", "absent"], Some(Duration::ZERO));
+            let alone = store.barrier("zero-alone", 1, Some(Duration::ZERO));
+            let short = store.barrier("zero-short", 2, Some(Duration::ZERO));
+            let _ = done.send((present, missing, alone, short));
+        });
+        let (present, missing, alone, short) = outcome
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{name}: a wait or barrier with a zero timeout did not return"));
+        present.unwrap_or_else(|e| panic!("{name}: {e}"));
+        match missing {
+            Err(StoreError::Timeout { keys, timeout }) => {
+                assert!(timeout.is_zero(), "{name}: {timeout:?}");
+                assert!(keys.iter().any(|key| key.ends_with("absent")), "{name}: {keys:?}");
+            }
+            other => panic!("{name}: expected a timeout at once, got {other:?}"),
+        }
+        alone.unwrap_or_else(|e| panic!("{name}: the last arrival of a barrier passes: {e}"));
+        match short {
+            Err(StoreError::BarrierTimeout { key, timeout }) => {
+                assert!(timeout.is_zero(), "{name}: {timeout:?}");
+                assert!(key.ends_with("zero-short"), "{name}: {key}");
+            }
+            other => panic!("{name}: expected a barrier timeout at once, got {other:?}"),
+        }
+        case.store.set("after", b"a").unwrap();
+        assert_eq!(case.store.get("after").unwrap(), b"a", "{name}: usable after a zero-timeout wait");
+    }
+}

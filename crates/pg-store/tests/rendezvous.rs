@@ -128,3 +128,32 @@ fn file_and_tcp_urls_work() {
     let rdzv = run(&format!("tcp://127.0.0.1:{port}?rank=0&world_size=1"), &[]).unwrap();
     assert_eq!(rdzv.store.add("n", 2).unwrap(), 2);
 }
+
+/// A world size the stores' i64 counters cannot hold is refused by name in every URL, not wrapped negative.
+#[test]
+fn a_world_size_beyond_i64_is_refused_by_name() {
+    let path = std::env::temp_dir().join(format!("pg-store-rdzv-huge-{}", std::process::id()));
+    let huge = (1u64 << 63).to_string();
+    let port = free_port();
+    for url in [
+        format!("file://{}?rank=0&world_size={huge}", path.display()),
+        format!("tcp://127.0.0.1:{port}?rank=0&world_size={huge}"),
+        "env://".to_owned(),
+    ] {
+        let vars = [
+            ("RANK", "0".to_owned()),
+            ("WORLD_SIZE", huge.clone()),
+            ("MASTER_ADDR", "127.0.0.1".to_owned()),
+            ("MASTER_PORT", port.to_string()),
+        ];
+        match run(&url, &vars) {
+            Err(StoreError::InvalidEnv { name, value, reason }) => {
+                assert!(name.eq_ignore_ascii_case("world_size"), "{url}: {name}");
+                assert_eq!(value, huge, "{url}");
+                assert!(reason.contains(&i64::MAX.to_string()), "{url}: {reason}");
+            }
+            other => panic!("{url}: expected InvalidEnv, got {other:?}"),
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}

@@ -891,13 +891,163 @@ fn a_server_without_barrier_gets_barriers_made_of_add_set_and_wait() {
         })
         .collect();
     let stores: Vec<TcpStore> = ranks.into_iter().map(|rank| rank.join().unwrap()).collect();
-    // Each handle asked once, had its connection closed, and made the barrier on a new connection.
-    assert_eq!(refused.load(Ordering::SeqCst), 2);
+    // Each handle asked once, had its connection closed, asked again on a new connection to tell a server without
+    // BARRIER from a failed connection (closed again), and made the barrier on a third connection.
+    assert_eq!(refused.load(Ordering::SeqCst), 4);
     // From then on it makes its barriers itself at once, with the BARRIER request's timeout error, and stays usable.
     stores[0].barrier("alone", 1, None).unwrap();
     let error = stores[0].barrier("late", 2, Some(Duration::from_millis(100))).unwrap_err();
     assert_eq!(error.to_string(), "barrier timeout after 100ms, key: /late");
-    assert_eq!(refused.load(Ordering::SeqCst), 2, "no second BARRIER request");
+    assert_eq!(refused.load(Ordering::SeqCst), 4, "no more BARRIER requests");
     stores[1].set("k", b"v").unwrap();
     assert_eq!(stores[0].get("k").unwrap(), b"v");
+}
+
+/// A world size the store's i64 counter cannot hold is refused by name, not wrapped negative.
+#[test]
+fn a_world_size_beyond_i64_is_refused_by_name() {
+    for world_size in [usize::MAX, 1 << 63] {
+        let error = TcpStore::serve_as_master(0, world_size, Duration::from_secs(1)).err();
+        match &error {
+            Some(StoreError::InvalidArgument(message)) => {
+                assert!(message.contains(&world_size.to_string()), "{message}");
+                assert!(message.contains(&i64::MAX.to_string()), "{message}");
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        let error = TcpStore::connect_as_worker("127.0.0.1", 1, world_size, Duration::from_secs(1)).err();
+        assert!(matches!(error, Some(StoreError::InvalidArgument(_))), "{error:?}");
+    }
+    let largest = TcpStoreOptions { num_workers: Some(i64::MAX as usize), ..TcpStoreOptions::default() };
+    let error =
+        TcpStore::new("127.0.0.1", TcpStoreOptions { port: 1, timeout: Duration::from_millis(1), ..largest }).err();
+    assert!(matches!(error, Some(StoreError::Network(_))), "i64::MAX workers is a valid count: {error:?}");
+}
+
+/// Runs `call` on a thread and returns its result with how long it took; panics if it takes longer than `bound`
+/// (a hang is a failure, not a stuck test).
+fn bounded<T: Send + 'static>(bound: Duration, call: impl FnOnce() -> T + Send + 'static) -> (T, Duration) {
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let result = call();
+        let _ = done.send((result, start.elapsed()));
+    });
+    outcome.recv_timeout(bound).unwrap_or_else(|_| panic!("the call did not return within {bound:?}"))
+}
+
+/// A store opened with timeout 0 (no timeout for its own blocking operations) still honours the timeout a caller
+/// passes to `wait` or `barrier`, and a zero one means "now".
+#[test]
+fn a_store_without_a_timeout_honours_each_calls_timeout() {
+    let store = Arc::new(TcpStore::serve(0, Duration::ZERO).unwrap());
+    let short = Duration::from_millis(200);
+    let waiter = Arc::clone(&store);
+    let (error, took) = bounded(TIMEOUT, move || waiter.wait(&["never"], Some(short)).unwrap_err());
+    assert_eq!(error.to_string(), "wait timeout after 200ms, keys: /never");
+    assert!(took >= short, "{took:?}");
+    let waiter = Arc::clone(&store);
+    let (error, _) = bounded(TIMEOUT, move || waiter.wait(&["never"], Some(Duration::ZERO)).unwrap_err());
+    assert_eq!(error.to_string(), "wait timeout after 0ms, keys: /never");
+    let waiter = Arc::clone(&store);
+    let (error, took) = bounded(TIMEOUT, move || waiter.barrier("never", 2, Some(short)).unwrap_err());
+    assert_eq!(error.to_string(), "barrier timeout after 200ms, key: /never");
+    assert!(took >= short, "{took:?}");
+    store.set("never", b"now").unwrap();
+    assert_eq!(store.get("never").unwrap(), b"now");
+}
+
+/// A proxy to `upstream` that forwards every connection unchanged; returns its port and the proxy's client-side
+/// sockets, which a test shuts down to close a client's connection under it.
+fn forwarding_proxy(upstream: u16) -> (u16, Arc<std::sync::Mutex<Vec<TcpStream>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let clients = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let accepted = Arc::clone(&clients);
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+            accepted.lock().unwrap().push(client.try_clone().unwrap());
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server.try_clone().unwrap(), client.try_clone().unwrap()),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = from.shutdown(std::net::Shutdown::Both);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    (port, clients)
+}
+
+/// A client whose connection closes while it waits in a barrier that the server already counted it in gets a
+/// network error naming the barrier: it does not count itself again (as a server without `BARRIER` would need) and
+/// pass alone, and barriers go on meeting the other clients' native ones. Both for a handle whose first barrier this
+/// is (it asks the server on a new connection whether it has `BARRIER`) and for one that made a barrier before.
+#[test]
+fn a_barrier_whose_connection_closes_fails_and_never_passes_alone() {
+    for earlier_barrier in [false, true] {
+        check_barrier_connection_closing(earlier_barrier);
+    }
+}
+
+fn check_barrier_connection_closing(earlier_barrier: bool) {
+    let server = TcpStoreServer::start(ServerOptions { port: 0, ..ServerOptions::default() }).unwrap();
+    let (port, proxied) = forwarding_proxy(server.port());
+    let other = Arc::new(TcpStore::connect("127.0.0.1", server.port(), TIMEOUT).unwrap());
+    let closing = Arc::new(TcpStore::connect("127.0.0.1", port, TIMEOUT).unwrap());
+    if earlier_barrier {
+        closing.barrier("first", 1, Some(TIMEOUT)).unwrap();
+    }
+    let waiter = Arc::clone(&closing);
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(waiter.barrier("b", 2, Some(TIMEOUT)));
+    });
+    // The server has counted the arrival once the barrier's counter exists.
+    other.wait(&["b"], None).unwrap();
+    for client in proxied.lock().unwrap().iter() {
+        client.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    let result = outcome.recv_timeout(TIMEOUT).expect("the barrier returns");
+    match result {
+        Err(StoreError::Network(message)) => assert!(message.contains("barrier on key '/b'"), "{message}"),
+        other => panic!("earlier barrier {earlier_barrier}: expected a network error, got {other:?}"),
+    }
+    assert_eq!(other.get("b").unwrap(), b"1", "the closed client was counted once");
+    // The second participant meets the first one's counted arrival.
+    other.barrier("b", 2, Some(TIMEOUT)).unwrap();
+    // A new connection of the failed handle still makes native barriers, which meet the other client's.
+    let again = closing.clone_store().unwrap();
+    let native = std::thread::spawn(move || again.barrier("again", 2, Some(TIMEOUT)));
+    other.barrier("again", 2, Some(TIMEOUT)).unwrap();
+    native.join().unwrap().unwrap();
+    assert!(!other.check(&["again/done"]).unwrap(), "no barrier made of ADD, SET and WAIT");
+    let raw_keys = other.list_raw_keys().unwrap();
+    assert!(raw_keys.iter().all(|key| key.starts_with(b"/")), "the probe left no key: {raw_keys:?}");
+    assert_eq!(server.stats().protocol_errors, 0);
+}
+
+/// A barrier whose server dies while it waits returns a network error within the barrier's own timeout, not the
+/// store's.
+#[test]
+fn a_barrier_whose_server_dies_fails_within_its_own_timeout() {
+    let host = TcpStore::serve(0, TIMEOUT).unwrap();
+    let client = TcpStore::connect("127.0.0.1", host.port(), TIMEOUT).unwrap();
+    let barrier_timeout = Duration::from_secs(1);
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let result = client.barrier("b", 2, Some(barrier_timeout));
+        let _ = done.send((result, start.elapsed()));
+    });
+    host.wait(&["b"], None).unwrap();
+    drop(host);
+    let (result, took) = outcome.recv_timeout(TIMEOUT).expect("the barrier returns");
+    assert!(matches!(result, Err(StoreError::Network(_))), "{result:?}");
+    assert!(took < barrier_timeout + Duration::from_secs(3), "took {took:?}");
 }

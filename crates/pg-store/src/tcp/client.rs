@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,18 @@ const EXPLAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const CLOSED: &str = "the store server closed the connection";
 /// The worker counter, sent without the prefix.
 const INIT_KEY: &str = "init/";
+/// The key of the probe that asks a server whether it has the `BARRIER` request; without the `/` prefix it is no
+/// user key, and the probe deletes it at once.
+const BARRIER_PROBE_KEY: &str = "pg_store/barrier_probe";
+/// The least time the probe gets, so that a barrier with a zero or spent timeout can still tell the servers apart.
+const BARRIER_PROBE_MIN: Duration = Duration::from_secs(1);
+
+/// What a handle knows of its server's `BARRIER` request (the values of [`TcpStore::server_barrier`]).
+const BARRIER_UNKNOWN: u8 = 0;
+/// The server answered a `BARRIER`: it has the request.
+const BARRIER_NATIVE: u8 = 1;
+/// The server refused a `BARRIER` (PyTorch's): barriers are made of `ADD`, `SET` and `WAIT`.
+const BARRIER_MISSING: u8 = 2;
 
 /// How to open a [`TcpStore`] (PyTorch's `TCPStoreOptions`).
 #[derive(Debug, Clone)]
@@ -34,7 +46,8 @@ pub struct TcpStoreOptions {
     /// With `is_server` and a fixed port, reuse a server this process already runs on that port instead of
     /// binding again (PyTorch's `multi_tenant`); the server stops when its last handle drops.
     pub multi_tenant: bool,
-    /// The number of workers that will connect, the server's process included.
+    /// The number of workers that will connect, the server's process included: 1 to `i64::MAX` (the `init/`
+    /// counter's range); others are [`StoreError::InvalidArgument`].
     pub num_workers: Option<usize>,
     /// Whether to count this worker in `init/` and, on the server, wait for `num_workers`.
     pub wait_workers: bool,
@@ -80,6 +93,17 @@ struct Conn {
     broken: Option<String>,
     /// What the server accepts: a request beyond it is refused here, before it is sent.
     limits: Limits,
+}
+
+/// How a `WAIT` or `BARRIER` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaited {
+    /// The server released it.
+    Released,
+    /// Its time ran out, and the cancel found it released: the server sent `STOP_WAITING` before `WAIT_CANCELED`.
+    ReleasedAtCancel,
+    /// Its time ran out and the server cancelled it.
+    Canceled,
 }
 
 /// Why reading a reply stopped.
@@ -164,6 +188,10 @@ impl Conn {
             }
             match self.stream.read(&mut self.rbuf) {
                 Ok(0) => return Err(ReadFailure::Failed(CLOSED.into())),
+                // A close with unread bytes on either side arrives as a reset: the server closed the connection.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(ReadFailure::Failed(format!("{CLOSED} (reset)")))
+                }
                 Ok(n) => {
                     self.rstart = 0;
                     self.rend = n;
@@ -219,14 +247,17 @@ impl Conn {
         Ok(value)
     }
 
-    /// Waits for the reply byte of a `WAIT` or `BARRIER`, cancelling on timeout as PyTorch's client does.
-    ///
-    /// Returns `Ok(true)` when the wait completed and `Ok(false)` when it timed out and was cancelled; the
-    /// connection stays usable in both cases.
-    fn await_stop_waiting(&mut self, timeout: Duration, what: Command) -> Result<bool, StoreError> {
+    /// Waits for the reply byte of a `WAIT` or `BARRIER` until `deadline` (`timeout` from the request; `None`: no
+    /// limit), then cancels as PyTorch's client does. The connection stays usable whatever the outcome.
+    fn await_stop_waiting(
+        &mut self,
+        timeout: Duration,
+        deadline: Option<Instant>,
+        what: Command,
+    ) -> Result<Awaited, StoreError> {
         let mut byte = [0];
-        match self.read_until(&mut byte, deadline_after(timeout)) {
-            Ok(()) => return self.expect_stop_waiting(byte[0], what).map(|()| true),
+        match self.read_until(&mut byte, deadline) {
+            Ok(()) => return self.expect_stop_waiting(byte[0], what).map(|()| Awaited::Released),
             Err(ReadFailure::Failed(message)) => return Err(self.fail_awaiting(&message, what)),
             Err(ReadFailure::TimedOut) => {}
         }
@@ -235,14 +266,16 @@ impl Conn {
         // The server answers a cancel at once; a bounded read keeps a dead server from hanging us.
         let cancel_timeout = timeout.max(Duration::from_secs(10));
         let mut reply = self.read_u8(cancel_timeout, Command::CancelWait)?;
+        let mut awaited = Awaited::Canceled;
         if reply == STOP_WAITING {
             // The keys arrived while the cancel was on its way: the server sent STOP_WAITING first.
+            awaited = Awaited::ReleasedAtCancel;
             reply = self.read_u8(cancel_timeout, Command::CancelWait)?;
         }
         if reply != WAIT_CANCELED {
             return Err(self.fail(format!("the store server answered CANCEL_WAIT with {reply}, not WAIT_CANCELED")));
         }
-        Ok(false)
+        Ok(awaited)
     }
 
     fn expect_stop_waiting(&mut self, byte: u8, what: Command) -> Result<(), StoreError> {
@@ -271,8 +304,9 @@ pub struct TcpStore {
     conn: Mutex<Conn>,
     timeout: Mutex<Duration>,
     server: Option<Arc<TcpStoreServer>>,
-    /// Whether the server may have the `BARRIER` request (false once it refused one).
-    server_barrier: AtomicBool,
+    /// What this handle knows of the server's `BARRIER` request: [`BARRIER_UNKNOWN`], [`BARRIER_NATIVE`] or
+    /// [`BARRIER_MISSING`].
+    server_barrier: AtomicU8,
 }
 
 impl TcpStore {
@@ -392,14 +426,9 @@ impl TcpStore {
     ) -> Result<Self, StoreError> {
         let conn = connect(host, port, options.timeout, options.initial_backoff, options.limits)?;
         let timeout = Mutex::new(options.timeout);
-        Ok(Self {
-            host: host.to_owned(),
-            port,
-            conn: Mutex::new(conn),
-            timeout,
-            server,
-            server_barrier: AtomicBool::new(true),
-        })
+        // The server this handle hosts is this crate's, which has `BARRIER`.
+        let server_barrier = AtomicU8::new(if server.is_some() { BARRIER_NATIVE } else { BARRIER_UNKNOWN });
+        Ok(Self { host: host.to_owned(), port, conn: Mutex::new(conn), timeout, server, server_barrier })
     }
 
     /// The server's host as given.
@@ -493,6 +522,8 @@ impl TcpStore {
     /// PyTorch's `waitForWorkers`: every worker counts itself in `init/`; the server's worker then polls
     /// the count every 10 ms until it reaches `workers` or the timeout passes.
     fn wait_for_workers(&self, workers: usize, is_server: bool) -> Result<(), StoreError> {
+        // `check_workers` refused counts beyond i64 before anything connected.
+        let expected = i64::try_from(workers).unwrap_or(i64::MAX);
         self.add_raw(INIT_KEY, 1)?;
         if !is_server {
             return Ok(());
@@ -501,7 +532,7 @@ impl TcpStore {
         let start = Instant::now();
         loop {
             let joined = self.add_raw(INIT_KEY, 0)?;
-            if joined >= workers as i64 {
+            if joined >= expected {
                 return Ok(());
             }
             if !timeout.is_zero() && start.elapsed() > timeout {
@@ -511,21 +542,101 @@ impl TcpStore {
         }
     }
 
+    /// A `BARRIER` whose connection failed before any reply, on a server not known to have the request. PyTorch's
+    /// server closes the connection on it before counting anything; this crate's counts the arrival first. A probe
+    /// on a new connection tells them apart, within what is left of the barrier's timeout. On a server with
+    /// `BARRIER` the arrival may have been counted: a network error. On one without, the barrier is made of `ADD`,
+    /// `SET` and `WAIT` on another new connection, as every later barrier of this handle is.
+    fn barrier_after_failure(
+        &self,
+        key: &str,
+        world_size: i64,
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+        message: String,
+    ) -> Result<(), StoreError> {
+        let wire_key = prefixed(key);
+        let failed =
+            |detail: String| StoreError::Network(format!("{message}, in the barrier on key '{wire_key}'; {detail}"));
+        let left = deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
+        let budget = left.unwrap_or(EXPLAIN_TIMEOUT).max(BARRIER_PROBE_MIN);
+        let limits = self.conn.lock().unwrap_or_else(PoisonError::into_inner).limits;
+        match self.probe_barrier(budget, limits) {
+            Err(error) => Err(failed(format!("asking the store server whether it has BARRIER failed: {error}"))),
+            Ok(true) => {
+                self.server_barrier.store(BARRIER_NATIVE, Ordering::Relaxed);
+                Err(failed(
+                    "the server has BARRIER, so it may have counted this arrival: the barrier is not made again".into(),
+                ))
+            }
+            Ok(false) => {
+                let fresh = try_connect(&self.host, self.port, budget, Instant::now().checked_add(budget), limits)
+                    .map_err(|error| failed(format!("no new connection to make it of ADD, SET and WAIT: {error}")))?;
+                *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+                self.server_barrier.store(BARRIER_MISSING, Ordering::Relaxed);
+                tracing::debug!(target: "pg_store", host = %self.host, port = self.port, "the store server has no BARRIER request: barriers are made of ADD, SET and WAIT");
+                // What is left of the barrier's own timeout bounds the rest; its error names the whole timeout.
+                let rest = timeout.map(|timeout| left.unwrap_or(timeout));
+                counted_barrier(self, key, world_size, rest).map_err(|error| match (error, timeout) {
+                    (StoreError::BarrierTimeout { key, .. }, Some(timeout)) => {
+                        StoreError::BarrierTimeout { key, timeout }
+                    }
+                    (error, _) => error,
+                })
+            }
+        }
+    }
+
+    /// Whether the server has the `BARRIER` request, asked on a new connection (one attempt within `budget`): a
+    /// one-way `BARRIER` on a key of its own passes at once on a server that has it, and a `DELETE_KEY` removes the
+    /// key; a server without it closes the connection, as PyTorch's does on every request it does not know.
+    fn probe_barrier(&self, budget: Duration, limits: Limits) -> Result<bool, String> {
+        let deadline = Instant::now().checked_add(budget);
+        let mut conn = try_connect(&self.host, self.port, budget, deadline, limits)?;
+        conn.encoder.command(Command::Barrier).bytes(BARRIER_PROBE_KEY.as_bytes()).i64(1);
+        conn.encoder.command(Command::DeleteKey).bytes(BARRIER_PROBE_KEY.as_bytes());
+        conn.send().map_err(|error| error.to_string())?;
+        let mut byte = [0];
+        match conn.read_until(&mut byte, deadline) {
+            Ok(()) if byte[0] == STOP_WAITING => {}
+            Ok(()) => return Err(format!("the store server answered BARRIER with {}, not STOP_WAITING", byte[0])),
+            Err(ReadFailure::Failed(message)) if message.starts_with(CLOSED) => return Ok(false),
+            Err(ReadFailure::Failed(message)) => return Err(message),
+            Err(ReadFailure::TimedOut) => return Err(format!("no reply to BARRIER within {}ms", budget.as_millis())),
+        }
+        conn.read_i64(budget, Command::DeleteKey).map_err(|error| error.to_string())?;
+        Ok(true)
+    }
+
     fn wait_prefixed(&self, keys: &[String], timeout: Duration) -> Result<(), StoreError> {
         let mut conn = self.lock()?;
         conn.encoder.command(Command::Wait).keys(keys);
         conn.send()?;
-        match conn.await_stop_waiting(timeout, Command::Wait)? {
-            true => Ok(()),
-            false => Err(StoreError::Timeout { keys: keys.to_vec(), timeout }),
+        // A wait that ran out of time fails even if the cancel found the keys there, as PyTorch's client does.
+        match conn.await_stop_waiting(timeout, deadline_after(timeout), Command::Wait)? {
+            Awaited::Released => Ok(()),
+            Awaited::ReleasedAtCancel | Awaited::Canceled => Err(StoreError::Timeout { keys: keys.to_vec(), timeout }),
         }
+    }
+
+    fn check_prefixed(&self, keys: &[String]) -> Result<bool, StoreError> {
+        let timeout = self.timeout();
+        let mut conn = self.lock()?;
+        conn.encoder.command(Command::Check).keys(keys);
+        conn.send()?;
+        Ok(conn.read_u8(timeout, Command::Check)? == CHECK_READY)
     }
 }
 
-/// PyTorch's refusal of a world size of 0.
+/// PyTorch's refusal of a world size of 0, and of one that the `init/` counter (an i64 on the wire and in the
+/// server) cannot reach, which would wrap negative and let the server's worker pass at once.
 fn check_workers(options: &TcpStoreOptions) -> Result<(), StoreError> {
     match options.num_workers {
         Some(0) => Err(StoreError::InvalidArgument("world_size (num_workers) must be greater than 0".into())),
+        Some(workers) if i64::try_from(workers).is_err() => Err(StoreError::InvalidArgument(format!(
+            "world_size (num_workers) {workers} is beyond the store's worker counter: at most {} (i64::MAX)",
+            i64::MAX
+        ))),
         _ => Ok(()),
     }
 }
@@ -678,15 +789,20 @@ impl Store for TcpStore {
     }
 
     fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
-        let timeout = self.timeout();
-        let mut conn = self.lock()?;
-        conn.encoder.command(Command::Check).keys(&prefixed_all(keys));
-        conn.send()?;
-        Ok(conn.read_u8(timeout, Command::Check)? == CHECK_READY)
+        self.check_prefixed(&prefixed_all(keys))
     }
 
+    /// A zero `timeout` means "now", as in `HashStore`: one `CHECK`, and a missing key is a timeout at once. (The
+    /// store's own timeout of zero, used when `timeout` is `None`, means no timeout.)
     fn wait(&self, keys: &[&str], timeout: Option<Duration>) -> Result<(), StoreError> {
-        self.wait_prefixed(&prefixed_all(keys), timeout.unwrap_or_else(|| self.timeout()))
+        let keys = prefixed_all(keys);
+        match timeout {
+            Some(now) if now.is_zero() => match self.check_prefixed(&keys)? {
+                true => Ok(()),
+                false => Err(StoreError::Timeout { keys, timeout: now }),
+            },
+            timeout => self.wait_prefixed(&keys, timeout.unwrap_or_else(|| self.timeout())),
+        }
     }
 
     fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
@@ -793,27 +909,38 @@ impl Store for TcpStore {
 
     /// With a server that has the `BARRIER` request (this crate's), one request; with one that does not (PyTorch's
     /// closes the connection on it, as torchrun's agent store does), the same barrier out of `ADD`, `SET` and
-    /// `WAIT` on a new connection, and from then on at once.
+    /// `WAIT` on a new connection, and from then on at once. A connection that fails during a `BARRIER` on a
+    /// server that has the request is a [`StoreError::Network`]: the server may have counted the arrival, so the
+    /// barrier is never made again (it could pass without one of its participants).
     fn barrier(&self, key: &str, world_size: i64, timeout: Option<Duration>) -> Result<(), StoreError> {
-        if !self.server_barrier.load(Ordering::Relaxed) {
+        if self.server_barrier.load(Ordering::Relaxed) == BARRIER_MISSING {
             return counted_barrier(self, key, world_size, timeout);
         }
         let wire_key = prefixed(key);
         let wait = timeout.unwrap_or_else(|| self.timeout());
+        // A timeout given for this call bounds it even when zero ("now": the barrier passes only if this arrival
+        // completes it); the store's own timeout of zero means no timeout.
+        let deadline = match timeout {
+            Some(timeout) => Instant::now().checked_add(timeout),
+            None => deadline_after(wait),
+        };
         let mut conn = self.lock()?;
         conn.encoder.command(Command::Barrier).bytes(wire_key.as_bytes()).i64(world_size);
-        conn.send()?;
-        match conn.await_stop_waiting(wait, Command::Barrier) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(StoreError::BarrierTimeout { key: wire_key, timeout: wait }),
-            Err(StoreError::Network(message)) if message.starts_with(CLOSED) => {
-                // The server refused the request before acting on it: a server without `BARRIER`.
-                *conn = self.new_conn(conn.limits).map_err(|_| StoreError::Network(message))?;
-                drop(conn);
-                self.server_barrier.store(false, Ordering::Relaxed);
-                tracing::debug!(target: "pg_store", host = %self.host, port = self.port, "the store server has no BARRIER request: barriers are made of ADD, SET and WAIT");
-                counted_barrier(self, key, world_size, timeout)
+        let outcome = conn.send().and_then(|()| conn.await_stop_waiting(wait, deadline, Command::Barrier));
+        drop(conn);
+        match outcome {
+            Ok(awaited) => {
+                self.server_barrier.store(BARRIER_NATIVE, Ordering::Relaxed);
+                match awaited {
+                    // A barrier released before its cancel was handled passed: every participant arrived.
+                    Awaited::Released | Awaited::ReleasedAtCancel => Ok(()),
+                    Awaited::Canceled => Err(StoreError::BarrierTimeout { key: wire_key, timeout: wait }),
+                }
             }
+            Err(StoreError::Network(message)) => match self.server_barrier.load(Ordering::Relaxed) {
+                BARRIER_UNKNOWN => self.barrier_after_failure(key, world_size, timeout, deadline, message),
+                _ => Err(StoreError::Network(format!("{message}, in the barrier on key '{wire_key}'"))),
+            },
             Err(error) => Err(error),
         }
     }
@@ -828,7 +955,7 @@ impl Store for TcpStore {
             timeout: Mutex::new(timeout),
             // A clone is a client only, as in PyTorch: the server lives as long as the handle that started it.
             server: None,
-            server_barrier: AtomicBool::new(self.server_barrier.load(Ordering::Relaxed)),
+            server_barrier: AtomicU8::new(self.server_barrier.load(Ordering::Relaxed)),
         }))
     }
 
