@@ -1112,10 +1112,11 @@ impl<B: Backend> ProcessGroup<B> {
             return Ok(id);
         }
         let remaining = deadline.saturating_sub(inner.device.now());
-        let limit = remaining.min(store.timeout());
+        let store_timeout = store_bound(store);
+        let limit = remaining.min(store_timeout);
         match store.wait(&[store_key, &owner_key], Some(limit)) {
             Ok(()) => {}
-            Err(source) if source.is_timeout() && remaining <= store.timeout() => {
+            Err(source) if source.is_timeout() && remaining <= store_timeout => {
                 return Err(init_timeout(format!(
                     "the unique id never appeared under store key '{store_key}': the communicator's root rank may \
                      have crashed or skipped this op"
@@ -1205,6 +1206,12 @@ impl<B: Backend> ProcessGroup<B> {
     fn lock_cache(&self) -> MutexGuard<'_, CommCache<B>> {
         self.inner.lock_cache()
     }
+}
+
+/// How long `store`'s own timeout lets a wait last: a store opened with a zero timeout ("no timeout", as
+/// PyTorch's) bounds nothing, and the group's own deadline decides.
+pub(crate) fn store_bound(store: &dyn Store) -> std::time::Duration {
+    Some(store.timeout()).filter(|timeout| !timeout.is_zero()).unwrap_or(std::time::Duration::MAX)
 }
 
 /// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`; each holds the group

@@ -78,9 +78,10 @@ impl SubgroupCall {
         let keys: Vec<String> = (0..self.size).map(|rank| self.key(rank)).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let remaining = deadline.saturating_sub(device.now());
-        match self.store.wait(&keys, Some(remaining.min(self.store.timeout()))) {
+        let store_timeout = crate::process_group::store_bound(self.store.as_ref());
+        match self.store.wait(&keys, Some(remaining.min(store_timeout))) {
             Ok(()) => {}
-            Err(source) if source.is_timeout() && remaining <= self.store.timeout() => {
+            Err(source) if source.is_timeout() && remaining <= store_timeout => {
                 let mut missing = Vec::new();
                 for (rank, key) in keys.iter().enumerate() {
                     if !self.store.check(&[key])? {
