@@ -877,23 +877,31 @@ fn debug_output_names_the_group_and_its_works<H: Harness>(h: &H) -> Check<Outcom
 }
 
 /// A communicator aborted by something other than the group (the backend on its own, as after a split's timeout, or
-/// a holder of the communicator) while an op waits on its stream: the op may be drained unrun, so its Work reports
-/// `Aborted` through `exception()`, `is_success()`, `wait()` and `.await`, then and after its timeout, never success.
+/// a holder of the communicator) while an op waits on its stream behind a kernel: the op may be drained unrun (and its
+/// end event pass all the same), so its Work reports `Aborted` through `exception()`, `is_success()`, `wait()` and
+/// `.await`, once the kernel is over and again after the op's timeout, never success. The peers' ops, which rank 0's
+/// never joins, fail by their timeout; their groups revoke instead of poisoning the device.
 fn a_work_whose_communicator_was_aborted_behind_the_group_never_reports_success<H: Harness>(h: &H) -> Check<Outcome> {
     on_each_rank(h, h.world_size(), |r| {
         let timeout = Duration::from_millis(400);
-        let group = r.group("0", Options::builder().timeout(timeout).watchdog_period(Duration::from_millis(10)))?;
+        let options = Options::builder()
+            .timeout(timeout)
+            .revoke_on_error(true)
+            .dump_on_timeout(false)
+            .watchdog_period(Duration::from_millis(10));
+        let group = r.group("0", options)?;
         let buffer = r.filled(1.0, 4)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("the first all_reduce")?;
         r.read(&buffer).ctx("reading the result")?;
         r.barrier("past the first all_reduce")?;
-        // Only rank 0 enqueues the second op, behind a kernel: no peer joins it, so it cannot have run when the
-        // communicator goes.
         if r.rank == 0 {
             r.sleep_current(SLEEP)?;
-            let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("the op behind the kernel")?;
+        }
+        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("the second all_reduce")?;
+        if r.rank == 0 {
             ensure!(group.abort_communicator_behind_the_group("0", "aborted behind the group"), "no communicator '0'");
             let outcomes = |when: &str| -> Check {
+                ensure!(work.is_completed(), "{when}: a Work whose communicator was aborted is completed");
                 let error = work.exception().ok_or_else(|| format!("{when}: the Work has no error"))?;
                 ensure_eq!(error.kind(), ErrorKind::Aborted, "{when}: the Work's error: {error}");
                 ensure!(!work.is_success(), "{when}: is_success");
@@ -903,11 +911,13 @@ fn a_work_whose_communicator_was_aborted_behind_the_group_never_reports_success<
                 ensure_eq!(awaited, Some(ErrorKind::Aborted), "{when}: .await");
                 Ok(())
             };
-            ensure!(work.is_completed(), "a Work whose communicator was aborted is completed");
-            outcomes("at once")?;
-            // Past the kernel and the op's timeout, with the watchdog's passes in between.
-            r.host_sleep(SLEEP + timeout + Duration::from_millis(100));
-            outcomes("after the timeout")?;
+            // Nothing asks about the Work until the kernel is over: the stream has drained (or run) the op by then.
+            r.host_sleep(SLEEP + Duration::from_millis(60));
+            outcomes("past the kernel")?;
+            r.host_sleep(timeout);
+            outcomes("past the op's timeout")?;
+        } else {
+            r.host_sleep(SLEEP + Duration::from_millis(60) + timeout);
         }
         r.barrier("rank 0 checked its Work")?;
         group.abort("the case is over");
