@@ -53,6 +53,10 @@ impl SplitCall {
             }
             SplitKind::Shrink { excluded, flags } => {
                 let mut config = self.library.config(true);
+                // The shrunk communicator gets connections of its own, whatever NCCL_COMM_SPLIT_SHARE_RESOURCES says:
+                // a rank that leaves drops the parent, and the survivors' group must not go with it.
+                config.split_share = 0;
+                config.shrink_share = 0;
                 // SAFETY: forwarded from this function's contract; `config` is valid for the call.
                 unsafe { self.library.comm_shrink(self.parent.0, excluded, newcomm, &mut config, *flags) }
             }
