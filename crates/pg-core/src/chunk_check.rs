@@ -6,8 +6,6 @@
 //! sends, waits until the timeout, while its peer may complete with a truncated chunk and report success. Every rank
 //! compares the whole matrix, so every rank fails together, naming the first pair that disagrees.
 
-use std::sync::atomic::Ordering;
-
 use crate::shared::Shared;
 use crate::{Backend, Error, Result};
 
@@ -57,7 +55,7 @@ pub(crate) fn refuse<B: Backend>(shared: &Shared<B>, what: &str, error: &Error) 
     if !shared.options.check_chunk_sizes || shared.check(crate::lifecycle::Call::Op).is_err() {
         return;
     }
-    let call = shared.chunk_checks.fetch_add(1, Ordering::AcqRel);
+    let call = shared.rounds.next_chunk_check();
     let row = format!("{REFUSED}{what};{error}");
     if let Err(failure) = shared.store.set(&key(call, shared.rank), row.as_bytes()) {
         tracing::warn!(target: "pg", pg_id = shared.local_id, %failure, "could not publish a refused op's chunk sizes");
@@ -73,7 +71,7 @@ pub(crate) fn check<B: Backend>(shared: &Shared<B>, what: &str, sends: &[usize],
     // A group that can run no op fails the check at once with its error, instead of waiting for rows no rank sends.
     shared.check(crate::lifecycle::Call::Op)?;
     let (rank, size) = (shared.rank, shared.size);
-    let call = shared.chunk_checks.fetch_add(1, Ordering::AcqRel);
+    let call = shared.rounds.next_chunk_check();
     shared.store.set(&key(call, rank), encode(what, sends, recvs).as_bytes())?;
     // Every rank has read call - 2's rows before it published call - 1's, which this rank has read: its own row of
     // call - 2 is no longer needed.

@@ -175,7 +175,7 @@ pub(crate) fn round_key(round: u64, what: &str, rank: usize) -> String {
 /// [`crate::ProcessGroup::agree_survivors`]: ranks learn of a failure at different times (a dead rank's neighbours from
 /// its sockets, the others through the store), and a live rank must not miss the others' window for being late.
 pub(crate) fn check_in_early<B: Backend>(group: &crate::shared::Shared<B>) {
-    let round = group.recoveries.load(Ordering::Relaxed);
+    let round = group.rounds.coming_agreement();
     let key = round_key(round, "alive", group.rank);
     if let Some(Err(error)) = group.store_op(|store| store.set(&key, b"1")) {
         tracing::warn!(target: "pg", pg_id = group.local_id, %error, "could not check in to the agreement early");

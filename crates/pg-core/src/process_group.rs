@@ -307,7 +307,7 @@ impl<B: Backend> ProcessGroup<B> {
     /// The number of the next subgroup made from this group (every call that makes one takes a number, on
     /// members and non-members alike).
     pub(crate) fn next_subgroup_index(&self) -> u64 {
-        self.inner.subgroups.fetch_add(1, Ordering::Relaxed)
+        self.inner.rounds.next_subgroup()
     }
 
     /// The store the world group of this group's lineage was made with: subgroups, shrunk and grown groups keep
@@ -360,7 +360,7 @@ impl<B: Backend> ProcessGroup<B> {
         let entry = Arc::new(self.comm_entry(Arc::new(comm), stream));
         let _ = inner.collective.set(entry.clone());
         self.lock_cache().ready.insert(self.collective_key().cache_key(), entry);
-        inner.comms_created.fetch_add(1, Ordering::Relaxed);
+        inner.tally.comm_created();
         tracing::info!(target: "pg", pg_id = inner.local_id, group = %inner.options.group_name, rank = inner.rank,
             size = inner.size, "adopted a communicator split from the parent's");
         Ok(())
@@ -368,11 +368,7 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// What the group has done so far.
     pub fn counters(&self) -> Counters {
-        Counters {
-            comms_created: self.inner.comms_created.load(Ordering::Relaxed),
-            ops_issued: self.inner.ops_issued.load(Ordering::Relaxed),
-            works_reused: self.inner.works_reused.load(Ordering::Relaxed),
-        }
+        self.inner.tally.counters()
     }
 
     /// The cache keys of the ready communicators, sorted (`testing` feature).
@@ -788,10 +784,7 @@ impl<B: Backend> ProcessGroup<B> {
                 &looked_up
             }
         };
-        let seq = match spec.op.is_p2p() {
-            true => self.inner.seq_p2p.fetch_add(1, Ordering::Relaxed) + 1,
-            false => self.inner.seq_collective.fetch_add(1, Ordering::Relaxed) + 1,
-        };
+        let seq = self.inner.tally.next_seq(spec.op.is_p2p());
         let start_time = device.now();
         timer.lap(EnqueueStep::Lookup);
 
@@ -858,7 +851,7 @@ impl<B: Backend> ProcessGroup<B> {
         }
         timer.lap(EnqueueStep::EndEvent);
 
-        self.inner.ops_issued.fetch_add(1, Ordering::Relaxed);
+        self.inner.tally.op_issued();
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
         let (input_size, output_size, lists) = spec.sizes();
@@ -890,7 +883,7 @@ impl<B: Backend> ProcessGroup<B> {
             WorkSource::Recycled(mut work) => {
                 let slot = Arc::get_mut(&mut work).expect("a recycled Work is held by nobody else");
                 *slot = new_state(Arc::clone(&slot.end_event));
-                self.inner.works_reused.fetch_add(1, Ordering::Relaxed);
+                self.inner.tally.work_reused();
                 work
             }
             WorkSource::Fresh(end_event) => Arc::new(new_state(end_event)),
@@ -1030,7 +1023,7 @@ impl<B: Backend> ProcessGroup<B> {
         // got (`bench/results/stream-pairs-h200x1.md`; the all_reduce bench's `pg-twin`, a second group of the same
         // options, tells it apart on NCCL).
         let stream = inner.device.stream_from_pool(inner.options.high_priority_stream)?;
-        inner.comms_created.fetch_add(1, Ordering::Relaxed);
+        inner.tally.comm_created();
         tracing::info!(
             target: "pg",
             pg_id = inner.local_id,

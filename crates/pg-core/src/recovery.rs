@@ -35,7 +35,7 @@
 //! group's first op makes one. Either way the members keep their ranks and the new ones take the next.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,7 +136,7 @@ impl<B: Backend> ProcessGroup<B> {
             }
         }
         self.shared().check(Call::Agree)?;
-        let round = self.shared().recoveries.fetch_add(1, Ordering::Relaxed);
+        let round = self.shared().rounds.next_agreement();
         let store = self.store().as_ref();
         let key = |what: &str, rank: usize| crate::failure::round_key(round, what, rank);
         let decision_key = format!("recovery.{round}/decision");
@@ -228,12 +228,7 @@ impl<B: Backend> ProcessGroup<B> {
         let members: Vec<usize> = (0..size).filter(|r| !out.contains(r)).collect();
         let new_rank = members.iter().position(|&r| r == rank).expect("this rank is not excluded");
         let excluded: Vec<usize> = out.into_iter().collect();
-        let number = {
-            let mut shrinks = inner.shrinks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let counter = shrinks.entry(excluded.clone()).or_default();
-            *counter += 1;
-            *counter - 1
-        };
+        let number = inner.rounds.next_shrink(&excluded);
         let name = shrink_name(&excluded, number);
         let mut group_options = self.options().clone();
         group_options.group_name =
@@ -419,7 +414,7 @@ impl<B: Backend> ProcessGroup<B> {
             }
         };
         global_ranks.extend(new_world);
-        let number = inner.grows.fetch_add(1, Ordering::Relaxed);
+        let number = inner.rounds.next_grow();
         let grow_name = format!("grow.{number}");
         let mut group_options = self.options().clone();
         group_options.group_name = options.group_name.clone().unwrap_or_else(|| format!("{name}.{grow_name}"));

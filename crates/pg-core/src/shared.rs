@@ -14,9 +14,11 @@ use crate::in_flight::InFlight;
 use crate::lifecycle::{Asker, Call, GroupState, Lifecycle};
 use crate::op_trace::Tracer;
 use crate::reuse::WorkPool;
+use crate::rounds::Rounds;
 use crate::signals::{Signals, StoreLink, Threads};
 use crate::status::{ErrorState, GroupStatus};
 use crate::subgroup_call::SubgroupCall;
+use crate::tally::Tally;
 use crate::work::WorkState;
 use crate::{Backend, Communicator, Device as _, Error, Event as _, Options};
 
@@ -45,27 +47,15 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) instance: Option<i64>,
     /// Where the group sits in the world, for a subgroup (`None`: the group is its own world).
     pub(crate) membership: Option<Membership>,
-    /// How many subgroups were made from this group: the next one's number.
-    pub(crate) subgroups: AtomicU64,
-    /// How many ops had their chunk sizes checked across ranks: the next check's number (`chunk_check.rs`).
-    pub(crate) chunk_checks: AtomicU64,
-    /// How many survivor agreements this rank made on the group: the next round's number.
-    pub(crate) recoveries: AtomicU64,
-    /// How many shrinks this rank made of the group, by excluded list: a rank excluded from a shrink does not
-    /// take part in it, so a shrink is named by its list and its number among the shrinks with that list.
-    pub(crate) shrinks: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
-    /// How many grows this rank made of the group: the next one's number (every rank takes part in a grow).
-    pub(crate) grows: AtomicU64,
+    /// The numbers of the calls every rank numbers alike (subgroups, chunk checks, agreements, shrinks, grows).
+    pub(crate) rounds: Rounds,
     /// Where the group is in its life (healthy, failed, revoked, ...): every public call is checked against it.
     pub(crate) lifecycle: Lifecycle,
     pub(crate) cache: Mutex<CommCache<B>>,
     /// This rank's collective communicator, also in the cache, for a lock-free hot path.
     pub(crate) collective: OnceLock<CommEntry<B>>,
-    pub(crate) seq_collective: AtomicU64,
-    pub(crate) seq_p2p: AtomicU64,
-    pub(crate) comms_created: AtomicU64,
-    pub(crate) ops_issued: AtomicU64,
-    pub(crate) works_reused: AtomicU64,
+    /// Sequence numbers and counts of what the group did.
+    pub(crate) tally: Tally,
     /// The timeout set with [`Shared::set_timeout`], in nanoseconds (`u64::MAX`: none set).
     timeout_override: AtomicU64,
     /// The Works in flight.
@@ -104,19 +94,11 @@ impl<B: Backend> Shared<B> {
             local_id,
             instance,
             membership,
-            subgroups: AtomicU64::new(0),
-            chunk_checks: AtomicU64::new(0),
-            recoveries: AtomicU64::new(0),
-            shrinks: Mutex::new(std::collections::HashMap::new()),
-            grows: AtomicU64::new(0),
+            rounds: Rounds::default(),
             lifecycle: Lifecycle::default(),
             cache: Mutex::new(CommCache::default()),
             collective: OnceLock::new(),
-            seq_collective: AtomicU64::new(0),
-            seq_p2p: AtomicU64::new(0),
-            comms_created: AtomicU64::new(0),
-            ops_issued: AtomicU64::new(0),
-            works_reused: AtomicU64::new(0),
+            tally: Tally::default(),
             timeout_override: AtomicU64::new(u64::MAX),
             in_flight: InFlight::default(),
             errors: ErrorState::default(),
