@@ -102,10 +102,11 @@ fn pass<B: Backend>(group: &Shared<B>) {
         ids.clear();
     };
     for work in &works {
-        if !group.signals.terminate.load(Ordering::SeqCst) {
-            work.check_and_set_exception();
-        }
-        let timed_out = work.exception().is_none() && work.check_timeout(work.timeout);
+        // One rule decides the outcome (`WorkState::is_completed`): an op seen finished is a success whatever its
+        // communicator reports later (an asynchronous error then concerns the ops after it); one not yet finished
+        // takes the communicator's asynchronous error, or fails once its communicator was stopped.
+        let done = work.is_completed();
+        let timed_out = !done && work.check_timeout(work.timeout);
         if let Some(error) = work.exception() {
             work.retired.store(true, Ordering::Relaxed);
             any_done = true;
@@ -135,7 +136,7 @@ fn pass<B: Backend>(group: &Shared<B>) {
             continue;
         }
         note_started(group, work);
-        if work.is_completed() {
+        if done {
             work.retired.store(true, Ordering::Relaxed);
             any_done = true;
             note_completed(group, work, &mut completed);

@@ -884,15 +884,14 @@ fn debug_output_names_the_group_and_its_works<H: Harness>(h: &H) -> Check<Outcom
 fn a_work_whose_communicator_was_aborted_behind_the_group_never_reports_success<H: Harness>(h: &H) -> Check<Outcome> {
     on_each_rank(h, h.world_size(), |r| {
         let timeout = Duration::from_millis(400);
-        let options = Options::builder()
-            .timeout(timeout)
-            .revoke_on_error(true)
-            .dump_on_timeout(false)
-            .watchdog_period(Duration::from_millis(10));
+        let options =
+            Options::builder().revoke_on_error(true).dump_on_timeout(false).watchdog_period(Duration::from_millis(10));
         let group = r.group("0", options)?;
         let buffer = r.filled(1.0, 4)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("the first all_reduce")?;
         r.read(&buffer).ctx("reading the result")?;
+        // The communicator exists (made under the group's default timeout); the op below times out quickly.
+        group.set_timeout(timeout);
         r.barrier("past the first all_reduce")?;
         if r.rank == 0 {
             r.sleep_current(SLEEP)?;

@@ -473,6 +473,9 @@ fn a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back<H: H
         }
         let group = r.ready_group("0", revoking())?;
         let dying = r.filled((r.rank + 1) as f64, 256)?;
+        // The victim dies only once every rank is past the ready barrier: a rank done with its part of an op may
+        // still be sending it, and a death then would fail a peer's barrier instead of the all_reduce below.
+        r.barrier("every rank past the ready barrier")?;
         if r.rank == victim {
             if kill {
                 let _dies_in = group.all_reduce(&dying, ReduceOp::Sum).ctx("the all_reduce the victim dies in")?;
