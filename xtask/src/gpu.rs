@@ -143,7 +143,7 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
     };
     let config: ExperimentConfig = serde_json::from_str(config).map_err(|e| format!("config: {e}"))?;
     let (rendezvous, device) = join_job(Duration::from_secs(300))?;
-    let caps = pg_nccl::conformance::capabilities(rendezvous.rank, &device);
+    let caps = pg_lab::conformance::capabilities(rendezvous.rank, &device);
     let ctx = RankContext::<pg_nccl::Nccl> { rank: rendezvous.rank, device, store: rendezvous.store, config, caps };
     let results = run_rank(&ctx).map_err(|e| format!("rank {}: {e}", ctx.rank))?;
     let json = serde_json::to_string(&results).map_err(|e| e.to_string())?;

@@ -53,10 +53,23 @@ pub fn build_suite() -> Result<PathBuf, String> {
     let root = root();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
-        .args(["build", "--release", "-p", "pg-nccl", "-p", "xtask", "--bin", "pg-nccl-gpu", "--bin", "xtask"])
+        // pg-lab builds pg-nccl with its test and benchmark hooks (raw baseline, launch log, timer), which the suite
+        // and the benchmark read; the training example is pg-nccl's.
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "pg-lab",
+            "-p",
+            "pg-nccl",
+            "-p",
+            "xtask",
+            "--bin",
+            "pg-nccl-gpu",
+            "--bin",
+            "xtask",
+        ])
         .args(["--example", "ddp_mlp"])
-        // The suite and the benchmark read pg-nccl's test and benchmark hooks (raw baseline, launch log, timer).
-        .args(["--features", "pg-nccl/testing,xtask/testing"])
         // Function names stay (a megabyte or two): the stacks of a stalled run name pg's frames.
         .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
         .status()

@@ -20,8 +20,6 @@
 mod abort_end;
 mod buffer;
 mod communicator;
-#[cfg(feature = "testing")]
-pub mod conformance;
 mod conv;
 mod device;
 mod exchange;
