@@ -9,6 +9,7 @@ mod imports;
 const UNSAFE_CODE: [&str; 3] = [concat!("uns", "afe {"), concat!("uns", "afe fn"), concat!("uns", "afe impl")];
 const IGNORE_ATTRIBUTE: &str = concat!("#[ig", "nore");
 const STUBS: [&str; 2] = [concat!("to", "do!("), concat!("unimpl", "emented!(")];
+const PATH_ATTRIBUTE: &str = concat!("#[pa", "th");
 
 /// The crates allowed to contain `unsafe` code.
 const UNSAFE_CRATES: [&str; 3] = ["crates/pg-cuda/", "crates/pg-nccl/", "crates/nccl-sys/"];
@@ -73,6 +74,9 @@ pub fn problems() -> Vec<String> {
             }
             if code.contains(IGNORE_ATTRIBUTE) {
                 problems.push(format!("{at}: an ignored test; a test that cannot run says \"skipped: <why>\" instead"));
+            }
+            if code.contains(PATH_ATTRIBUTE) {
+                problems.push(format!("{at}: a path attribute include; shared code is a module or a library item"));
             }
             if STUBS.iter().any(|pattern| code.contains(pattern)) {
                 problems.push(format!("{at}: a stub macro; a stub is not done"));

@@ -8,11 +8,13 @@
 //! [`Outcome::NotApplicable`] with the reason; it never counts as a pass.
 //!
 //! [`cases`] lists every case; [`run_all`] runs them and [`report`] prints the table and the JSON.
+//! [`fault_matrix`] is the fault matrix on the simulated backend (pg-mock's tests and `cargo xtask faults`).
 //! [`mock::MockHarness`] runs the suite on the simulated backend; the NCCL backend's harness is in `pg-lab`.
 #![forbid(unsafe_code)]
 
 mod cases;
 mod check;
+pub mod fault_matrix;
 mod harness;
 pub mod mock;
 mod registry;
