@@ -47,7 +47,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 pub fn problems() -> Vec<String> {
     let root = project_root();
     let mut files = Vec::new();
-    for dir in ["crates", "xtask"] {
+    for dir in ["crates", "examples", "xtask"] {
         rust_files(&root.join(dir), &mut files);
     }
     files.sort();
