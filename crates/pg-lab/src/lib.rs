@@ -1,13 +1,14 @@
 //! The lab around pg, apart from what a user links: the GPU suite binary `pg-nccl-gpu` (conformance, experiments,
-//! benchmarks, reports, its launcher of rank processes, the mixed and interop tasks), the NCCL backend's
-//! conformance harness, the exchange patterns the all-to-all and point-to-point benchmarks time, and the bundle's
-//! `run.sh` ([`RUN_SH`]).
+//! benchmarks, reports, the mixed and interop tasks), the launcher of rank processes that it and xtask share
+//! ([`launch`]), the NCCL backend's conformance harness, the exchange patterns the all-to-all and point-to-point
+//! benchmarks time, and the bundle's `run.sh` ([`RUN_SH`]).
 //!
 //! It builds pg-core and pg-nccl with their `testing` hooks; the product crates never depend on it.
 #![forbid(unsafe_code)]
 
 pub mod bench_exchange;
 pub mod conformance;
+pub mod launch;
 
 /// The bundle's `run.sh` (this crate's `run.sh`): runs the GPU suite, the benchmarks, the training example, the mixed
 /// groups, the torchrun rehearsal and the fault matrix from a bundle that `cargo xtask gpu-test --bundle DIR`
