@@ -76,7 +76,7 @@ pub fn available() -> pg_core::Result<usize> {
 /// compile, and for that reason alone: with the feature the same lines compile. Each block is a `compile_fail`
 /// doctest or a plain one as the feature says, so the workspace's `cargo test` (where pg-lab turns `testing` on)
 /// compiles them, and a build without the feature (`cargo test -p pg-nccl --doc`, or the downstream crate in
-/// `examples/downstream`, whose docs hold the first line) sees them fail.
+/// `examples/downstream`, whose docs hold the same lines) sees them fail.
 ///
 #[cfg_attr(feature = "testing", doc = "```no_run")]
 #[cfg_attr(not(feature = "testing"), doc = "```compile_fail")]

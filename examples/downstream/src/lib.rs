@@ -6,11 +6,19 @@
 //! or this process's rank on a GPU over NCCL, which says "not applicable" with the reason where there is no GPU
 //! or no libnccl.
 //!
-//! The test hooks of the `testing` feature are absent here; this fails to compile for that reason alone (pg-nccl's
-//! own docs compile the same line when the feature is on):
+//! The test hooks of the `testing` feature are absent here; each of these fails to compile for that reason alone
+//! (pg-nccl's own docs compile the same lines when the feature is on):
 //!
 //! ```compile_fail
 //! let _launches: Vec<pg_nccl::launches::KernelLaunch> = pg_nccl::launches::for_device(0);
+//! ```
+//!
+//! ```compile_fail
+//! let (_calls, _time) = pg_nccl::call_timing::totals();
+//! ```
+//!
+//! ```compile_fail
+//! let _: Option<pg_nccl::raw::RawComm> = None;
 //! ```
 //!
 //! while the same crate's public items resolve:
