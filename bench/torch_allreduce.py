@@ -2,7 +2,7 @@
 
 Run with torchrun, one process per GPU, e.g.
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 bench/torch_allreduce.py --out DIR
-Same procedure as the Rust contestants (crates/pg-nccl/src/bin/pg-nccl-gpu/bench.rs): per size, per trial,
+Same procedure as the Rust contestants (crates/pg-lab/src/bin/pg-nccl-gpu/bench.rs): per size, per trial,
 align the ranks, queue a spin so the host runs ahead, K in-place all_reduces (async_op=True, then wait()),
 timing events around them on the current stream; host clocks around the call and the wait. Device time counts
 only the trials in which the GPU was still spinning when the host had enqueued every op (else the events timed the

@@ -4,7 +4,7 @@ point-to-point benchmarks.
 Run with torchrun, one process per GPU, e.g.
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 bench/torch_exchange.py --op all-to-all --out DIR
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 bench/torch_exchange.py --op p2p --out DIR
-Same procedure as the Rust contestants (crates/pg-nccl/src/bin/pg-nccl-gpu/bench_exchange.rs): per size, per
+Same procedure as the Rust contestants (crates/pg-lab/src/bin/pg-nccl-gpu/bench_exchange.rs): per size, per
 trial, align the ranks, queue a spin so the host runs ahead, K ops (async_op=True, then wait()), timing events
 around them on the current stream; host clocks around the call and the wait. Medians. Sizes are the bytes each
 rank sends per op, 1 KiB to --max-bytes (--profile network: 64 KiB to 16 MiB, torch_profile.py). Writes DIR/torch-<op>.json (rank 0, with every rank's numbers).

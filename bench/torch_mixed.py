@@ -2,7 +2,7 @@
 (joined with the README's "Join a PyTorch job" code), this script every other rank.
 
 Every rank runs OPS in order and checks each result on its side, as pg's rank does
-(crates/pg-nccl/src/bin/pg-nccl-gpu/mixed.rs, whose constants these are): broadcasts of 64 MiB and 1 GiB
+(crates/pg-lab/src/bin/pg-nccl-gpu/mixed.rs, whose constants these are): broadcasts of 64 MiB and 1 GiB
 (PG_MIXED_LARGE_BYTES replaces the 1 GiB) from the lowest PyTorch rank (the source), an all_reduce of 4 MiB (sum of
 rank + 1), an all_gather_into_tensor of 4 MiB per rank (chunk r == r + 1), a 4 MiB send from pg's rank to the
 source and one back, a barrier. Writes OUT/mixed-rank{rank}.json:

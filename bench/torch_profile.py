@@ -1,4 +1,4 @@
-"""What the PyTorch bench contestants are sized for, as the Rust ones (crates/pg-nccl/src/bin/pg-nccl-gpu/profile.rs,
+"""What the PyTorch bench contestants are sized for, as the Rust ones (crates/pg-lab/src/bin/pg-nccl-gpu/profile.rs,
 whose tests check that these lists are its lists): "nvlink" (sizes up to 1 GiB, hundreds of ops per trial) or
 "network" (ranks sharing a GPU over NCCL's socket transport on loopback: sizes up to 16 MiB, ten ops per trial,
 five above 1 MiB, no CUDA-graph rows)."""

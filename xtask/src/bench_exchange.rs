@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use pg_conformance::bench_exchange::{RING_NOT_APPLICABLE, SKEWED_DEFINITION};
+use pg_lab::bench_exchange::{RING_NOT_APPLICABLE, SKEWED_DEFINITION};
 
 use crate::gpu_test::{build_suite, find_gpus, root};
 

@@ -1,7 +1,7 @@
 //! `cargo xtask faults`: runs the fault matrix and prints
 //! `scenario | expected | observed | detection latency | pass`.
 //!
-//! On the mock the scenarios are the very ones `cargo test` runs (`crates/pg-mock/tests/faults/matrix.rs`),
+//! On the mock the scenarios are the very ones `cargo test` runs (`pg_conformance::fault_matrix`),
 //! with scenario 7 at its full 50,000 unwaited ops; after the table, scenario 1's flight-recorder
 //! dumps are analysed by `fr-analyze`. `--trace DIR` writes each scenario's simulated timeline (`mock_trace.rs`).
 //! `--backend nccl` runs the GPU half (scenarios 1, 3, 6, 8 and 9) at `--world-size N` (default 2), one process
@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-#[path = "../../crates/pg-mock/tests/faults/matrix.rs"]
-mod matrix;
+use pg_conformance::fault_matrix as matrix;
 
 const HELP: &str = "\
 cargo xtask faults [--backend mock|nccl] [--world-size N] [--json PATH] [--dumps DIR] [--trace DIR] [--only ID]

@@ -1,9 +1,11 @@
 //! Real-GPU runs of the experiments: one process per GPU over env:// on loopback, each running the same generic
 //! experiment code as the simulated backend, the launcher joining their results.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+use pg_lab::launch::{self, Job};
 
 use super::experiments::{run_rank, ExperimentConfig, RankContext, RankResults};
 
@@ -20,9 +22,9 @@ pub fn run_experiments(config: &ExperimentConfig) -> Result<Vec<RankResults>, St
     outputs.iter().map(|text| serde_json::from_str(text).map_err(|e| format!("a rank's results: {e}"))).collect()
 }
 
-/// Starts `world_size` copies of this executable running `task OUT_PATH PAYLOAD`, rank r on GPU r % gpus
-/// (several ranks on a GPU over NCCL's network transport, [`pg_nccl::placement`]), with torchrun's
-/// environment on 127.0.0.1, waits for them, and returns what each wrote to its out path (empty for a rank in
+/// Starts `world_size` copies of this executable running `task OUT_PATH PAYLOAD` through pg-lab's launcher (rank r
+/// on GPU r % gpus, several ranks on a GPU over NCCL's network transport, [`pg_nccl::placement`], with torchrun's
+/// environment on 127.0.0.1), waits for them, and returns what each wrote to its out path (empty for a rank in
 /// `may_die`, which is allowed to exit abnormally).
 pub fn launch(task: &str, payload: &str, world_size: usize, may_die: &[usize]) -> Result<Vec<String>, String> {
     let ranks = launch_ranks(task, payload, world_size, may_die)?;
@@ -58,62 +60,31 @@ pub fn launch_ranks(task: &str, payload: &str, world_size: usize, may_die: &[usi
         return Err("a world of 0 ranks".into());
     }
     println!("{}", pg_nccl::placement::describe(world_size, gpus));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map_err(|e| format!("finding a free port: {e}"))?
-        .port();
+    let port = launch::free_port()?;
     let dir = std::env::temp_dir().join(format!("pg-{task}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
-    let mut children: Vec<(usize, Child)> = Vec::new();
     // `PG_RANK_WRAPPER` (e.g. `gdb -batch -ex run -ex bt --args`) runs each rank under a tool, for a crash's
     // backtrace.
     let wrapper: Vec<String> =
         std::env::var("PG_RANK_WRAPPER").unwrap_or_default().split_whitespace().map(str::to_owned).collect();
-    for rank in 0..world_size {
-        let mut command = match wrapper.split_first() {
-            Some((tool, args)) => {
-                let mut command = Command::new(tool);
-                command.args(args).arg(&exe);
-                command
-            }
-            None => Command::new(&exe),
-        };
-        command
-            .arg(task)
-            .arg(out_path(&dir, rank))
-            .arg(payload)
-            .env("RANK", rank.to_string())
-            // Rank r on GPU r % gpus; several ranks on one GPU each pose as a host of their own to NCCL.
-            .envs(pg_nccl::placement::place(rank, world_size, gpus).env)
-            .env("WORLD_SIZE", world_size.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string());
-        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            command.env("NCCL_NVLS_ENABLE", "0");
-        }
-        let child = command.spawn().map_err(|e| format!("starting rank {rank}: {e}"))?;
-        children.push((rank, child));
-    }
-    let started = Instant::now();
+    let job = Job { exe, wrapper, world: world_size, gpus, port };
+    let args = |rank: usize| -> Vec<OsString> { vec![task.into(), out_path(&dir, rank).into(), payload.into()] };
+    let mut children = job.start(&args, &[])?;
+    // Every rank exited, or the job's time ran out: each child's own state says which.
+    launch::wait_ranks(&mut children, Instant::now() + JOB_TIMEOUT, None)?;
     let mut failures: Vec<Option<String>> = vec![None; world_size];
-    while !children.is_empty() {
-        let mut still_running = Vec::new();
-        for (rank, mut child) in children {
-            match child.try_wait() {
-                Ok(Some(status)) if status.success() || may_die.contains(&rank) => {}
-                Ok(Some(status)) => failures[rank] = Some(format!("rank {rank} exited with {status}")),
-                Ok(None) if started.elapsed() > JOB_TIMEOUT => {
-                    let _ = child.kill();
-                    failures[rank] = Some(format!("rank {rank} still running after {JOB_TIMEOUT:?}: killed"));
-                }
-                Ok(None) => still_running.push((rank, child)),
-                Err(e) => failures[rank] = Some(format!("rank {rank}: {e}")),
+    for (rank, child) in children.iter_mut().enumerate() {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() || may_die.contains(&rank) => {}
+            Ok(Some(status)) => failures[rank] = Some(format!("rank {rank} exited with {status}")),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                failures[rank] = Some(format!("rank {rank} still running after {JOB_TIMEOUT:?}: killed"));
             }
+            Err(e) => failures[rank] = Some(format!("rank {rank}: {e}")),
         }
-        children = still_running;
-        // The launcher polls its children; nothing here waits for a condition it could be told about.
-        std::thread::sleep(Duration::from_millis(50));
     }
     let ends = failures
         .into_iter()
@@ -143,7 +114,7 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
     };
     let config: ExperimentConfig = serde_json::from_str(config).map_err(|e| format!("config: {e}"))?;
     let (rendezvous, device) = join_job(Duration::from_secs(300))?;
-    let caps = pg_nccl::conformance::capabilities(rendezvous.rank, &device);
+    let caps = pg_lab::conformance::capabilities(rendezvous.rank, &device);
     let ctx = RankContext::<pg_nccl::Nccl> { rank: rendezvous.rank, device, store: rendezvous.store, config, caps };
     let results = run_rank(&ctx).map_err(|e| format!("rank {}: {e}", ctx.rank))?;
     let json = serde_json::to_string(&results).map_err(|e| e.to_string())?;

@@ -83,7 +83,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(Command::new(cargo)
         .current_dir(workspace_root())
-        .args(["test", "-p", "pg-store", "--test", "interop", "--", "--nocapture"])
+        .args(["test", "-p", "pg-store", "--features", "cli", "--test", "interop", "--", "--nocapture"])
         .env("PG_INTEROP_PYTHON", &python)
         .env("PG_INTEROP_REQUIRE", "1"))
 }

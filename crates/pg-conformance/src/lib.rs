@@ -8,14 +8,13 @@
 //! [`Outcome::NotApplicable`] with the reason; it never counts as a pass.
 //!
 //! [`cases`] lists every case; [`run_all`] runs them and [`report`] prints the table and the JSON.
-//! [`mock::MockHarness`] runs the suite on the simulated backend; the GPU binary of `pg-nccl` brings its own.
-//! [`bench_exchange`] holds the exchange patterns the all-to-all and point-to-point benchmarks time, generic
-//! over the backend so that they are checked on the simulated backend too.
+//! [`fault_matrix`] is the fault matrix on the simulated backend (pg-mock's tests and `cargo xtask faults`).
+//! [`mock::MockHarness`] runs the suite on the simulated backend; the NCCL backend's harness is in `pg-lab`.
 #![forbid(unsafe_code)]
 
-pub mod bench_exchange;
 mod cases;
 mod check;
+pub mod fault_matrix;
 mod harness;
 pub mod mock;
 mod registry;

@@ -2,8 +2,7 @@
 //! the same scenarios as a table).
 #![forbid(unsafe_code)]
 
-#[path = "faults/matrix.rs"]
-mod matrix;
+use pg_conformance::fault_matrix as matrix;
 
 /// Runs scenario `id` in its own dump directory and fails with every check that did not hold.
 fn check(id: &str) {

@@ -132,7 +132,8 @@ fn run_released(task: &str, args: &[String]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
         .current_dir(&root)
-        .args(["build", "--release", "-p", "pg-store", "--bin", "pgstore", "-p", "xtask", "--bin", "xtask"])
+        .args(["build", "--release", "-p", "pg-store", "--features", "pg-store/cli", "--bin", "pgstore", "-p", "xtask"])
+        .args(["--bin", "xtask"])
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if !status.success() {

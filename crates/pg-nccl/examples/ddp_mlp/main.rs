@@ -26,6 +26,8 @@
 mod cuda;
 mod elastic;
 mod host;
+#[cfg(test)]
+mod tests;
 mod train;
 
 use std::process::ExitCode;

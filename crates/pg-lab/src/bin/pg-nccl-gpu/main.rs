@@ -249,12 +249,6 @@ fn launch_task(settings: &Settings, task: &str, nproc: usize) -> Result<Vec<Valu
     }
 }
 
-/// A TCP port free on the loopback right now (the OS picks it; rank 0's store server binds it next).
-pub fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding a free port: {e}"))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
-}
-
 fn rank_file(out: &Path, task: &str, rank: usize) -> PathBuf {
     out.join(format!("{task}-rank{rank}.json"))
 }

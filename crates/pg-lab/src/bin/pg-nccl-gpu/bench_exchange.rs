@@ -1,6 +1,6 @@
 //! The all-to-all and point-to-point benchmarks' Rust contestants (tasks `bench-all-to-all`, `bench-p2p`): a
 //! raw NCCL loop (`ncclSend`/`ncclRecv` per peer inside one NCCL group, through nccl-sys) and the process group
-//! (`all_to_all_single`, `batch_isend_irecv`), on the buffers of `pg_conformance::bench_exchange`.
+//! (`all_to_all_single`, `batch_isend_irecv`), on the buffers of `pg_lab::bench_exchange`.
 //!
 //! The procedure is the all_reduce benchmark's: per size, interleaved raw / pg, for each trial align the ranks
 //! (a one-element all_reduce and a stream synchronize), queue a spin kernel so the host runs ahead, record a
@@ -10,8 +10,8 @@
 
 use std::time::Instant;
 
-use pg_conformance::bench_exchange::{pg_loop, AllToAll, Exchange as _, Ring, Split, RING_NOT_APPLICABLE};
 use pg_core::{DType, Device as _, Options, P2POp, ReduceOp};
+use pg_lab::bench_exchange::{pg_loop, AllToAll, Exchange as _, Ring, Split, RING_NOT_APPLICABLE};
 use pg_nccl::raw::RawComm;
 use pg_nccl::{Buffer, Nccl, Stream};
 use serde_json::{json, Value};
@@ -61,7 +61,7 @@ fn raw_op(comm: &RawComm, stream: &Stream, op: Exchange<'_>) -> Result<(), Strin
 
 impl<'a> Exchange<'a> {
     /// The exchange as the process group contestant's loop takes it.
-    fn generic(self) -> &'a dyn pg_conformance::bench_exchange::Exchange<Nccl> {
+    fn generic(self) -> &'a dyn pg_lab::bench_exchange::Exchange<Nccl> {
         match self {
             Exchange::AllToAll(case) => case,
             Exchange::Ring(ring) => ring,

@@ -1,13 +1,71 @@
-//! The rank processes of one task: started as torchrun would start them, watched until they exit, stall or run
-//! out of time, stopped with their stacks written down, and their results read back.
+//! Starting the rank processes of a job and watching them: the one launcher of pg-lab's `pg-nccl-gpu` and xtask's
+//! GPU tasks. Ranks start as torchrun would start them (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+//! `MASTER_PORT` on 127.0.0.1), rank r on GPU r % GPUs with the environment of `pg_nccl::placement`; they are watched
+//! until they exit, stall or run out of time, and stopped with their stacks written down.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::Value;
+/// A TCP port free on the loopback right now (the OS picks it; rank 0's store server binds it next).
+pub fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding a free port: {e}"))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
 
-use crate::Settings;
+/// One job's rank processes, before they start.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The program every rank runs.
+    pub exe: PathBuf,
+    /// A tool each rank runs under (`gdb -batch -ex run -ex bt --args`, say), or nothing.
+    pub wrapper: Vec<String>,
+    /// The number of ranks.
+    pub world: usize,
+    /// The GPUs of the machine.
+    pub gpus: usize,
+    /// The port of the job's store on 127.0.0.1 (rank 0 hosts it).
+    pub port: u16,
+}
+
+impl Job {
+    /// Starts every rank: rank r runs `exe` with `args(r)`, torchrun's variables, its placement, `NCCL_NVLS_ENABLE=0`
+    /// unless the environment sets it, then `env`. If a rank cannot start, those started are stopped.
+    pub fn start(&self, args: &dyn Fn(usize) -> Vec<OsString>, env: &[(&str, String)]) -> Result<Vec<Child>, String> {
+        let mut children: Vec<Child> = Vec::new();
+        for rank in 0..self.world {
+            let mut command = match self.wrapper.split_first() {
+                Some((tool, tool_args)) => {
+                    let mut command = Command::new(tool);
+                    command.args(tool_args).arg(&self.exe);
+                    command
+                }
+                None => Command::new(&self.exe),
+            };
+            command
+                .args(args(rank))
+                .env("RANK", rank.to_string())
+                // Rank r on GPU r % gpus; several ranks on one GPU each pose as a host of their own to NCCL.
+                .envs(pg_nccl::placement::place(rank, self.world, self.gpus).env)
+                .env("WORLD_SIZE", self.world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", self.port.to_string());
+            if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+                command.env("NCCL_NVLS_ENABLE", "0");
+            }
+            command.envs(env.iter().map(|(name, value)| (*name, value)));
+            match command.spawn() {
+                Ok(child) => children.push(child),
+                Err(e) => {
+                    stop(&mut children);
+                    return Err(format!("starting rank {rank}: {e}"));
+                }
+            }
+        }
+        Ok(children)
+    }
+}
 
 /// How a set of rank processes ended.
 #[derive(Debug)]
@@ -18,49 +76,6 @@ pub enum Ended {
     Stalled,
     /// The deadline passed while some process still ran.
     TimedOut,
-}
-
-/// Starts the `nproc` rank processes of `task` (with `env` added to each), rank r on GPU r % GPUs, on a fresh
-/// port.
-pub fn start_ranks(
-    settings: &Settings,
-    task: &str,
-    nproc: usize,
-    env: &[(&str, String)],
-) -> Result<Vec<Child>, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let port = crate::free_port()?;
-    let gpus = pg_nccl::available().map_err(|err| format!("no GPU to test on: {err}"))?;
-    let mut children: Vec<Child> = Vec::new();
-    for rank in 0..nproc {
-        // Rank r on GPU r % gpus; several ranks on one GPU each pose as a host of their own to NCCL.
-        let placement = pg_nccl::placement::place(rank, nproc, gpus);
-        let started = Command::new(&exe)
-            .args(["rank", "--task", task, "--out"])
-            .arg(&settings.out)
-            .args(["--bench-max-bytes", &settings.bench_max_bytes.to_string()])
-            .args(["--bench-trials", &settings.bench_trials.to_string()])
-            .args(["--bench-profile", settings.bench_profile.name()])
-            .env("RANK", rank.to_string())
-            .envs(placement.env)
-            .env("WORLD_SIZE", nproc.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("NCCL_NVLS_ENABLE", "0")
-            .envs(env.iter().map(|(name, value)| (*name, value)))
-            .spawn();
-        match started {
-            Ok(child) => children.push(child),
-            Err(e) => {
-                for child in &mut children {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
-                return Err(format!("starting rank {rank}: {e}"));
-            }
-        }
-    }
-    Ok(children)
 }
 
 /// Waits for `children` until every one exits or `deadline` passes, or, with `stall = Some((files, limit))`,
@@ -94,27 +109,6 @@ pub fn wait_ranks(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Each rank's result file of `task`, once every process exited with these `statuses`: a rank that wrote an error,
-/// or no result, fails the task; one that wrote its result and then exited badly is reported and kept.
-pub fn collect_ranks(settings: &Settings, task: &str, statuses: Vec<ExitStatus>) -> Result<Vec<Value>, String> {
-    let mut results = Vec::new();
-    for (rank, status) in statuses.into_iter().enumerate() {
-        let path = crate::rank_file(&settings.out, task, rank);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("rank {rank} ({status}) left no result at {}: {e}", path.display()))?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if !value["error"].is_null() {
-            return Err(format!("rank {rank} exited with {status}: {}", value["error"]));
-        }
-        if !status.success() {
-            // The rank's body finished and wrote its result; what failed came after (NCCL's teardown at exit).
-            println!("[{task}] rank {rank} exited with {status} after writing its result; the result stands");
-        }
-        results.push(value);
-    }
-    Ok(results)
 }
 
 /// Stops every child still running.
@@ -204,15 +198,6 @@ fn proc_threads(pid: &str) -> String {
     text
 }
 
-/// Writes `value` to `path` whole: to a file beside it first, then renamed over it, so a reader never sees a
-/// part of it.
-pub fn write_atomically(path: &Path, value: &Value) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    let partial = path.with_extension("partial");
-    std::fs::write(&partial, text).map_err(|e| format!("{}: {e}", partial.display()))?;
-    std::fs::rename(&partial, path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,16 +224,5 @@ mod tests {
         let ended = wait_ranks(&mut children, far, Some((&never, Duration::from_millis(1)))).unwrap();
         assert!(matches!(ended, Ended::Exited(ref statuses) if statuses.len() == 2), "{ended:?}");
         let _ = std::fs::remove_dir_all(dir);
-    }
-
-    #[test]
-    fn a_value_is_replaced_whole() {
-        let path = std::env::temp_dir().join(format!("pg-progress-{}.json", std::process::id()));
-        write_atomically(&path, &serde_json::json!({ "cases": [1] })).unwrap();
-        write_atomically(&path, &serde_json::json!({ "cases": [1, 2] })).unwrap();
-        let back: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(back["cases"], serde_json::json!([1, 2]));
-        assert!(!path.with_extension("partial").exists());
-        let _ = std::fs::remove_file(path);
     }
 }

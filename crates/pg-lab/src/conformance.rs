@@ -1,19 +1,18 @@
-//! The conformance harness of the NCCL backend (with the `testing` feature): one process per GPU, so a world is
+//! The conformance harness of the NCCL backend (on pg-nccl's `testing` hooks): one process per GPU, so a world is
 //! this process's rank plus its peers in other processes, and [`NcclHarness::run`] runs the closure for this
 //! rank only. Worlds are told apart by store prefixes that every process derives the same way.
 //!
 //! Each world's kernel log holds the launches made since the world began, with device times from its start
 //! (timing events around each launch), and a world can inject an asynchronous error or this rank's death into its
-//! communicators ([`crate::fault`]).
+//! communicators ([`pg_nccl::fault`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pg_conformance::{Capabilities, Clock, Fault, Harness, KernelLaunch, Offers, Ran, Rank};
+use pg_conformance::{Capabilities, Clock, Fault, Harness, KernelKind, KernelLaunch, Offers, Ran, Rank};
 use pg_core::store::{PrefixStore, Store};
-
-use crate::{fault, launches};
-use crate::{Device, Nccl};
+use pg_nccl::{fault, launches};
+use pg_nccl::{Device, Nccl};
 
 /// The capabilities of a world on real GPUs: the launches of this process since the world began (with device
 /// times), the wall clock, faults injected into this rank's communicators, and another GPU of the machine where
@@ -41,7 +40,8 @@ pub fn capabilities(rank: usize, device: &Device) -> Arc<NcclCapabilities> {
 
 impl Capabilities<Nccl> for NcclCapabilities {
     fn kernel_log(&self, _rank: usize) -> Option<Vec<KernelLaunch>> {
-        Some(launches::since(&self.since, pg_core::Device::index(&self.device)))
+        let log = launches::since(&self.since, pg_core::Device::index(&self.device));
+        Some(log.into_iter().map(suite_launch).collect())
     }
 
     fn clock(&self) -> Option<Clock> {
@@ -73,6 +73,17 @@ impl Capabilities<Nccl> for NcclCapabilities {
             Fault::NeverJoin { .. } => false,
         }
     }
+}
+
+/// A launch of pg-nccl's log as the suite's kernel log holds it.
+fn suite_launch(launch: launches::KernelLaunch) -> KernelLaunch {
+    let kind = match launch.kind {
+        launches::KernelKind::Comm => KernelKind::Comm,
+        launches::KernelKind::Sleep => KernelKind::Sleep,
+        launches::KernelKind::Fill => KernelKind::Fill,
+        launches::KernelKind::Copy => KernelKind::Copy,
+    };
+    KernelLaunch { stream_id: launch.stream_id, kind, name: launch.name, span: launch.span }
 }
 
 /// How long a rank waits at the end of a world for its peers before it lets go of the world's groups.

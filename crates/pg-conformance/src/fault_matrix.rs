@@ -1,7 +1,7 @@
 //! The fault matrix on the simulated backend: each scenario injects one fault into a simulated
 //! world, runs real process groups on it, and checks what the ranks observe and how fast.
 //!
-//! Used twice: by `tests/faults.rs` (one test per scenario, in `cargo test`) and by `cargo xtask faults`
+//! Used twice: by pg-mock's `tests/faults.rs` (one test per scenario, in `cargo test`) and by `cargo xtask faults`
 //! (which prints the table `scenario | expected | observed | detection latency | pass`).
 //! Everything runs in virtual time: a 1 s timeout costs no real second, the verdicts are the same on every run,
 //! and the latencies too, to within microseconds (the watchdog's host costs depend on how its passes interleave).
@@ -164,7 +164,7 @@ fn prefix(dir: &Path) -> String {
 }
 
 /// This rank's handle of a group under `name` in `store`.
-pub(crate) fn group(
+pub fn group(
     store: &Arc<dyn Store>,
     name: &str,
     rank: usize,
@@ -177,7 +177,7 @@ pub(crate) fn group(
 }
 
 /// A buffer of `numel` elements set to `value` on the current stream.
-pub(crate) fn filled(device: &MockDevice, numel: usize, value: f64) -> MockBuffer {
+pub fn filled(device: &MockDevice, numel: usize, value: f64) -> MockBuffer {
     let buffer = device.alloc(DType::F32, numel).expect("alloc");
     device.fill(&buffer, value, &device.current_stream()).expect("fill");
     buffer

@@ -1,25 +1,15 @@
-//! The training example's CUDA half where a CPU can check it (its PTX, its cuBLAS arguments against a reference
-//! column-major GEMM), and its step on the simulated backend: world 1, 2 and 4 (one thread per rank) follow the same
+//! The training example's tests, which `cargo test` runs (the example is built with `test = true`): its CUDA half
+//! where a CPU can check it (its PTX, its cuBLAS arguments against a reference column-major GEMM), and its step on the simulated backend: world 1, 2 and 4 (one thread per rank) follow the same
 //! loss curve to float tolerance (which they would not if a bucket's all_reduce were missing or wrong: each
 //! rank would then train on its own share), the loss falls, and a batch that does not split evenly is refused.
 //! The elastic loop loses a rank of 4 mid-run and goes on at 3 on the same curve.
 
-#![deny(unsafe_code)]
-
-#[allow(unsafe_code, dead_code)] // A reason: the example's CUDA half, of which these tests use the pure parts.
-#[path = "../examples/ddp_mlp/cuda.rs"]
-mod cuda;
-#[path = "../examples/ddp_mlp/elastic.rs"]
-mod elastic;
-#[path = "../examples/ddp_mlp/host.rs"]
-mod host;
-#[path = "../examples/ddp_mlp/train.rs"]
-mod train;
-
 use std::sync::Arc;
 
 use pg_core::{Options, ProcessGroup};
-use train::{Config, StepRecord};
+
+use crate::train::{Config, StepRecord};
+use crate::{cuda, elastic, host, train};
 
 fn config() -> Config {
     Config { batch: 64, steps: 25, ..Config::default() }

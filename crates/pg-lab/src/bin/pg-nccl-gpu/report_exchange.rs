@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use pg_conformance::bench_exchange::{input_splits, Split, SKEWED_DEFINITION};
+use pg_lab::bench_exchange::{input_splits, Split, SKEWED_DEFINITION};
 use serde_json::{json, Value};
 
 use crate::bench_exchange::busbw;
@@ -317,7 +317,7 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
 
 #[cfg(test)]
 mod tests {
-    use pg_conformance::bench_exchange::RING_NOT_APPLICABLE;
+    use pg_lab::bench_exchange::RING_NOT_APPLICABLE;
 
     use super::*;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pg_conformance::{report, CaseReport};
-use pg_nccl::conformance::NcclHarness;
+use pg_lab::conformance::NcclHarness;
 use serde_json::{json, Value};
 
 use crate::{Rank, Settings};
