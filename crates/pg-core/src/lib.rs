@@ -52,6 +52,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use future::{Future, Then};
 pub use lifecycle::GroupState;
 pub use list_ops::{Coalescer, P2PKind, P2POp};
+#[cfg(feature = "testing")]
+pub use op_trace::{trace_file_state, TraceFileState};
 pub use op_type::OpType;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
 pub use poison::Poison;

@@ -10,10 +10,16 @@
 //! time since the reference, and the ops and their times land in the group's log.
 //!
 //! A flush ([`crate::ProcessGroup::flush_trace`], shutdown, dropping the group) writes this rank's file with the
-//! logs of every traced group of the rank in this process: one process (`pid` = the world rank), a host track
+//! logs of the traced groups of the rank in this process: one process (`pid` = the world rank), a host track
 //! per group (its enqueue calls) and a track per communication stream of it (the ops' device spans), each op a
 //! complete slice (`ph: "X"`) named by its profiling name (`nccl:all_reduce`), with the group, sequence number,
 //! sizes and dtypes in its args and an arrow from the enqueue to the device span.
+//!
+//! A live group's log is rendered at each flush. A dropped group's is rendered once, when it is dropped, and
+//! kept as text; the file keeps the newest `KEEP_DROPPED_GROUPS` (64) dropped groups, with at most
+//! `KEEP_DROPPED_OPS` (65,536) ops among them, and counts the groups and ops it let go (`groups_released`,
+//! `ops_released`). So a rank's memory for groups that are gone is bounded, and a drop renders only its own
+//! group (and the live ones), whatever number of groups came before.
 //!
 //! Times are microseconds since the UNIX epoch: a host time is the reference's wall-clock reading plus the
 //! monotonic time since the reference; a device time is the same reading plus the device time from the reference
@@ -27,7 +33,7 @@
 //!
 //! With tracing off the group holds no tracer: the enqueue path checks one `Option` and does nothing else.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -40,6 +46,15 @@ use crate::{Backend, DType, Device, Error, Event, OpType, Result};
 
 /// Ops kept per group (the newest); older ones are dropped and counted in the file (about 1 KB each in it).
 const KEEP: usize = 65_536;
+
+/// Dropped groups a rank file keeps (the newest by creation); older ones are released and counted in the file.
+pub(crate) const KEEP_DROPPED_GROUPS: usize = 64;
+
+/// Ops the dropped groups a rank file keeps may hold together; the oldest groups beyond it are released.
+pub(crate) const KEEP_DROPPED_OPS: usize = KEEP;
+
+/// Track numbers a group's tracks take (its host track, then one per stream).
+const TRACKS_PER_GROUP: u64 = 1000;
 
 /// Unresolved ops at which the enqueue path first resolves the finished ones itself (a group without a watchdog,
 /// or a device far behind); the mark then doubles past what is left, so that this costs O(1) per op.
@@ -128,15 +143,144 @@ struct PendingOps<B: Backend> {
 /// A traced group's recorder.
 pub(crate) struct Tracer<B: Backend> {
     path: PathBuf,
+    /// The group's place among its file's groups, in creation order: its track numbers and flow ids.
+    slot: u64,
     reference: B::Event,
     pending: Mutex<PendingOps<B>>,
     log: Arc<Mutex<GroupLog>>,
 }
 
-/// Every traced group's log, by the rank file it goes to (groups of one rank share a file; a file keeps the
-/// groups that were dropped, so that a later flush writes them again).
-type Files = HashMap<PathBuf, Vec<Arc<Mutex<GroupLog>>>>;
-static FILES: Mutex<Option<Files>> = Mutex::new(None);
+/// A dropped group as its file writes it, rendered once.
+struct Rendered {
+    /// Its trace events, each JSON text, joined by commas.
+    events: String,
+    /// Its entry in `otherData.groups`.
+    summary: Value,
+    /// The ops it holds.
+    ops: usize,
+    world_rank: usize,
+}
+
+/// One rank file's groups: the live ones' logs and the dropped ones rendered (see the module docs).
+#[derive(Default)]
+struct RankFile {
+    /// The slot of the next group made for this file.
+    next_slot: u64,
+    live: BTreeMap<u64, Arc<Mutex<GroupLog>>>,
+    dropped: BTreeMap<u64, Rendered>,
+    /// The ops of `dropped`, together.
+    dropped_ops: usize,
+    released_groups: u64,
+    released_ops: u64,
+    /// Ops rendered for this file so far (what the file's writes cost).
+    rendered_ops: u64,
+}
+
+impl RankFile {
+    /// Keeps `rendered` (slot `slot`), then releases the oldest dropped groups beyond the bounds.
+    fn keep_dropped(&mut self, slot: u64, rendered: Rendered) {
+        self.dropped_ops += rendered.ops;
+        self.dropped.insert(slot, rendered);
+        while self.dropped.len() > KEEP_DROPPED_GROUPS
+            || (self.dropped_ops > KEEP_DROPPED_OPS && self.dropped.len() > 1)
+        {
+            let Some((_, oldest)) = self.dropped.pop_first() else { break };
+            self.dropped_ops -= oldest.ops;
+            self.released_groups += 1;
+            self.released_ops += oldest.ops as u64;
+        }
+    }
+
+    /// The file's text: every kept group in creation order, live ones rendered now.
+    fn text(&mut self) -> Result<String> {
+        let mut parts: Vec<(u64, Rendered)> = Vec::with_capacity(self.live.len());
+        for (&slot, log) in &self.live {
+            let rendered = render_group(&lock(log), slot)?;
+            self.rendered_ops += rendered.ops as u64;
+            parts.push((slot, rendered));
+        }
+        let mut groups: Vec<(u64, &Rendered)> = parts.iter().map(|(slot, r)| (*slot, r)).collect();
+        groups.extend(self.dropped.iter().map(|(slot, r)| (*slot, r)));
+        groups.sort_by_key(|(slot, _)| *slot);
+        // Every group of the file is on one world rank; its number is the file's.
+        let world = groups.first().map_or(0, |(_, r)| r.world_rank as u64);
+        let mut process = TraceEvents::new();
+        process.process(world, &format!("rank {world}"), world as i64);
+        let mut text = String::from("{\"traceEvents\":[");
+        let mut first = true;
+        let process_events = match process.into_json()["traceEvents"].as_array() {
+            Some(events) => events.iter().map(Value::to_string).collect::<Vec<_>>(),
+            None => Vec::new(),
+        };
+        for events in groups.iter().map(|(_, r)| r.events.as_str()).chain(process_events.iter().map(String::as_str)) {
+            if events.is_empty() {
+                continue;
+            }
+            if !first {
+                text.push(',');
+            }
+            first = false;
+            text.push_str(events);
+        }
+        let other = json!({
+            "pg_trace": 1,
+            "rank": world,
+            "clock": "ts in microseconds since the UNIX epoch: each group's wall clock at its reference event, plus \
+                      host monotonic time (enqueue tracks) or device time from timing events (stream tracks) since it",
+            "groups": groups.iter().map(|(_, r)| r.summary.clone()).collect::<Vec<_>>(),
+            "groups_released": self.released_groups,
+            "ops_released": self.released_ops,
+            "keeps_dropped_groups": KEEP_DROPPED_GROUPS,
+            "keeps_dropped_ops": KEEP_DROPPED_OPS,
+        });
+        text.push_str("],\"displayTimeUnit\":\"ms\",\"otherData\":");
+        text.push_str(&serde_json::to_string(&other).map_err(|e| Error::Backend(format!("trace JSON: {e}")))?);
+        text.push('}');
+        Ok(text)
+    }
+}
+
+/// Every traced group, by the rank file it goes to (groups of one rank share a file).
+static FILES: Mutex<Option<HashMap<PathBuf, RankFile>>> = Mutex::new(None);
+
+/// What a rank file keeps, for tests: the bounds on dropped groups hold however many groups came and went.
+#[cfg(feature = "testing")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceFileState {
+    /// Traced groups of the file still alive.
+    pub live_groups: usize,
+    /// Dropped groups the file still writes, and their ops together.
+    pub kept_groups: usize,
+    pub kept_ops: usize,
+    /// Dropped groups (and their ops) let go past the bounds.
+    pub released_groups: u64,
+    pub released_ops: u64,
+    /// Ops rendered for the file's writes so far: a drop adds its own group's and the live groups', never the
+    /// kept ones'.
+    pub rendered_ops: u64,
+}
+
+/// What the rank file at `path` keeps, if a traced group ever wrote to it in this process.
+#[cfg(feature = "testing")]
+pub fn trace_file_state(path: &Path) -> Option<TraceFileState> {
+    let files = lock(&FILES);
+    let file = files.as_ref()?.get(path)?;
+    Some(TraceFileState {
+        live_groups: file.live.len(),
+        kept_groups: file.dropped.len(),
+        kept_ops: file.dropped_ops,
+        released_groups: file.released_groups,
+        released_ops: file.released_ops,
+        rendered_ops: file.rendered_ops,
+    })
+}
+
+/// Writes `text` as the file `path` (beside, then renamed, so that a reader never sees half a file).
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    let partial = path.with_extension("json.partial");
+    let write = std::fs::write(&partial, text).and_then(|()| std::fs::rename(&partial, path));
+    write.map_err(|error| Error::invalid(format!("trace_dir (PG_TRACE): cannot write {}: {error}", path.display())))
+}
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -190,9 +334,16 @@ impl<B: Backend> Tracer<B> {
         };
         let log = Arc::new(Mutex::new(log));
         let path = dir.join(format!("rank{}.json", who.world_rank));
-        lock(&FILES).get_or_insert_with(HashMap::new).entry(path.clone()).or_default().push(Arc::clone(&log));
+        let slot = {
+            let mut files = lock(&FILES);
+            let file = files.get_or_insert_with(HashMap::new).entry(path.clone()).or_default();
+            let slot = file.next_slot;
+            file.next_slot += 1;
+            file.live.insert(slot, Arc::clone(&log));
+            slot
+        };
         let pending = Mutex::new(PendingOps { ops: VecDeque::new(), anchor: None, resolve_at: RESOLVE_AT });
-        Ok(Self { path, reference, pending, log })
+        Ok(Self { path, slot, reference, pending, log })
     }
 
     /// Takes a just enqueued op with the timing events recorded around its launch.
@@ -269,21 +420,37 @@ impl<B: Backend> Tracer<B> {
     /// Resolves what has finished and writes this rank's file (every traced group of the rank in this
     /// process); returns its path.
     pub(crate) fn flush(&self) -> Result<PathBuf> {
-        {
-            let mut pending = lock(&self.pending);
-            self.resolve_locked(&mut pending);
-            lock(&self.log).unresolved = pending.ops.iter().map(|op| op.info.clone()).collect();
-        }
-        let logs = lock(&FILES).as_ref().and_then(|files| files.get(&self.path).cloned()).unwrap_or_default();
-        let document = render(&logs);
-        let text = serde_json::to_string(&document).map_err(|e| Error::Backend(format!("trace JSON: {e}")))?;
-        // Written beside and renamed, so that a reader never sees half a file.
-        let partial = self.path.with_extension("json.partial");
-        let write = std::fs::write(&partial, text).and_then(|()| std::fs::rename(&partial, &self.path));
-        write.map_err(|error| {
-            Error::invalid(format!("trace_dir (PG_TRACE): cannot write {}: {error}", self.path.display()))
-        })?;
+        self.settle();
+        let mut files = lock(&FILES);
+        let file = files.get_or_insert_with(HashMap::new).entry(self.path.clone()).or_default();
+        write_file(&self.path, &file.text()?)?;
         Ok(self.path.clone())
+    }
+
+    /// Resolves what has finished; the ops still running are written with their host times.
+    fn settle(&self) {
+        let mut pending = lock(&self.pending);
+        self.resolve_locked(&mut pending);
+        lock(&self.log).unresolved = pending.ops.iter().map(|op| op.info.clone()).collect();
+    }
+}
+
+impl<B: Backend> Drop for Tracer<B> {
+    /// The group is gone: its log is rendered once and kept as text (within the file's bounds), and the file is
+    /// written with it.
+    fn drop(&mut self) {
+        self.settle();
+        let mut files = lock(&FILES);
+        let file = files.get_or_insert_with(HashMap::new).entry(self.path.clone()).or_default();
+        file.live.remove(&self.slot);
+        let written = render_group(&lock(&self.log), self.slot).and_then(|rendered| {
+            file.rendered_ops += rendered.ops as u64;
+            file.keep_dropped(self.slot, rendered);
+            write_file(&self.path, &file.text()?)
+        });
+        if let Err(error) = written {
+            tracing::warn!(target: "pg", path = %self.path.display(), %error, "writing the trace failed");
+        }
     }
 }
 
@@ -308,90 +475,85 @@ fn at(base: u64, offset: i64) -> u64 {
     }
 }
 
-/// One rank's file: its groups' tracks and ops, and what the times mean.
-fn render(logs: &[Arc<Mutex<GroupLog>>]) -> Value {
-    let mut events = TraceEvents::new();
-    let mut groups = Vec::new();
-    let mut pid = None;
-    for (index, log) in logs.iter().enumerate() {
-        let log = lock(log);
-        // Every group of the file is on one world rank; its number is the file's.
-        let world = *pid.get_or_insert(log.world_rank as u64);
-        let label = format!("{} ({})", log.desc, log.name);
-        // Track numbers by group in creation order; the host track first, then one per stream as ops name them.
-        let base = 1 + index as u64 * 1000;
-        let host = Track::new(world, base);
-        events.thread(host, &format!("{label} enqueue"), base as i64);
-        let mut streams: Vec<(u64, Option<usize>)> = Vec::new();
-        let ops =
-            log.done.iter().cloned().chain(log.unresolved.iter().map(|info| Done { info: info.clone(), device: None }));
-        let wall_of_host = |time: Duration| {
-            let offset = i64::try_from(time.as_nanos()).unwrap_or(i64::MAX)
-                - i64::try_from(log.host.as_nanos()).unwrap_or(i64::MAX);
-            at(log.wall_ns, offset)
-        };
-        let (mut timed, mut untimed) = (0u64, 0u64);
-        for done in ops {
-            let info = &done.info;
-            let name = info.op.profiling_name();
-            let mut args = sides(info);
-            args["group"] = json!(log.name);
-            args["group_desc"] = json!(log.desc);
-            args["seq"] = json!(info.seq);
-            args["is_p2p"] = json!(info.op.is_p2p());
-            if let Some(peer) = info.peer {
-                args["peer"] = json!(peer);
-            }
-            args["side"] = json!("host enqueue");
-            let host_start = wall_of_host(info.host_start);
-            let host_end = wall_of_host(info.host_end);
-            let Some((start, end)) = done.device else {
-                untimed += 1;
-                args["device"] = json!("not timed: the op had not finished at the flush, or its events failed");
-                events.slice(host, name, "op", host_start, host_end, args);
-                continue;
-            };
-            timed += 1;
-            let slot = match streams.iter().position(|(id, _)| *id == info.stream) {
-                Some(slot) => slot,
-                None => {
-                    streams.push((info.stream, info.peer));
-                    let track = Track::new(world, base + streams.len() as u64);
-                    let what = match info.peer {
-                        None => "comm stream".to_owned(),
-                        Some(peer) => format!("p2p stream {}:{}", log.rank.min(peer), log.rank.max(peer)),
-                    };
-                    events.thread(track, &format!("{label} {what}"), track.tid as i64);
-                    streams.len() - 1
-                }
-            };
-            let stream = Track::new(world, base + 1 + slot as u64);
-            let (start, end) = (at(log.wall_ns, start), at(log.wall_ns, end));
-            events.slice(host, name, "op", host_start, host_end, args);
-            // The device span names its op; the sizes are on the enqueue it comes from.
-            let device_args = json!({
-                "group": log.name, "seq": info.seq, "is_p2p": info.op.is_p2p(), "side": "device",
-                "enqueue_to_start_us": (start as f64 - host_start as f64) / 1e3,
-            });
-            events.slice(stream, name, "op", start, end, device_args);
-            events.flow("launch", "op", (host, host_start), (stream, start));
+/// One group's tracks and ops (its slot numbers its tracks and flows apart from the file's other groups), and its
+/// entry in `otherData.groups`.
+fn render_group(log: &GroupLog, slot: u64) -> Result<Rendered> {
+    let mut events = TraceEvents::with_first_flow_id(slot << 32);
+    let world = log.world_rank as u64;
+    let label = format!("{} ({})", log.desc, log.name);
+    // The host track first, then one per stream as ops name them.
+    let base = 1 + slot * TRACKS_PER_GROUP;
+    let host = Track::new(world, base);
+    events.thread(host, &format!("{label} enqueue"), base as i64);
+    let mut streams: Vec<(u64, Option<usize>)> = Vec::new();
+    let ops =
+        log.done.iter().cloned().chain(log.unresolved.iter().map(|info| Done { info: info.clone(), device: None }));
+    let wall_of_host = |time: Duration| {
+        let offset =
+            i64::try_from(time.as_nanos()).unwrap_or(i64::MAX) - i64::try_from(log.host.as_nanos()).unwrap_or(i64::MAX);
+        at(log.wall_ns, offset)
+    };
+    let (mut timed, mut untimed) = (0u64, 0u64);
+    for done in ops {
+        let info = &done.info;
+        let name = info.op.profiling_name();
+        let mut args = sides(info);
+        args["group"] = json!(log.name);
+        args["group_desc"] = json!(log.desc);
+        args["seq"] = json!(info.seq);
+        args["is_p2p"] = json!(info.op.is_p2p());
+        if let Some(peer) = info.peer {
+            args["peer"] = json!(peer);
         }
-        groups.push(json!({
-            "group": log.name, "desc": log.desc, "pg_id": log.pg_id, "rank": log.rank, "size": log.size,
-            "reference_wall_us": log.wall_ns as f64 / 1e3,
-            "reference_uncertainty_us": log.uncertainty.as_nanos() as f64 / 1e3,
-            "ops_timed": timed, "ops_untimed": untimed, "ops_dropped": log.dropped,
-        }));
+        args["side"] = json!("host enqueue");
+        let host_start = wall_of_host(info.host_start);
+        let host_end = wall_of_host(info.host_end);
+        let Some((start, end)) = done.device else {
+            untimed += 1;
+            args["device"] = json!("not timed: the op had not finished at the flush, or its events failed");
+            events.slice(host, name, "op", host_start, host_end, args);
+            continue;
+        };
+        timed += 1;
+        let slot = match streams.iter().position(|(id, _)| *id == info.stream) {
+            Some(slot) => slot,
+            None => {
+                streams.push((info.stream, info.peer));
+                let track = Track::new(world, base + streams.len() as u64);
+                let what = match info.peer {
+                    None => "comm stream".to_owned(),
+                    Some(peer) => format!("p2p stream {}:{}", log.rank.min(peer), log.rank.max(peer)),
+                };
+                events.thread(track, &format!("{label} {what}"), track.tid as i64);
+                streams.len() - 1
+            }
+        };
+        let stream = Track::new(world, base + 1 + slot as u64);
+        let (start, end) = (at(log.wall_ns, start), at(log.wall_ns, end));
+        events.slice(host, name, "op", host_start, host_end, args);
+        // The device span names its op; the sizes are on the enqueue it comes from.
+        let device_args = json!({
+            "group": log.name, "seq": info.seq, "is_p2p": info.op.is_p2p(), "side": "device",
+            "enqueue_to_start_us": (start as f64 - host_start as f64) / 1e3,
+        });
+        events.slice(stream, name, "op", start, end, device_args);
+        events.flow("launch", "op", (host, host_start), (stream, start));
     }
-    let world = pid.unwrap_or(0);
-    events.process(world, &format!("rank {world}"), world as i64);
-    let mut document = events.into_json();
-    document["otherData"] = json!({
-        "pg_trace": 1,
-        "rank": world,
-        "clock": "ts in microseconds since the UNIX epoch: each group's wall clock at its reference event, plus \
-                  host monotonic time (enqueue tracks) or device time from timing events (stream tracks) since it",
-        "groups": groups,
+    let summary = json!({
+        "group": log.name, "desc": log.desc, "pg_id": log.pg_id, "rank": log.rank, "size": log.size,
+        "reference_wall_us": log.wall_ns as f64 / 1e3,
+        "reference_uncertainty_us": log.uncertainty.as_nanos() as f64 / 1e3,
+        "ops_timed": timed, "ops_untimed": untimed, "ops_dropped": log.dropped,
     });
-    document
+    let document = events.into_json();
+    let list = document["traceEvents"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let mut text = String::new();
+    for (index, event) in list.iter().enumerate() {
+        if index > 0 {
+            text.push(',');
+        }
+        text.push_str(&serde_json::to_string(event).map_err(|e| Error::Backend(format!("trace JSON: {e}")))?);
+    }
+    let ops = usize::try_from(timed + untimed).unwrap_or(usize::MAX);
+    Ok(Rendered { events: text, summary, ops, world_rank: log.world_rank })
 }

@@ -24,8 +24,14 @@
 //! new rank and the new size. The members' grow `n` (counting the group's grows) lives under the group's store at
 //! `grow.{n}/`, which is the grown group's store: rank 0 publishes the unique id of the grow there (`id`, from
 //! [`crate::Communicator::grow_unique_id`], NCCL's `ncclCommGetUniqueId`) and, under the world's store, a ticket
-//! for each new rank (`grow.join/{rank}`: where the grow lives, the new size, the grown group's name and world
-//! ranks), which that rank's `join_grown` waits for and takes. Then every rank, old and new, checks in with the new
+//! for each new rank (where the grow lives, the new size, the grown group's name and world ranks), which a
+//! process calling `join_grown` for that rank takes. Tickets for new rank `r` form a queue: a grow posts its ticket
+//! at the next index of the counter `grow.join/{r}/posted` (key `grow.join/{r}/{index}`), and a new process claims
+//! the next index of `grow.join/{r}/claimed` and waits for the ticket there, so grows of sibling groups that add the
+//! same new rank at once each get a process of their own. A claim given up at the timeout, and a ticket of a grow
+//! that failed, are voided in the store (one `compare_set`), so that neither leaves a gap in the pairing: a
+//! grow that finds its index voided posts at the next, and a process that finds a voided ticket claims again.
+//! Then every rank, old and new, checks in with the new
 //! size it asks for (`member/{rank}`, `joiner/{rank}`) and compares it with everyone's before any communicator is
 //! touched, so a rank that asks for another size makes every rank fail by name. Rank 0 chooses how the grown
 //! communicator is made and says so at `path` before it checks in: `grow` where its device grows communicators
@@ -115,6 +121,9 @@ const DECISION_TAG: &str = "survivors:";
 
 /// The first line of a grow's ticket for a new rank.
 const TICKET_TAG: &str = "pg-grow-ticket";
+
+/// What a voided place of the ticket queue holds (a claim given up, or the ticket of a grow that failed).
+const VOID_TICKET: &[u8] = b"pg-grow-ticket-void";
 
 impl<B: Backend> ProcessGroup<B> {
     /// Agrees with the other live ranks on who survived a failure; every rank that is alive calls it (a revoked
@@ -422,7 +431,7 @@ impl<B: Backend> ProcessGroup<B> {
         let timeout = group_options.timeout;
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(grow_name.clone(), Arc::clone(self.store())));
         let root = self.root_store();
-        let tickets: Vec<String> = (size..new_size).map(ticket_key).collect();
+        let mut tickets: Vec<(String, String)> = Vec::new();
         if rank == 0 {
             let path = match self.device().grow_support() {
                 Ok(()) => GrowPath::Grow,
@@ -440,19 +449,18 @@ impl<B: Backend> ProcessGroup<B> {
                 name: group_options.group_name.clone(),
                 world: global_ranks.clone(),
             };
-            for key in &tickets {
-                root.set(key, ticket.encode().as_bytes())?;
+            let text = ticket.encode();
+            for new_rank in size..new_size {
+                tickets.push((post_ticket(root.as_ref(), new_rank, text.as_bytes())?, text.clone()));
             }
         }
         let cache_key = self.collective_key().cache_key();
         if let Err(error) =
             check_in(store.as_ref(), (rank, size, new_size), timeout, &group_options.group_name, &cache_key)
         {
-            if rank == 0 {
-                // No new rank may take a ticket of a grow that did not happen (a later grow publishes its own).
-                for key in &tickets {
-                    let _ = root.delete_key(key);
-                }
+            // No new process may take a ticket of a grow that did not happen: voided unless already taken.
+            for (key, text) in &tickets {
+                let _ = root.compare_set(key, text.as_bytes(), VOID_TICKET);
             }
             return Err(error);
         }
@@ -493,10 +501,12 @@ impl<B: Backend> ProcessGroup<B> {
     }
 
     /// This process's rank `rank` of a group that its members grow to `size` with [`ProcessGroup::grow`]: waits
-    /// for the grow that needs this rank, announced under `store` (the store the world group was made with, at
-    /// `grow.join/{rank}`), takes it, and joins the grown communicator (NCCL's `ncclCommGrow` with no parent, or
-    /// the rendezvous, as the members' rank 0 chose). The group gets the members' name and world ranks; `options`
-    /// gives the rest (its timeout bounds the wait for the grow and the join).
+    /// for a grow that needs this rank, announced under `store` (the store the world group was made with, in the
+    /// queue of tickets `grow.join/{rank}/`), takes it, and joins the grown communicator (NCCL's `ncclCommGrow`
+    /// with no parent, or the rendezvous, as the members' rank 0 chose). Where several groups grow into this
+    /// rank at once (sibling subgroups), each process calling for it takes the next grow's ticket, in the order the
+    /// grows posted them. The group gets the members' name and world ranks; `options` gives the rest (its timeout
+    /// bounds the wait for the grow and the join).
     ///
     /// Refused by name: a grow that rank 0 makes with `ncclCommGrow` on a device that cannot join one
     /// ([`Error::Unsupported`], naming the version); a rank out of range ([`Error::InvalidArgument`]); a grow to
@@ -512,23 +522,40 @@ impl<B: Backend> ProcessGroup<B> {
         if rank >= size {
             return Err(Error::invalid(format!("join_grown: rank {rank} is out of range for a group of size {size}")));
         }
-        let key = ticket_key(rank);
         let timeout = options.timeout;
-        match store.wait(&[&key], Some(timeout)) {
-            Ok(()) => {}
-            Err(source) if source.is_timeout() => {
-                return Err(Error::InitTimeout {
-                    cache_key: format!("grow.join/{rank}"),
-                    timeout,
-                    what: format!(
-                        "no group announced a grow that needs rank {rank} under store key '{key}': the members may \
-                         not have called grow, or grow to fewer ranks"
-                    ),
-                })
+        let start = device.now();
+        let (key, value) = loop {
+            // The next place of the queue of tickets for this rank is this process's.
+            let index = store.add(&ticket_counter(rank, "claimed"), 1)? - 1;
+            let key = ticket_key(rank, index);
+            let left = timeout.saturating_sub(device.now().saturating_sub(start));
+            let value = match store.wait(&[&key], Some(left)) {
+                Ok(()) => store.get(&key)?,
+                Err(source) if source.is_timeout() => {
+                    // Given up: the place is voided, so that a grow posting there later posts at the next one; a
+                    // ticket posted meanwhile is taken all the same.
+                    let value = store.compare_set(&key, b"", VOID_TICKET)?;
+                    if value == VOID_TICKET {
+                        return Err(Error::InitTimeout {
+                            cache_key: format!("grow.join/{rank}"),
+                            timeout,
+                            what: format!(
+                                "no group announced a grow that needs rank {rank} under store key '{key}': the \
+                                 members may not have called grow, or grow to fewer ranks"
+                            ),
+                        });
+                    }
+                    value
+                }
+                Err(source) => return Err(source.into()),
+            };
+            if value == VOID_TICKET {
+                // The ticket of a grow that failed: the next place.
+                store.delete_key(&key)?;
+                continue;
             }
-            Err(source) => return Err(source.into()),
-        }
-        let value = store.get(&key)?;
+            break (key, value);
+        };
         let ticket = Ticket::decode(&value).ok_or_else(|| {
             Error::invalid(format!(
                 "join_grown: store key '{key}' holds '{}', not a grow's ticket: is another program using this store?",
@@ -574,7 +601,7 @@ impl<B: Backend> ProcessGroup<B> {
     }
 }
 
-/// What a new rank learns of the grow that needs it (the value of `grow.join/{rank}` under the world's store).
+/// What a new rank learns of the grow that needs it (its ticket, at `grow.join/{rank}/{index}` under the world's store).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Ticket {
     /// The grown group's store, as a path of prefixes under the world's store.
@@ -650,8 +677,26 @@ fn grow_path<D: crate::Device>(store: &dyn Store, name: &str, device: &D) -> Res
 }
 
 /// The world-store key of the ticket of new rank `rank`.
-fn ticket_key(rank: usize) -> String {
-    format!("grow.join/{rank}")
+/// The place `index` of the queue of tickets for new rank `rank`, under the world's store.
+fn ticket_key(rank: usize, index: i64) -> String {
+    format!("grow.join/{rank}/{index}")
+}
+
+/// The counter of the places of the queue of tickets for new rank `rank` that grows posted (`posted`) or new
+/// processes claimed (`claimed`).
+fn ticket_counter(rank: usize, which: &str) -> String {
+    format!("grow.join/{rank}/{which}")
+}
+
+/// Posts `ticket` at the next place of the queue of tickets for new rank `rank` that no new process has voided;
+/// returns its key.
+fn post_ticket(store: &dyn Store, rank: usize, ticket: &[u8]) -> Result<String> {
+    loop {
+        let key = ticket_key(rank, store.add(&ticket_counter(rank, "posted"), 1)? - 1);
+        if store.compare_set(&key, b"", ticket)? == ticket {
+            return Ok(key);
+        }
+    }
 }
 
 /// `path` (a path of store prefixes, empty for none) and then `name`.

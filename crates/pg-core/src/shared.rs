@@ -397,10 +397,7 @@ impl<B: Backend> Drop for Shared<B> {
             self.abort_all_and_settle(reason, &Error::Aborted { reason: format!("rank {}: {reason}", self.rank) });
         }
         self.stop_threads();
-        if !shut_down {
-            // shutdown() wrote the trace after the last op had run; nothing was enqueued since.
-            self.flush_trace_logged();
-        }
+        // A traced group's trace is written as its tracer is dropped, with this group's log rendered once.
     }
 }
 

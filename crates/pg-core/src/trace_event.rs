@@ -43,6 +43,12 @@ impl TraceEvents {
         Self::default()
     }
 
+    /// An empty trace whose flows take ids after `first`: traces rendered apart and joined into one file keep
+    /// their arrows apart by giving each its own range.
+    pub fn with_first_flow_id(first: u64) -> Self {
+        Self { events: Vec::new(), next_flow: first }
+    }
+
     /// Names process `pid`; `sort` orders the processes in the viewer.
     pub fn process(&mut self, pid: u64, name: &str, sort: i64) {
         self.events.push(json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}));

@@ -3,7 +3,9 @@
 //! A registered host thread lives at its local time, the global time plus the host costs it has run up since it
 //! last blocked. A thread that blocks parks: it stores what it waits for as data in the world's state.
 //! The global clock moves only when every registered thread is parked and none can proceed; it jumps to the
-//! earliest time at which one can (tokio's paused clock with auto-advance, across threads).
+//! earliest time at which one can (tokio's paused clock with auto-advance, across threads), or to the start of a
+//! matched collective, which runs only once the clock has reached it (so that a rank aborting before then keeps
+//! it from running on every rank).
 
 use std::time::Duration;
 

@@ -72,6 +72,13 @@ impl State {
                 None => return false,
             }
         }
+        if start > self.now {
+            // Matched, but not started until the clock reaches `start`: a rank that aborts or revokes its
+            // communicator before then takes its part out, and the collective never runs on any rank (an aborted
+            // NCCL communicator's queued kernel exits without moving data, and its peers never receive it).
+            self.pending_starts.insert(start);
+            return false;
+        }
         let slot = self.comms.groups[group].slots.remove(&key).expect("present");
         let parts: Vec<(usize, Part)> = slot.parts.into_iter().collect();
         let finish = start + self.cost(group, &parts[0].1);

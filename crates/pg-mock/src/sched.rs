@@ -179,11 +179,16 @@ impl Inner {
             }
             state.threads.get_mut(&tid).expect("a parked thread is registered").park = Some(park.clone());
             match state.try_advance(time_limit) {
-                Advance::Advanced | Advance::SomeoneReady => {
+                Advance::Advanced => {
+                    // The clock moved: to this thread's own wake-up, to another's (notified), or to a collective's
+                    // start (which may leave every thread waiting still, for a later time): look again.
+                    self.changed.notify_all();
+                    continue;
+                }
+                Advance::SomeoneReady => {
                     self.changed.notify_all();
                     let local = state.local(Some(tid));
                     if state.wake_time(&park, local).is_some_and(|(t, _)| t <= state.now) {
-                        // The clock moved to this thread's own wake-up: look again before sleeping.
                         continue;
                     }
                 }
@@ -351,6 +356,11 @@ impl State {
                 best = Some(best.map_or(t, |b| b.min(t)));
             }
         }
+        // A matched collective starts when the clock reaches its start: the clock stops there.
+        self.pending_starts = self.pending_starts.split_off(&(self.now + 1));
+        if let Some(&start) = self.pending_starts.first() {
+            best = Some(best.map_or(start, |b| b.min(start)));
+        }
         if helpers_only && best.is_none_or(|t| t > self.now) {
             return Advance::Quiescent;
         }
@@ -367,6 +377,8 @@ impl State {
             Some(t) => {
                 self.now = t;
                 self.version += 1;
+                // Collectives that start now fire, so that the threads waiting for them see their ends.
+                self.resolve();
                 Advance::Advanced
             }
         }

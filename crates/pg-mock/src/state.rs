@@ -57,6 +57,9 @@ pub(crate) struct State {
     pub(crate) streams: Vec<StreamState>,
     /// Streams with operations not yet resolved.
     pub(crate) active: BTreeSet<usize>,
+    /// Start times of matched collectives waiting for the clock to reach them (see `State::try_fire`): the clock
+    /// stops at each, so that the collective starts then unless a rank aborted or revoked its part first.
+    pub(crate) pending_starts: BTreeSet<Time>,
     pub(crate) events: HashMap<u64, EventState>,
     pub(crate) next_event: u64,
     pub(crate) alloc: Allocator,
@@ -94,6 +97,7 @@ impl State {
             devices: Vec::new(),
             streams: Vec::new(),
             active: BTreeSet::new(),
+            pending_starts: BTreeSet::new(),
             events: HashMap::new(),
             next_event: 0,
             alloc: Allocator::default(),

@@ -26,6 +26,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(every_call_after_shutdown_returns_aborted, 1),
         case!(dropping_a_group_without_shutdown_aborts_its_communicators, 2),
         case!(dropping_a_group_fails_every_work_whose_op_never_ran, 2),
+        case!(an_op_queued_behind_a_kernel_on_a_communicator_left_before_it_ran_runs_on_no_rank, 2),
         case!(shutdown_with_an_op_a_peer_never_joined_returns_its_timeout_instead_of_hanging, 2),
         case!(a_failed_wait_fails_every_unfinished_work_of_its_communicator_in_every_mode, 2),
         case!(abort_aborts_every_communicator_of_the_group, 1),
@@ -328,6 +329,64 @@ fn dropping_a_group_fails_every_work_whose_op_never_ran<H: Harness>(h: &H) -> Ch
         check_never_ran(&behind, "an op queued behind a long kernel, after the drop")?;
         // The device finishes its work: the aborted stream drained.
         let _ = r.device.synchronize();
+        Ok(())
+    })
+}
+
+/// Rank 0's all_reduce waits on its communication stream behind a long kernel; rank 0 aborts, revokes or drops its
+/// group before the kernel ends. The aborted stream drains past the op without running it: rank 0's Work fails
+/// and its buffer keeps its own values; rank 1's all_reduce never completes with data from the rank that left:
+/// it fails at its timeout (or with the communicator's error), its buffer also its own.
+fn an_op_queued_behind_a_kernel_on_a_communicator_left_before_it_ran_runs_on_no_rank<H: Harness>(
+    h: &H,
+) -> Check<Outcome> {
+    let clock = need!(clock_of(h));
+    let timeout = match clock {
+        Clock::Virtual => Duration::from_secs(1),
+        // An abort on NCCL's network transport can take seconds.
+        Clock::Wall => Duration::from_secs(3),
+    };
+    on_each_rank(h, 2, |r| {
+        for how in ["abort", "revoke", "drop"] {
+            let group = r.own_ready_group(&format!("left-{how}"), Options::builder())?;
+            let own = (r.rank + 1) as f64;
+            let buffer = r.filled(own, 4)?;
+            // No rank leaves while its peer is still in the ready barrier.
+            r.barrier(&format!("left-{how} ready"))?;
+            if r.rank == 0 {
+                r.sleep_current(SLEEP * 4)?;
+                let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+                // Rank 1's part is queued too by now; the kernel is still running, so the op has not started.
+                r.host_sleep(SLEEP / 2);
+                match how {
+                    "abort" => group.abort("rank 0 leaves before its queued op ran"),
+                    "revoke" => group.revoke("rank 0 leaves before its queued op ran"),
+                    _ => drop(group),
+                }
+                let error = work.exception().ok_or_else(|| format!("{how}: rank 0's Work has no error"))?;
+                ensure!(
+                    matches!(error.kind(), ErrorKind::Aborted | ErrorKind::Revoked),
+                    "{how}: rank 0's Work failed with neither Aborted nor Revoked: {error}"
+                );
+                ensure!(!work.is_success() && work.wait().is_err(), "{how}: rank 0's Work reports success");
+                // The device finishes its work: the aborted stream drained past the op.
+                let _ = r.device.synchronize();
+                all_equal(&r.read(&buffer)?, own).map_err(|e| format!("{how}: rank 0's buffer after leaving: {e}"))?;
+            } else {
+                let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
+                let waited = work.wait_timeout(timeout);
+                ensure!(
+                    waited.is_err(),
+                    "{how}: rank 1's all_reduce completed although rank 0 left before its part ran"
+                );
+                ensure!(!work.is_success(), "{how}: rank 1's Work reports success");
+                let _ = r.device.synchronize();
+                all_equal(&r.read(&buffer)?, own)
+                    .map_err(|e| format!("{how}: rank 1's buffer holds data of the rank that left: {e}"))?;
+                drop(group);
+            }
+            r.barrier(&format!("left-{how} done"))?;
+        }
         Ok(())
     })
 }

@@ -29,6 +29,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name, 1),
         case!(ranks_that_ask_for_different_sizes_fail_by_name_then_grow, 2),
         case!(a_failed_shrink_with_abort_leaves_the_group_revoked_and_shrinkable_again, 2),
+        case!(sibling_subgroups_that_grow_into_the_same_new_rank_at_once_both_grow, 6),
     ]
 }
 
@@ -626,6 +627,60 @@ fn ranks_that_ask_for_different_sizes_fail_by_name_then_grow<H: Harness>(h: &H) 
             all_equal(&r.read(&ones)?, members as f64)?;
         }
         Ok(())
+    })
+}
+
+/// Sibling subgroups [0, 1] and [2, 3] of one world of four grow by one each at the same time, into the same new
+/// rank 2 (world ranks 4 and 5 chosen for it); the spare world ranks 4 and 5 are the new processes, each calling
+/// `join_grown` for rank 2 of 3. Both grow: each new process takes one grow's ticket, and each grown group reduces
+/// over its three ranks.
+fn sibling_subgroups_that_grow_into_the_same_new_rank_at_once_both_grow<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let options = || Options::builder().timeout(Duration::from_secs(20)).dump_on_timeout(false);
+    on_each_rank(h, n, |r| {
+        let grown = match r.rank {
+            0..=3 => {
+                let world = ProcessGroup::new(
+                    group_store(r, "siblings"),
+                    r.rank,
+                    4,
+                    r.device.clone(),
+                    options().group_name("siblings".into()).build(),
+                );
+                let world = r.keep(world.ctx("the members' world")?);
+                let mut mine = None;
+                for (i, pair) in [[0, 1], [2, 3]].iter().enumerate() {
+                    if let Some(group) = world.new_group(pair, options().build()).ctx("new_group")? {
+                        mine = Some((i, group));
+                    }
+                }
+                let (i, pair) = mine.ok_or("a member of neither pair")?;
+                let grow = GrowOptions { world_ranks: Some(vec![4 + i]), ..GrowOptions::default() };
+                let grown = pair.grow(1, &grow).map_err(|e| format!("grow of pair {i}: {e}"))?;
+                ensure_eq!(grown.global_ranks(), vec![2 * i, 2 * i + 1, 4 + i], "pair {i}'s grown group's world ranks");
+                grown
+            }
+            4 | 5 => {
+                let grown =
+                    ProcessGroup::join_grown(group_store(r, "siblings"), 2, 3, r.device.clone(), options().build())
+                        .ctx("join_grown of rank 2 of 3")?;
+                let world = grown.global_ranks();
+                ensure!(
+                    world == [0, 1, 4] || world == [2, 3, 5],
+                    "the new process joined a group of world ranks {world:?}, neither pair's"
+                );
+                grown
+            }
+            _ => return Ok(()),
+        };
+        // The members keep their ranks in their pair; the new process is the third.
+        let rank = if r.rank >= 4 { 2 } else { r.rank % 2 };
+        ensure_eq!((grown.rank(), grown.size()), (rank, 3), "rank and size in the grown group");
+        let ones = r.filled(1.0, 64)?;
+        grown.all_reduce_sync(&ones, ReduceOp::Sum).ctx("all_reduce on the grown group")?;
+        all_equal(&r.read(&ones)?, 3.0)?;
+        grown.barrier_sync().ctx("barrier on the grown group")?;
+        grown.shutdown().ctx("shutdown of the grown group")
     })
 }
 

@@ -4,7 +4,7 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use pg_core::{CommConfig, Communicator as _, DType, Device as _, ReduceOp};
+use pg_core::{CommConfig, Communicator as _, DType, Device as _, Event as _, ReduceOp};
 
 use crate::common::{buffer, comm, read, world};
 
@@ -132,4 +132,45 @@ fn joining_twice_or_with_another_size_is_an_error() {
     });
     assert!(got[0].0.contains("rank 0 already joined"), "{}", got[0].0);
     assert!(got[0].1.contains("joined with size 3, but the communicator has size 2"), "{}", got[0].1);
+}
+
+/// Rank 0's all_reduce waits behind a 90 ms kernel; rank 0 aborts (or revokes) its communicator at 50 ms. The
+/// op runs on neither rank: rank 0's stream drains past it, and rank 1's part never completes.
+#[test]
+fn an_op_queued_behind_a_kernel_on_an_aborted_or_revoked_communicator_never_runs_on_any_rank() {
+    for revoke in [false, true] {
+        let w = world(2);
+        let store = w.store();
+        let got = w.run(2, move |rank, device| {
+            let c = comm(&store, "id", &device, rank, 2);
+            let s = device.current_stream();
+            let b = buffer(&device, DType::F32, &[rank as f64 + 1.0; 4]);
+            if rank == 0 {
+                device.sleep_kernel(&s, Duration::from_millis(90)).unwrap();
+            }
+            c.all_reduce(&b, &b, ReduceOp::Sum, &s).unwrap();
+            let end = device.create_event();
+            end.record(&s).unwrap();
+            let passed = if rank == 0 {
+                // Rank 0 leaves at 50 ms, while its part still waits behind the 90 ms kernel.
+                device.sleep(Duration::from_millis(50), &AtomicBool::new(false));
+                match revoke {
+                    true => c.revoke("leaving").unwrap(),
+                    false => c.abort("leaving").unwrap(),
+                }
+                false
+            } else {
+                // Rank 1 waits as a watchdog would: its op never ends, so it aborts at its timeout.
+                device.sleep(Duration::from_millis(200), &AtomicBool::new(false));
+                let passed = end.query().unwrap();
+                c.abort("timeout").unwrap();
+                passed
+            };
+            device.synchronize().unwrap();
+            (passed, read(&device, &b, &s))
+        });
+        assert!(!got[1].0, "revoke {revoke}: rank 1's all_reduce completed with an aborted rank 0");
+        assert_eq!(got[0].1, vec![1.0; 4], "revoke {revoke}: rank 0's buffer after its abort");
+        assert_eq!(got[1].1, vec![2.0; 4], "revoke {revoke}: rank 1's buffer");
+    }
 }

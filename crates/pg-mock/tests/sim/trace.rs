@@ -346,3 +346,49 @@ fn without_pg_trace_a_group_writes_nothing() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing was written");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Many traced groups made and dropped, one after the other: the rank file keeps the newest dropped groups up to
+/// its bound (and counts the others), and each drop renders its own group's ops only, not those of every group
+/// before it.
+#[test]
+fn a_rank_file_keeps_a_bounded_number_of_dropped_groups() {
+    let dir = trace_dir("many-groups");
+    let world = World::new(WorldConfig::with_devices(1));
+    let store = world.store();
+    let options = Options::builder().trace_dir(Some(dir.clone())).build();
+    const GROUPS: usize = 100;
+    const OPS: usize = 5;
+    let path = dir.join("rank0.json");
+    world.run(1, move |rank, device| {
+        let buffer = device.alloc(DType::F32, 16).unwrap();
+        let mut rendered = 0;
+        for g in 0..GROUPS {
+            let prefixed = Arc::new(pg_store::PrefixStore::new(format!("g{g}"), Arc::clone(&store)));
+            let group = ProcessGroup::<Mock>::new(prefixed, rank, 1, device.clone(), options.clone()).unwrap();
+            for _ in 0..OPS {
+                group.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            }
+            device.synchronize().unwrap();
+            drop(group);
+            let state = pg_core::trace_file_state(&path).expect("the group wrote the file");
+            assert_eq!(state.live_groups, 0);
+            assert_eq!(state.kept_groups, (g + 1).min(64), "after group {g}: {state:?}");
+            assert_eq!(state.kept_ops, state.kept_groups * OPS);
+            assert_eq!(state.released_groups as usize, g + 1 - state.kept_groups);
+            assert_eq!(state.rendered_ops - rendered, OPS as u64, "group {g}'s drop rendered only its own ops");
+            rendered = state.rendered_ops;
+        }
+    });
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("rank0.json")).unwrap()).unwrap();
+    let groups = json["otherData"]["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 64, "the rank file keeps the newest 64 of {GROUPS} dropped groups");
+    assert_eq!(json["otherData"]["groups_released"], GROUPS - 64);
+    assert_eq!(json["otherData"]["ops_released"], (GROUPS - 64) * OPS);
+    assert_eq!(op_slices(&json, "device").len(), 64 * OPS, "every kept op's device span");
+    assert_eq!(op_slices(&json, "host enqueue").len(), 64 * OPS);
+    // Each kept group's tracks and arrows are its own.
+    let flows: std::collections::HashSet<u64> =
+        events(&json).iter().filter(|e| e["ph"] == "s").map(|e| e["id"].as_u64().unwrap()).collect();
+    assert_eq!(flows.len(), 64 * OPS, "flow ids are distinct across the file's groups");
+    let _ = std::fs::remove_dir_all(&dir);
+}
