@@ -94,7 +94,8 @@ pub struct Options {
     /// closed (pg's own; `PG_LIVENESS`, default off): with pg's TCP store server a killed rank's death is known to
     /// every rank within [`Options::watchdog_period`] or 10 ms, whichever is shorter, and fails the group as a peer's
     /// [`crate::Error::RankDead`] (revoking it with [`Options::revoke_on_error`]); the survivors' agreement then
-    /// waits for no dead rank. A live rank is never declared dead (only a closed connection tells). Off by default
+    /// waits for no dead rank. A live rank is never declared dead (only a closed connection tells; a connection that
+    /// the network cuts while its process lives is taken for a death, which the server cannot tell apart). Off by default
     /// because it costs: one more store connection per group and rank, and a store read every 10 ms from the
     /// watchdog (nothing on the enqueue path). A store that does not publish deaths (PyTorch's server) is logged and
     /// the group runs as without it. A store hosted by a rank that dies goes with it: use a standalone `pgstore`.
