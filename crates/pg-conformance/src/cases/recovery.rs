@@ -27,6 +27,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(a_slow_rank_is_never_declared_dead, 2),
         case!(a_store_that_dies_with_its_host_is_a_clear_error, 2),
         case!(a_communicator_error_revokes_the_group_with_revoke_on_error, 2),
+        case!(a_communicator_error_revokes_the_group_with_liveness, 2),
         case!(survivors_agree_on_one_list_and_a_late_or_reported_rank_is_excluded, 2),
         case!(a_group_shrinks_twice_and_maps_its_ranks_to_the_world, 3),
         case!(a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name, 4),
@@ -230,6 +231,9 @@ fn a_dead_rank_is_known_to_every_survivor_at_once_and_the_agreement_waits_for_no
             sticky.contains(&format!("rank {victim} of group '0' is dead")),
             "the revoke does not name the dead rank: {sticky} (the op's error: {error})"
         );
+        let status = group.status();
+        ensure_eq!(status.error.map(|e| e.kind()), Some(ErrorKind::RankDead), "the watchdog's first error");
+        ensure_eq!(status.error_type, pg_core::ErrorType::RemoteError, "the error type of a dead peer");
         // Every survivor checked in when it learned of the death and the victim is known dead: the agreement ends
         // at once instead of waiting out its window for the victim.
         let (survivors, agreed) =
@@ -315,6 +319,15 @@ fn a_store_that_dies_with_its_host_is_a_clear_error<H: Harness>(h: &H) -> Check<
 }
 
 fn a_communicator_error_revokes_the_group_with_revoke_on_error<H: Harness>(h: &H) -> Check<Outcome> {
+    communicator_error_revokes(h, false)
+}
+
+/// The same with [`Options::liveness`]: no rank dies, so nobody is declared dead and every rank is on the list.
+fn a_communicator_error_revokes_the_group_with_liveness<H: Harness>(h: &H) -> Check<Outcome> {
+    communicator_error_revokes(h, true)
+}
+
+fn communicator_error_revokes<H: Harness>(h: &H, liveness: bool) -> Check<Outcome> {
     need!(needs_faults(h));
     on_each_rank(h, h.world_size(), |r| {
         // Rank 0's communicator fails after the barrier and the first all_reduce.
@@ -323,7 +336,7 @@ fn a_communicator_error_revokes_the_group_with_revoke_on_error<H: Harness>(h: &H
         }
         // The failing rank writes its `remote_error` key, so its peers revoke at their next watchdog pass instead of
         // at the op's timeout, and every rank comes to the agreement at about the same time.
-        let group = r.ready_group("0", revoking().propagate_error(true))?;
+        let group = r.ready_group("0", revoking().propagate_error(true).liveness(liveness))?;
         let buffer = r.filled(1.0, 8)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("the all_reduce before the error")?;
         if r.rank == 0 {
