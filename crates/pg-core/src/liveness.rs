@@ -17,6 +17,9 @@ use pg_store::{Store, StoreError};
 /// How often a group with liveness reads the store for deaths (its watchdog's period when that is shorter).
 pub(crate) const LIVENESS_POLL: Duration = Duration::from_millis(10);
 
+/// The timeout of the hold's own connection.
+const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// This rank's hold: the dedicated connection and the live key it set. Dropping it deletes the key first, so a
 /// group that ends on purpose is not declared dead when the connection closes.
 pub(crate) struct Hold {
@@ -36,6 +39,9 @@ impl Hold {
     /// not acknowledge the hold (it will publish no death): logged once, naming the group.
     pub(crate) fn register(store: &Arc<dyn Store>, rank: usize, group: &str) -> Result<Option<Hold>, StoreError> {
         let conn = store.clone_store()?;
+        // The connection only sets, checks and deletes its key: a store that stops answering must not hold a
+        // group's drop for the store's whole timeout.
+        conn.set_timeout(HOLD_TIMEOUT);
         let name = rank.to_string();
         let key = live_key(&name);
         conn.set(&key, std::process::id().to_string().as_bytes())?;
