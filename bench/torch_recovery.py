@@ -123,6 +123,8 @@ def worker(out, path_kind):
     dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=2))
     store = dist.distributed_c10d._get_default_store()
     buffer = torch.empty(NUMEL, dtype=torch.float32, device=device)
+    # The best path's buffer: the failed group's op may still run on `buffer` until its abort ends it.
+    spare = torch.empty_like(buffer)
     error = None
     for op in range(KILL_AT + 20):
         buffer.fill_(rank + 1)
@@ -147,11 +149,11 @@ def worker(out, path_kind):
         left = abort_on_a_thread(failed, device)
         new_group = best_path(store, device, new_rank, survivors)
         path = f"new ProcessGroupNCCL on a PrefixStore of the job's store, no destroy; {left}"
-        buffer.fill_(rank + 1)
-        new_group.allreduce([buffer]).wait()
-        torch.cuda.synchronize()
+        spare.fill_(rank + 1)
+        new_group.allreduce([spare]).wait()
+        torch.cuda.current_stream().synchronize()
         ready = time.time() * 1e3
-        finish(out, path_kind, rank, new_rank, survivors, path, error, detected, killed_at, ready, buffer)
+        finish(out, path_kind, rank, new_rank, survivors, path, error, detected, killed_at, ready, spare)
         # The failed group is never destroyed (its destructor may wait on the dead peer): the process ends here.
         sys.stdout.flush()
         os._exit(0)
