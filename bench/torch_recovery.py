@@ -1,13 +1,19 @@
 """PyTorch's side of the lost-rank run (`cargo xtask recovery --backend nccl` is pg's): N ranks all-reduce 64 MiB in a
 loop; the last rank SIGKILLs itself during its sixth op; each survivor measures from the kill to the error reaching it
-(detection), then to the first correct all_reduce of a group of the survivors (recovery), with the installed version's
-best path: `torch.distributed.shrink_group` where it exists, else `destroy_process_group` and `init_process_group` of
-the survivors on a fresh store.
+(detection), then to the first correct all_reduce of a group of the survivors (recovery), by one of two paths:
+
+- `documented`: `torch.distributed.shrink_group` where the installed version has it, else `destroy_process_group` and
+  `init_process_group` of the survivors on a fresh store (what PyTorch's documentation leads to);
+- `best`: the way torchft rebuilds: no `destroy_process_group`; the failed group is aborted on a thread of its own (or
+  left alone where it cannot be), and the survivors build a new `ProcessGroupNCCL` at once on a `PrefixStore` of the
+  store they already share (no new rendezvous, no new store).
 
 The ranks are started by this script, not torchrun: torchrun's agent tears the whole job down when one worker dies.
 
-    python3 torch_recovery.py --world 4 --out DIR            # writes DIR/recovery-torch.json
-    python3 torch_recovery.py --report --out DIR --world 4   # joins DIR/recovery-pg.json and it into recovery-nccl-N
+    python3 torch_recovery.py --world 4 --out DIR                    # both paths: DIR/recovery-torch-{best,documented}.json
+    python3 torch_recovery.py --world 4 --out DIR --path best        # one path
+    python3 torch_recovery.py --report --out DIR --world 4           # joins them with DIR/recovery-pg.json (and
+                                                                     # recovery-pg-liveness.json) into recovery-nccl-N
 """
 
 import argparse
@@ -17,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -30,7 +37,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(world, out):
+PATHS = ("best", "documented")
+
+
+def launch(world, out, path):
     port, second = free_port(), free_port()
     procs = []
     for rank in range(world):
@@ -39,7 +49,7 @@ def launch(world, out):
                    # No handling: the watchdog neither aborts the failed communicator (shrink_group needs it) nor
                    # ends the process; the error is raised by the wait, and the recovery path deals with it.
                    TORCH_NCCL_ASYNC_ERROR_HANDLING="0")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--out", out], env=env))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--out", out, "--path", path], env=env))
     # A rank stuck in PyTorch's recovery (a hung abort or a rendezvous a peer never reaches) is killed and reported.
     deadline = time.time() + 200
     codes = []
@@ -51,21 +61,57 @@ def launch(world, out):
             codes.append("killed after 200 s")
     rows = []
     for rank in range(world - 1):
-        path = os.path.join(out, f"recovery-torch-rank{rank}.json")
+        row_path = os.path.join(out, f"recovery-torch-{path}-rank{rank}.json")
         try:
-            with open(path) as f:
+            with open(row_path) as f:
                 rows.append(json.load(f))
         except OSError as e:
             rows.append({"rank": rank, "failure": f"no row: {e} (exit code {codes[rank]})"})
     import torch
     doc = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())), "world_size": world,
-           "exit_codes": codes, "rows": rows}
-    with open(os.path.join(out, "recovery-torch.json"), "w") as f:
+           "path": path, "exit_codes": codes, "rows": rows}
+    with open(os.path.join(out, f"recovery-torch-{path}.json"), "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps(doc, indent=1))
 
 
-def worker(out):
+def abort_on_a_thread(group, device):
+    """Aborts the failed group's communicators on a thread of its own (an abort may block on a dead peer's
+    connections); returns what it could do, for the row."""
+
+    def abort():
+        try:
+            backend = group._get_backend(device)
+        except Exception:
+            backend = group
+        try:
+            backend.abort()
+        except Exception:
+            pass
+
+    if not (hasattr(group, "_get_backend") or hasattr(group, "abort")):
+        return "failed group left alone"
+    threading.Thread(target=abort, daemon=True, name="abort-failed-group").start()
+    return "failed group aborted on another thread"
+
+
+def best_path(store, device, new_rank, survivors):
+    """The survivors' new group, made the way torchft makes one: a `ProcessGroupNCCL` built directly on a
+    `PrefixStore` of the store the job already shares, its communicator created at once (eager) on this device."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import ProcessGroupNCCL
+
+    prefix = dist.PrefixStore("recovery/survivors.0", store)
+    options = ProcessGroupNCCL.Options()
+    if hasattr(options, "_timeout"):
+        options._timeout = timedelta(seconds=60)
+    group = ProcessGroupNCCL(prefix, new_rank, len(survivors), options)
+    if hasattr(group, "eager_connect_single_device"):
+        group.eager_connect_single_device(device)
+    return group
+
+
+def worker(out, path_kind):
     import torch
     import torch.distributed as dist
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -77,6 +123,8 @@ def worker(out):
     dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=2))
     store = dist.distributed_c10d._get_default_store()
     buffer = torch.empty(NUMEL, dtype=torch.float32, device=device)
+    # The best path's buffer: the failed group's op may still run on `buffer` until its abort ends it.
+    spare = torch.empty_like(buffer)
     error = None
     for op in range(KILL_AT + 20):
         buffer.fill_(rank + 1)
@@ -96,6 +144,19 @@ def worker(out):
     killed_at = float(store.get("killed_at"))
     group = None
     path = "destroy_process_group + init_process_group"
+    if path_kind == "best":
+        failed = dist.group.WORLD
+        left = abort_on_a_thread(failed, device)
+        new_group = best_path(store, device, new_rank, survivors)
+        path = f"new ProcessGroupNCCL on a PrefixStore of the job's store, no destroy; {left}"
+        spare.fill_(rank + 1)
+        new_group.allreduce([spare]).wait()
+        torch.cuda.current_stream().synchronize()
+        ready = time.time() * 1e3
+        finish(out, path_kind, rank, new_rank, survivors, path, error, detected, killed_at, ready, spare)
+        # The failed group is never destroyed (its destructor may wait on the dead peer): the process ends here.
+        sys.stdout.flush()
+        os._exit(0)
     if hasattr(dist, "shrink_group"):
         # The excluded rank is dead: NCCL_SHRINK_ABORT, where this version names it.
         flags = getattr(dist, "SHRINK_ABORT", getattr(dist.distributed_c10d, "SHRINK_ABORT", None))
@@ -118,13 +179,20 @@ def worker(out):
     dist.all_reduce(buffer, group=group)
     torch.cuda.synchronize()
     ready = time.time() * 1e3
+    finish(out, path_kind, rank, new_rank, survivors, path, error, detected, killed_at, ready, buffer)
+    dist.destroy_process_group()
+
+
+def finish(out, path_kind, rank, new_rank, survivors, path, error, detected, killed_at, ready, buffer):
+    """Checks the survivors' sum and writes this rank's row."""
+    import torch
+
     want = float(sum(r + 1 for r in survivors))
     correct = bool(torch.all(buffer == want).item())
     row = {"rank": rank, "new_rank": new_rank, "survivors": survivors, "path": path, "error": error,
            "detect_ms": detected - killed_at, "recover_ms": ready - detected, "correct": correct}
-    with open(os.path.join(out, f"recovery-torch-rank{rank}.json"), "w") as f:
+    with open(os.path.join(out, f"recovery-torch-{path_kind}-rank{rank}.json"), "w") as f:
         json.dump(row, f)
-    dist.destroy_process_group()
 
 
 def report(out, world):
@@ -135,33 +203,62 @@ def report(out, world):
         except OSError:
             return None
 
-    pg, torch = load("recovery-pg.json"), load("recovery-torch.json")
+    pg, pg_live = load("recovery-pg.json"), load("recovery-pg-liveness.json")
+    best = load("recovery-torch-best.json")
+    documented = load("recovery-torch-documented.json") or load("recovery-torch.json")
 
     def median(rows, key):
         values = sorted(r[key] for r in rows or [] if key in r)
         return values[len(values) // 2] if values else None
 
-    label = os.environ.get("PG_RUN_LABEL", "machine not given (set PG_RUN_LABEL)")
-    lines = [f"# A lost rank survived: pg and PyTorch on NCCL, world {world}", "", label, "",
-             "The last rank SIGKILLed during its sixth 64 MiB all_reduce; ms of wall-clock time, medians over the survivors.",
-             "", "| | detect | recover | total | every survivor correct | path |", "| --- | ---: | ---: | ---: | --- | --- |"]
-    for name, doc, path in [("pg", pg, "revoke, agree_survivors, shrink (ncclCommShrink)"),
-                            ("PyTorch", torch, (torch or {}).get("rows", [{}])[0].get("path", "-") if torch else "-")]:
+    def totals(doc):
         rows = (doc or {}).get("rows", [])
         d, r = median(rows, "detect_ms"), median(rows, "recover_ms")
-        total = d + r if d is not None and r is not None else None
+        return d, r, (d + r if d is not None and r is not None else None), rows
+
+    def first_path(doc):
+        rows = (doc or {}).get("rows") or [{}]
+        return rows[0].get("path", "-")
+
+    label = os.environ.get("PG_RUN_LABEL", "machine not given (set PG_RUN_LABEL)")
+    lines = [f"# A lost rank survived: pg and PyTorch on NCCL, world {world}", "", label, "",
+             "The last rank SIGKILLed during its sixth 64 MiB all_reduce; ms of wall-clock time, medians over the "
+             "survivors. PyTorch's best path is the way torchft rebuilds (a new ProcessGroupNCCL on a PrefixStore of the "
+             "job's store, no destroy_process_group); its documented path is shrink_group, else destroy + init.", "",
+             "| | detect | recover | total | every survivor correct | path |", "| --- | ---: | ---: | ---: | --- | --- |"]
+    contestants = [
+        ("pg", pg, "revoke, agree_survivors, shrink"),
+        ("pg, liveness", pg_live, "liveness from the store, revoke, agree_survivors, shrink"),
+        ("PyTorch, best path", best, first_path(best)),
+        ("PyTorch, documented path", documented, first_path(documented)),
+    ]
+    summary = {}
+    for name, doc, path in contestants:
+        if doc is None:
+            continue
+        d, r, total, rows = totals(doc)
+        summary[name] = {"detect_ms": d, "recover_ms": r, "total_ms": total}
         ok = bool(rows) and all(x.get("correct") for x in rows) and len(rows) == world - 1
         fmt = lambda v: "-" if v is None else f"{v:.1f}"
         lines.append(f"| {name} | {fmt(d)} | {fmt(r)} | {fmt(total)} | {ok} | {path} |")
-    failures = [f"pg: {f}" for f in (pg or {}).get("failures", [])]
-    failures += [f"PyTorch rank {r.get('rank')}: {r['failure']}" for r in (torch or {}).get("rows", []) if "failure" in r]
+    best_total = (summary.get("PyTorch, best path") or {}).get("total_ms")
+    if best_total:
+        ratios = [f"{name}: {s['total_ms'] / best_total:.2f}x" for name, s in summary.items()
+                  if name.startswith("pg") and s["total_ms"] is not None]
+        if ratios:
+            lines += ["", "Total against PyTorch's best path: " + "; ".join(ratios) + "."]
+    failures = [f"{name}: {f}" for name, doc in (("pg", pg), ("pg, liveness", pg_live)) for f in (doc or {}).get("failures", [])]
+    failures += [f"PyTorch ({name}) rank {r.get('rank')}: {r['failure']}"
+                 for name, doc in (("best", best), ("documented", documented)) for r in (doc or {}).get("rows", [])
+                 if "failure" in r]
     if failures:
         lines += ["", "Failures:", ""] + [f"- {f}" for f in failures]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, f"recovery-nccl-{world}.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, f"recovery-nccl-{world}.json"), "w") as f:
-        json.dump({"machine": label, "world_size": world, "pg": pg, "torch": torch}, f, indent=1)
+        json.dump({"machine": label, "world_size": world, "summary": summary, "pg": pg, "pg_liveness": pg_live,
+                   "torch_best": best, "torch_documented": documented}, f, indent=1)
     print(text)
 
 
@@ -171,10 +268,12 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=".")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--report", action="store_true")
+    parser.add_argument("--path", choices=PATHS + ("both",), default="both")
     args = parser.parse_args()
     if args.worker:
-        worker(args.out)
+        worker(args.out, args.path)
     elif args.report:
         report(args.out, args.world)
     else:
-        launch(args.world, args.out)
+        for path in PATHS if args.path == "both" else (args.path,):
+            launch(args.world, args.out, path)

@@ -3,7 +3,8 @@
 //! revokes itself on a failed peer (`Options::revoke_on_error`); the last rank SIGKILLs itself in the middle of one.
 //! Each survivor measures from the kill (the victim's wall-clock time in the store) to its group's revoke
 //! (detection), then from there through the survivors' agreement and the shrink to the first correct all_reduce of
-//! the shrunk group (recovery).
+//! the shrunk group (recovery). With `--liveness` the group holds liveness in the store (`Options::liveness`: pg's
+//! store server publishes the victim's closed connection, and the agreement waits for no dead rank).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,12 +20,13 @@ use serde_json::json;
 pub const RANK_TASK: &str = "__recovery-rank";
 
 const HELP: &str = "\
-cargo xtask recovery --backend nccl [--world-size N] [--json PATH] [--md PATH]
+cargo xtask recovery --backend nccl [--world-size N] [--liveness] [--json PATH] [--md PATH]
 
 N ranks (default 4; rank r on GPU r % GPUs, ranks sharing a GPU over NCCL's network transport) all-reduce 64 MiB
 in a loop in a group that revokes itself on a failed peer; the last rank SIGKILLs itself during its sixth op. Every
 survivor reports detection (kill to revoke), recovery (revoke to the first correct all_reduce of the group shrunk
-to the survivors: agreement, ncclCommShrink, the op) and the total, in ms of wall-clock time.
+to the survivors: agreement, ncclCommShrink, the op) and the total, in ms of wall-clock time. --liveness turns
+Options::liveness on: the store (hosted by rank 0) tells every survivor of the victim's closed connection.
 ";
 
 /// Elements of the all_reduce (64 MiB of f32).
@@ -58,6 +60,7 @@ pub struct Row {
 /// Runs the task: parses the arguments, launches the ranks, writes the report.
 pub fn run(args: &[String]) -> Result<(), String> {
     let (mut world, mut json_path, mut md_path, mut backend) = (4, None::<PathBuf>, None::<PathBuf>, None);
+    let mut liveness = false;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().cloned().ok_or_else(|| format!("{flag} needs a value\n\n{HELP}"));
@@ -66,6 +69,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--world-size" => world = value()?.parse().map_err(|e| format!("--world-size: {e}"))?,
             "--json" => json_path = Some(PathBuf::from(value()?)),
             "--md" => md_path = Some(PathBuf::from(value()?)),
+            "--liveness" => liveness = true,
             "-h" | "--help" => {
                 print!("{HELP}");
                 return Ok(());
@@ -89,7 +93,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for (rank, end) in
-        crate::gpu::launch_ranks(RANK_TASK, &world.to_string(), world, &[victim])?.into_iter().enumerate()
+        crate::gpu::launch_ranks(RANK_TASK, liveness_arg(liveness), world, &[victim])?.into_iter().enumerate()
     {
         if let Some(failure) = end.failure {
             failures.push(failure);
@@ -113,10 +117,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     let mut md = format!(
         "# A lost rank survived on NCCL, world {world}\n\n{layout}; the last rank SIGKILLed during all_reduce {} of \
-         64 MiB; group with `revoke_on_error`, op timeout 2 s, watchdog period 50 ms; ms of wall-clock time\n\n\
+         64 MiB; group with `revoke_on_error`{}, op timeout 2 s, watchdog period 50 ms; ms of wall-clock time\n\n\
          | rank | new rank | survivors | detect | recover | of which agree | of which shrink | total | correct |\n\
          | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
-        KILL_AT + 1
+        KILL_AT + 1,
+        if liveness { " and `liveness`" } else { "" }
     );
     for row in &rows {
         md.push_str(&format!(
@@ -141,6 +146,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "world_size": world,
         "layout": layout,
         "victim": victim,
+        "liveness": liveness,
         "rows": rows,
         "median_detect_ms": median(|r| r.detect_ms),
         "median_recover_ms": median(|r| r.recover_ms),
@@ -173,16 +179,25 @@ fn wall_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
-/// `xtask __recovery-rank OUT WORLD`: one rank of [`run`]; writes its row (or why it has none) as JSON.
+/// The rank task's argument saying whether liveness is on.
+fn liveness_arg(liveness: bool) -> &'static str {
+    match liveness {
+        true => "liveness",
+        false => "no-liveness",
+    }
+}
+
+/// `xtask __recovery-rank OUT LIVENESS`: one rank of [`run`]; writes its row (or why it has none) as JSON.
 pub fn rank_main(args: &[String]) -> Result<(), String> {
-    let [out, _world] = args else {
-        return Err(format!("usage: {RANK_TASK} OUT_JSON WORLD"));
+    let [out, live] = args else {
+        return Err(format!("usage: {RANK_TASK} OUT_JSON liveness|no-liveness"));
     };
+    let liveness = live == liveness_arg(true);
     let mut phases = Phases::default();
     let (rendezvous, device) = crate::gpu::join_job(Duration::from_secs(120))?;
     let store: Arc<dyn Store> = Arc::new(PrefixStore::new("recovery/", Arc::clone(&rendezvous.store)));
     let (rank, world) = (rendezvous.rank, rendezvous.world_size);
-    let result = rank_body(rank, world, &store, &device, &mut phases).map_err(|why| {
+    let result = rank_body(rank, world, liveness, &store, &device, &mut phases).map_err(|why| {
         // Where the rank got to, from the kill: what a failure needs to be understood.
         let killed_at = store.get("killed_at").ok().and_then(|v| String::from_utf8_lossy(&v).parse::<f64>().ok());
         let times: Vec<String> = phases
@@ -218,6 +233,7 @@ impl Phases {
 fn rank_body(
     rank: usize,
     world: usize,
+    liveness: bool,
     store: &Arc<dyn Store>,
     device: &pg_nccl::Device,
     phases: &mut Phases,
@@ -228,6 +244,7 @@ fn rank_body(
     let options = Options::builder()
         .group_name("recovery".to_owned())
         .revoke_on_error(true)
+        .liveness(liveness)
         .timeout(Duration::from_secs(2))
         .watchdog_period(Duration::from_millis(50))
         .dump_on_timeout(false)

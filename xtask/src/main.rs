@@ -37,7 +37,7 @@ Tasks:
   interop                store interop tests against PyTorch (sets up a virtual environment)
   faults [--backend mock|nccl] [--json PATH] [--trace DIR]
                          the fault matrix: hangs, errors, aborts, dead peers
-  recovery --backend nccl [--world-size N] [--json PATH] [--md PATH]
+  recovery --backend nccl [--world-size N] [--liveness] [--json PATH] [--md PATH]
                          a rank SIGKILLed mid-all_reduce; the survivors revoke, agree, shrink and go on
   fr-analyze DIR [--trace OUT.json]
                          reads every rank's flight-recorder dump and reports the first divergence

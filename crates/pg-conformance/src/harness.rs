@@ -75,6 +75,21 @@ pub enum Fault {
         /// The op number on the communicator.
         op: u64,
     },
+    /// As [`Fault::KillAt`], and the rank's whole process goes with it: its store connections close too, so a
+    /// store that publishes closed liveness connections ([`pg_core::Options::liveness`]) tells every rank. A
+    /// harness that cannot end a rank's process in the middle of a case refuses it.
+    KillProcessAt {
+        /// The rank.
+        rank: usize,
+        /// The op number on the communicator.
+        op: u64,
+    },
+    /// The world's store is hosted by `rank`'s process: when that process is killed ([`Fault::KillProcessAt`]),
+    /// the store goes with it and every later store operation fails.
+    StoreHostedBy {
+        /// The rank.
+        rank: usize,
+    },
 }
 
 /// The optional capabilities of one world; every method's default says "not offered".
@@ -124,6 +139,9 @@ pub struct Offers {
     pub hazards: bool,
     /// [`Capabilities::inject`] works.
     pub faults: bool,
+    /// [`Capabilities::inject`] takes [`Fault::KillProcessAt`] and [`Fault::StoreHostedBy`]: a rank's whole process
+    /// dies, its store connections (or the store it hosts) with it.
+    pub process_kills: bool,
     /// [`Capabilities::other_device`] gives a second device.
     pub other_device: bool,
 }

@@ -53,7 +53,9 @@ impl Capabilities<Mock> for MockCaps {
         self.0.inject(match fault {
             Fault::AsyncError { rank, after_ops } => pg_mock::Fault::AsyncError { rank, after_ops },
             Fault::NeverJoin { rank } => pg_mock::Fault::NeverJoin { rank },
-            Fault::KillAt { rank, op } => pg_mock::Fault::KillAt { rank, op },
+            // The simulated rank's death closes its store connections too.
+            Fault::KillAt { rank, op } | Fault::KillProcessAt { rank, op } => pg_mock::Fault::KillAt { rank, op },
+            Fault::StoreHostedBy { rank } => pg_mock::Fault::StoreHostedBy { rank },
         });
         true
     }
@@ -96,6 +98,7 @@ impl Harness for MockHarness {
             clock: Some(Clock::Virtual),
             hazards: true,
             faults: true,
+            process_kills: true,
             other_device: true,
         }
     }

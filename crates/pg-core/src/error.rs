@@ -63,6 +63,31 @@ pub enum Error {
         /// The rank that failed first.
         rank: usize,
     },
+    /// A rank of the group died: the store saw its liveness connection close ([`crate::Options::liveness`]).
+    #[error(
+        "rank {rank} of group '{group}' is dead: its liveness connection to the store closed (the process ended or \
+         was killed)"
+    )]
+    RankDead {
+        /// The group's name.
+        group: String,
+        /// The dead rank, in the group.
+        rank: usize,
+    },
+    /// The store stopped answering during a recovery step: a store hosted by a process that died goes with it (run a
+    /// standalone `pgstore`, or host it on a process that outlives the ranks).
+    #[error(
+        "the store of group '{group}' stopped answering during {during}: {source}; a store hosted by a rank that \
+         died goes with it (host it in a standalone `pgstore`)"
+    )]
+    StoreLost {
+        /// The group's name.
+        group: String,
+        /// The step (`agree_survivors`).
+        during: String,
+        /// What the store said.
+        source: Box<StoreError>,
+    },
     /// The group or the communicator was aborted; the reason says by whom and why.
     #[error("process group aborted: {reason}")]
     Aborted {
@@ -189,6 +214,8 @@ pub enum ErrorKind {
     Communicator,
     /// [`Error::Remote`].
     Remote,
+    /// [`Error::RankDead`].
+    RankDead,
     /// [`Error::Aborted`].
     Aborted,
     /// [`Error::Revoked`].
@@ -223,6 +250,8 @@ impl Error {
             Error::InitTimeout { .. } => ErrorKind::InitTimeout,
             Error::Communicator { .. } => ErrorKind::Communicator,
             Error::Remote { .. } => ErrorKind::Remote,
+            Error::RankDead { .. } => ErrorKind::RankDead,
+            Error::StoreLost { .. } => ErrorKind::StoreNetwork,
             Error::Aborted { .. } => ErrorKind::Aborted,
             Error::Revoked { .. } => ErrorKind::Revoked,
             Error::Excluded { .. } => ErrorKind::Excluded,

@@ -29,7 +29,9 @@ pub(crate) fn on_error<B: Backend>(
         tracing::debug!(target: "pg", pg_id = group.local_id, rank = group.rank, %error, %aborted, "ignored: the group was aborted");
         return;
     }
-    if error.kind() == ErrorKind::Communicator {
+    // A dead peer (known from the store, maybe before the communicator reports its closed connections) leaves the
+    // communicators that were connected to it unshrinkable too: the shrink then takes the rendezvous path.
+    if matches!(error.kind(), ErrorKind::Communicator | ErrorKind::RankDead) {
         group.lifecycle.note_comm_failed();
     }
     let options = &group.options;
@@ -46,7 +48,8 @@ pub(crate) fn on_error<B: Backend>(
     }
     if first && !group.store_link.broken.load(Ordering::Relaxed) {
         let rank = i32::try_from(group.rank).unwrap_or(i32::MAX).to_ne_bytes();
-        if options.signals_peers() && error.kind() != ErrorKind::Remote {
+        // A peer's report or death is known to every rank already: only this rank's own failure is signalled.
+        if options.signals_peers() && !matches!(error.kind(), ErrorKind::Remote | ErrorKind::RankDead) {
             signal(group, &remote_error_key(&options.group_name), &rank);
         }
         if options.dump_on_timeout {

@@ -22,6 +22,7 @@ mod heartbeat;
 mod in_flight;
 mod lifecycle;
 mod list_ops;
+mod liveness;
 mod op_trace;
 mod op_type;
 mod options;

@@ -90,6 +90,16 @@ pub struct Options {
     /// ranks that exchange data with a dead one see its sockets close, and every survivor must reach the
     /// agreement in time.
     pub revoke_on_error: bool,
+    /// Hold a store connection of its own saying this rank is alive, and read the store for peers whose connection
+    /// closed (pg's own; `PG_LIVENESS`, default off): with pg's TCP store server a killed rank's death is known to
+    /// every rank within [`Options::watchdog_period`] or 10 ms, whichever is shorter, and fails the group as a peer's
+    /// [`crate::Error::RankDead`] (revoking it with [`Options::revoke_on_error`]); the survivors' agreement then
+    /// waits for no dead rank. A live rank is never declared dead (only a closed connection tells; a connection that
+    /// the network cuts while its process lives is taken for a death, which the server cannot tell apart). Off by default
+    /// because it costs: one more store connection per group and rank, and a store read every 10 ms from the
+    /// watchdog (nothing on the enqueue path). A store that does not publish deaths (PyTorch's server) is logged and
+    /// the group runs as without it. A store hosted by a rank that dies goes with it: use a standalone `pgstore`.
+    pub liveness: bool,
     /// End the process as PyTorch does (`std::process::abort`, SIGABRT) once the watchdog found an error in a
     /// mode that tears down (1 or 3) and the flight recorder is dumped, or once the heartbeat monitor found the
     /// watchdog stuck (pg's own; `PG_END_PROCESS_ON_ERROR`, default off).
@@ -153,6 +163,7 @@ impl Default for Options {
             error_handling: ErrorHandling::SkipCleanUp,
             end_process_on_error: false,
             revoke_on_error: false,
+            liveness: false,
             enable_watchdog: true,
             watchdog_period: Duration::from_millis(100),
             blocking_wait_poll: Duration::from_millis(1),
@@ -221,6 +232,8 @@ impl OptionsBuilder {
         end_process_on_error: bool);
     setter!(/// Sets [`Options::revoke_on_error`].
         revoke_on_error: bool);
+    setter!(/// Sets [`Options::liveness`].
+        liveness: bool);
     setter!(/// Sets [`Options::enable_watchdog`].
         enable_watchdog: bool);
     setter!(/// Sets [`Options::watchdog_period`].
@@ -280,6 +293,7 @@ impl OptionsBuilder {
         env.bool(&["PG_CHECK_CHUNK_SIZES"], &mut o.check_chunk_sizes)?;
         env.bool(&["PG_END_PROCESS_ON_ERROR"], &mut o.end_process_on_error)?;
         env.bool(&["PG_REVOKE_ON_ERROR"], &mut o.revoke_on_error)?;
+        env.bool(&["PG_LIVENESS"], &mut o.liveness)?;
         if let Some((name, code)) = env.int(&["TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"])? {
             o.error_handling = ErrorHandling::from_code(code)
                 .ok_or_else(|| Error::invalid(format!("{name}={code}: expected 0, 1, 2 or 3")))?;
@@ -394,6 +408,8 @@ mod tests {
         check(&[("PG_END_PROCESS_ON_ERROR", "1")], |o| assert!(o.unwrap().end_process_on_error));
         check(&[], |o| assert!(!o.unwrap().revoke_on_error, "a failed peer tears the group down by default"));
         check(&[("PG_REVOKE_ON_ERROR", "1")], |o| assert!(o.unwrap().revoke_on_error));
+        check(&[], |o| assert!(!o.unwrap().liveness, "liveness costs a connection and store reads: off by default"));
+        check(&[("PG_LIVENESS", "1")], |o| assert!(o.unwrap().liveness));
         check(&[], |o| assert_eq!(o.unwrap().trace_dir, None, "no trace by default"));
         check(&[("PG_TRACE", "/tmp/pg-trace")], |o| {
             assert_eq!(o.unwrap().trace_dir, Some(PathBuf::from("/tmp/pg-trace")))

@@ -242,7 +242,14 @@ impl<B: Backend> ProcessGroup<B> {
                 Some(Tracer::new(dir, &device, who)?)
             }
         };
+        let hold = match options.liveness {
+            true => crate::liveness::Hold::register(&store, rank, &options.group_name)?,
+            false => None,
+        };
         let shared = Shared::new(store, (rank, size), device, options, (local_id, instance), membership, tracer);
+        if let Some(hold) = hold {
+            shared.store_link.hold_liveness(hold);
+        }
         let group = Self { inner: Arc::new(shared) };
         start_threads(&group.inner)?;
         if let Some(comm) = adopt {
@@ -1229,7 +1236,11 @@ fn start_threads<B: Backend>(group: &Arc<Shared<B>>) -> Result<()> {
         Ok(())
     };
     let handles = || (Arc::downgrade(group), group.device.clone(), Arc::clone(&group.signals));
-    let ((weak, device, signals), period) = (handles(), options.watchdog_period);
+    let period = match group.store_link.has_liveness() {
+        true => options.watchdog_period.min(crate::liveness::LIVENESS_POLL),
+        false => options.watchdog_period,
+    };
+    let (weak, device, signals) = handles();
     spawn("pt_nccl_watchdg", Box::new(move || crate::watchdog::watchdog_loop(&weak, &device, &signals, period)))?;
     if options.enable_monitoring {
         let ((weak, device, signals), timeout) = (handles(), options.heartbeat_timeout);

@@ -132,7 +132,23 @@ impl<B: Backend> ProcessGroup<B> {
     /// reported it dead). A rank waits at most `options.timeout` for the others; ranks reported dead are not
     /// waited for. Ranks in `options.dead` out of range, or this rank among them, are an
     /// [`Error::InvalidArgument`].
+    ///
+    /// With [`Options::liveness`] a rank whose liveness connection closed is known dead from the store: nobody waits
+    /// for it and it is not on the list, so the agreement ends as soon as every live rank is in; the timeout only
+    /// bounds the wait for a rank that is neither in nor known dead (a live but late one, or a store without
+    /// liveness). A store that stops answering meanwhile (hosted by a rank that died) is [`Error::StoreLost`].
     pub fn agree_survivors(&self, options: &AgreeOptions) -> Result<Survivors> {
+        self.agree(options).map_err(|error| match error {
+            Error::Store(source) if !source.is_timeout() => Error::StoreLost {
+                group: self.options().group_name.clone(),
+                during: "agree_survivors".to_owned(),
+                source: Box::new(source),
+            },
+            other => other,
+        })
+    }
+
+    fn agree(&self, options: &AgreeOptions) -> Result<Survivors> {
         let (rank, size) = (self.rank(), self.size());
         for &dead in &options.dead {
             if dead >= size {
@@ -149,6 +165,11 @@ impl<B: Backend> ProcessGroup<B> {
         let store = self.store().as_ref();
         let key = |what: &str, rank: usize| crate::failure::round_key(round, what, rank);
         let decision_key = format!("recovery.{round}/decision");
+        let liveness = self.shared().store_link.has_liveness();
+        // Dead: reported in this round, or (with liveness) its connection to the store closed.
+        let is_dead = |other: usize| -> Result<bool> {
+            Ok(store.check(&[&key("dead", other)])? || (liveness && crate::liveness::is_dead(store, other)?))
+        };
         for &dead in &options.dead {
             store.set(&key("dead", dead), b"1")?;
         }
@@ -164,7 +185,7 @@ impl<B: Backend> ProcessGroup<B> {
             let pending: Vec<usize> =
                 (0..size).filter(|other| !alive.contains(other) && !dead.contains(other)).collect();
             for other in pending {
-                if store.check(&[&key("dead", other)])? {
+                if is_dead(other)? {
                     dead.insert(other);
                 } else if store.check(&[&key("alive", other)])? {
                     alive.insert(other);
@@ -179,7 +200,7 @@ impl<B: Backend> ProcessGroup<B> {
         // A rank reported dead after it checked in is out too: the last reports count.
         let mut proposal = Vec::with_capacity(alive.len());
         for &survivor in &alive {
-            if !dead.contains(&survivor) && !store.check(&[&key("dead", survivor)])? {
+            if !dead.contains(&survivor) && !is_dead(survivor)? {
                 proposal.push(survivor);
             }
         }

@@ -7,6 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::liveness::Hold;
 use crate::Device;
 
 /// How long stopping a group waits for its watchdog to finish a store operation before detaching it: a
@@ -56,6 +57,8 @@ pub(crate) struct StoreLink {
     pub(crate) broken: AtomicBool,
     /// Store operations of the watchdog under way: a stopping group does not wait for one to time out.
     in_op: AtomicU64,
+    /// The group's liveness hold, when [`crate::Options::liveness`] is on and the store acknowledged it.
+    liveness: Mutex<Option<Hold>>,
 }
 
 impl StoreLink {
@@ -65,6 +68,17 @@ impl StoreLink {
         let result = op();
         self.in_op.fetch_sub(1, Ordering::SeqCst);
         result
+    }
+
+    /// Keeps the group's liveness hold until the group ends (its drop deletes the live key before the connection
+    /// closes, so a group let go on purpose is not declared dead).
+    pub(crate) fn hold_liveness(&self, hold: Hold) {
+        *self.liveness.lock().unwrap_or_else(PoisonError::into_inner) = Some(hold);
+    }
+
+    /// Whether the group holds liveness (the store publishes deaths).
+    pub(crate) fn has_liveness(&self) -> bool {
+        self.liveness.lock().unwrap_or_else(PoisonError::into_inner).is_some()
     }
 
     fn busy(&self) -> bool {

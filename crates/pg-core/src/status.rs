@@ -18,7 +18,7 @@ pub enum ErrorType {
     Timeout,
     /// The communicator reported an error.
     CommError,
-    /// A peer reported an error through the store.
+    /// A peer reported an error through the store, or the store saw a peer's liveness connection close.
     RemoteError,
     /// The watchdog stopped making progress (PyTorch kills the process here; this library reports it).
     HeartbeatTimeout,
@@ -28,7 +28,7 @@ impl ErrorType {
     fn of(error: &Error) -> Self {
         match error.kind() {
             ErrorKind::WorkTimeout => ErrorType::Timeout,
-            ErrorKind::Remote => ErrorType::RemoteError,
+            ErrorKind::Remote | ErrorKind::RankDead => ErrorType::RemoteError,
             ErrorKind::HeartbeatTimeout => ErrorType::HeartbeatTimeout,
             _ => ErrorType::CommError,
         }

@@ -59,7 +59,7 @@ pub(crate) fn watchdog_loop<B: Backend>(
 /// A new Work wakes it ([`Shared::track`]); on the simulated backend, an idle watchdog lets the clock jump.
 fn idle_sleep<B: Backend>(group: &Shared<B>, signals: &Signals) -> Option<Duration> {
     let options = &group.options;
-    if options.signals_peers() {
+    if options.signals_peers() || group.store_link.has_liveness() {
         return None;
     }
     // Announce idleness before looking at the list, so that a Work pushed meanwhile sees it and wakes us.
@@ -88,6 +88,9 @@ fn pass<B: Backend>(group: &Shared<B>) {
     let options = &group.options;
     if options.signals_peers() {
         check_remote_error(group);
+    }
+    if group.store_link.has_liveness() {
+        check_dead_ranks(group);
     }
     if options.dump_on_timeout {
         check_dump_signal(group);
@@ -243,6 +246,27 @@ fn check_remote_error<B: Backend>(group: &Shared<B>) {
     if let Some(rank) = failed.filter(|rank| *rank != group.rank) {
         tracing::error!(target: "pg", pg_id = group.local_id, rank = group.rank, failed = rank, "a peer failed");
         on_error(group, Error::Remote { rank }, None, None);
+    }
+}
+
+/// Reads the store for a rank whose liveness connection closed ([`crate::Options::liveness`]): such a rank is dead,
+/// and the group fails as with a peer's remote error (revoking with `revoke_on_error`).
+fn check_dead_ranks<B: Backend>(group: &Shared<B>) {
+    if group.store_link.broken.load(Ordering::Relaxed) || group.errors.error_type() != ErrorType::Success {
+        return;
+    }
+    let dead = match group.store_op(|store| crate::liveness::dead_ranks(store, group.size, group.rank)) {
+        None => return,
+        Some(Ok(dead)) => dead,
+        Some(Err(error)) => {
+            tracing::warn!(target: "pg", %error, "could not read the store for dead ranks; no longer reading it");
+            group.store_link.broken.store(true, Ordering::Relaxed);
+            return;
+        }
+    };
+    if let Some(&rank) = dead.first() {
+        tracing::error!(target: "pg", pg_id = group.local_id, rank = group.rank, ?dead, "a peer's liveness connection closed");
+        on_error(group, Error::RankDead { group: group.options.group_name.clone(), rank }, None, None);
     }
 }
 

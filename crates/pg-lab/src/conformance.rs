@@ -70,7 +70,9 @@ impl Capabilities<Nccl> for NcclCapabilities {
                 }
                 true
             }
-            Fault::NeverJoin { .. } => false,
+            // A rank process reports its cases to the end: it is not killed whole mid-case, and the store lives in
+            // the launcher.
+            Fault::NeverJoin { .. } | Fault::KillProcessAt { .. } | Fault::StoreHostedBy { .. } => false,
         }
     }
 }
@@ -134,6 +136,7 @@ impl Harness for NcclHarness {
             clock: Some(Clock::Wall),
             hazards: false,
             faults: true,
+            process_kills: false,
             other_device: pg_cuda::device_count().unwrap_or(1) > 1,
         }
     }

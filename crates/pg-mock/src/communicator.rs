@@ -978,6 +978,7 @@ impl MockCommunicator {
                 // A process dies once: a replacement on the same device runs on.
                 st.faults.retain(|f| !matches!(f, Fault::KillAt { rank, .. } if *rank == self.device));
                 st.lose_peer(self.group, self.rank, part.enqueue);
+                crate::store::kill_process(st, tid, self.device, part.enqueue);
             }
             let hang = match abort_during {
                 Some((after, how)) => {

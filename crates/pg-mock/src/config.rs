@@ -74,6 +74,9 @@ pub struct WorldConfig {
     /// see the connection to it closed: their communicators report an asynchronous remote error, as NCCL's do
     /// (ranks further round the ring see nothing until their ops time out).
     pub peer_loss: Duration,
+    /// How long after a rank is killed the store publishes the death of each liveness hold its process had
+    /// ([`pg_store::liveness`]): the kernel closing a killed process's sockets and the store server seeing it.
+    pub liveness_latency: Duration,
     /// Whether communicators grow (NCCL's `ncclCommGrow`, 2.29): when false the world models an older NCCL, whose
     /// `Device::grow_support` refuses and whose grows are made by a rendezvous.
     pub native_grow: bool,
@@ -99,6 +102,7 @@ impl Default for WorldConfig {
             time_limit: Duration::from_secs(24 * 3600),
             stall_limit: Duration::from_secs(30),
             peer_loss: Duration::from_millis(1),
+            liveness_latency: Duration::from_micros(200),
             native_grow: true,
             faults: Vec::new(),
         }

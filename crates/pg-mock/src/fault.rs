@@ -62,6 +62,13 @@ pub enum Fault {
         /// The operation number.
         op: u64,
     },
+    /// The store is hosted by the rank's process: when the rank is killed ([`Fault::KillAt`]) the store goes with
+    /// it, and every later store operation fails at once with a network error (the connections closed), as a
+    /// `TCPStore` server hosted by a rank that dies.
+    StoreHostedBy {
+        /// The rank (device index).
+        rank: usize,
+    },
     /// The store stops answering: every store operation fails with a network error, at once (`fail_fast`) or
     /// after the store's timeout of virtual time.
     StoreDown {

@@ -608,6 +608,10 @@ pub(crate) struct Entry {
 pub(crate) struct StoreState {
     pub(crate) values: HashMap<String, Entry>,
     pub(crate) queues: HashMap<String, VecDeque<Entry>>,
+    /// Liveness holds ([`pg_store::liveness`]): the process (its top thread's order) and the live key it set.
+    pub(crate) holds: Vec<(u32, String)>,
+    /// Deaths not yet visible: the live key of a killed process's hold and when its death is published.
+    pub(crate) deaths: Vec<(Time, String)>,
 }
 
 impl StoreState {

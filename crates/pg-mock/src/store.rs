@@ -11,15 +11,24 @@
 //! sees a key they set later in virtual time but earlier in real time, and a poll (`check`) that finds a key
 //! absent finds it absent in every run: how many store calls a polling rank makes, and so its virtual time,
 //! follows virtual time alone.
+//!
+//! Liveness ([`pg_store::liveness`]) is modelled as pg's TCP store server does it: a SET of `{P}pg.live/{name}`
+//! makes the calling thread's process (its rank thread and the threads it started) the key's holder and sets
+//! `{P}pg.watched/{name}`; a DELETE of the key ends the hold; when the process is killed ([`Fault::KillAt`]) each
+//! hold's death (`{P}pg.dead/{name}` set, `{P}pg.deaths` counted) is published
+//! [`WorldConfig::liveness_latency`](crate::WorldConfig::liveness_latency) later in virtual time: a store operation
+//! sees it once its thread's local time has reached that instant (operations run in virtual-time order, so every
+//! run sees it at the same point). A wait on a dead key is not woken by the publication: readers poll.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use pg_store::liveness::{death_keys, split_live_key, watched_key_under, DEAD_VALUE};
 use pg_store::{Store, StoreError, DEFAULT_STORE_TIMEOUT};
 
-use crate::clock::{ns, Cond, Wake};
+use crate::clock::{ns, Cond, Time, Wake};
 use crate::fault::Fault;
 use crate::sched::Inner;
 use crate::state::{Entry, State};
@@ -30,6 +39,50 @@ fn store_down(state: &State) -> Option<bool> {
         Fault::StoreDown { fail_fast } => Some(*fail_fast),
         _ => None,
     })
+}
+
+/// The process of registered thread `tid`: the order of the top thread it descends from.
+fn process(state: &State, tid: usize) -> Option<u32> {
+    state.threads.get(&tid).and_then(|thread| thread.order.first().copied())
+}
+
+/// What the store sees when thread `tid` (on `device`), whose process is killed at `at`, dies: the connections of
+/// its process close, publishing each of its liveness holds' deaths a latency later; a store the process hosted
+/// ([`Fault::StoreHostedBy`]) goes with it.
+pub(crate) fn kill_process(state: &mut State, tid: usize, device: usize, at: Time) {
+    if state.faults.iter().any(|f| matches!(f, Fault::StoreHostedBy { rank } if *rank == device)) {
+        state.faults.push(Fault::StoreDown { fail_fast: true });
+    }
+    let Some(dying) = process(state, tid) else { return };
+    let when = at + ns(state.config.liveness_latency);
+    let (gone, kept) = std::mem::take(&mut state.store.holds).into_iter().partition(|(p, _)| *p == dying);
+    state.store.holds = kept;
+    let gone: Vec<(u32, String)> = gone;
+    state.store.deaths.extend(gone.into_iter().map(|(_, key)| (when, key)));
+}
+
+/// Makes the deaths due by `now` visible: each dead key set and its prefix's death counter counted, at the death's
+/// time.
+fn publish_deaths(state: &mut State, now: Time) {
+    if state.store.deaths.iter().all(|(when, _)| *when > now) {
+        return;
+    }
+    let (due, later): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut state.store.deaths).into_iter().partition(|(when, _)| *when <= now);
+    state.store.deaths = later;
+    for (time, key) in due {
+        let Some((prefix, name)) = split_live_key(key.as_bytes()) else { continue };
+        let (dead, deaths) = death_keys(prefix, name);
+        let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+        let count = state
+            .store
+            .values
+            .get(&text(deaths.clone()))
+            .and_then(|e| std::str::from_utf8(&e.value).ok()?.parse::<i64>().ok())
+            .unwrap_or(0);
+        state.store.values.insert(text(dead), Entry { value: DEAD_VALUE.to_vec(), time });
+        state.store.values.insert(text(deaths), Entry { value: (count + 1).to_string().into_bytes(), time });
+    }
 }
 
 /// A handle on the simulated world's store (PyTorch's `HashStore`, in virtual time).
@@ -84,6 +137,8 @@ impl SimStore {
             }
             return Err(StoreError::Network(message));
         }
+        let now = state.local(tid);
+        publish_deaths(&mut state, now);
         let result = f(&mut state, tid);
         state.version += 1;
         self.inner.release(state);
@@ -121,6 +176,8 @@ impl SimStore {
             }
             state.charge(Some(tid), self.inner.config.host.store_op);
             state = self.turn(state, tid, api);
+            let now = state.local(Some(tid));
+            publish_deaths(&mut state, now);
             // Another waiter may have taken what woke this one (a queue element): then wait again.
             if let Some(result) = ready(&mut state, tid) {
                 self.inner.release(state);
@@ -135,6 +192,15 @@ impl Store for SimStore {
         self.op("set", |st, tid| {
             let time = st.local(tid);
             st.store.values.insert(key.to_owned(), Entry { value: value.to_vec(), time });
+            // A live key held by the calling thread's process, as pg's server holds it by the connection.
+            if let (Some((prefix, name)), Some(holder)) =
+                (split_live_key(key.as_bytes()), tid.and_then(|t| process(st, t)))
+            {
+                st.store.holds.retain(|(_, held)| held != key);
+                st.store.holds.push((holder, key.to_owned()));
+                let watched = String::from_utf8_lossy(&watched_key_under(prefix, name)).into_owned();
+                st.store.values.insert(watched, Entry { value: b"1".to_vec(), time });
+            }
             Ok(())
         })
     }
@@ -213,7 +279,10 @@ impl Store for SimStore {
     }
 
     fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
-        self.op("delete_key", |st, _| Ok(st.store.values.remove(key).is_some()))
+        self.op("delete_key", |st, _| {
+            st.store.holds.retain(|(_, held)| held != key);
+            Ok(st.store.values.remove(key).is_some())
+        })
     }
 
     fn num_keys(&self) -> Result<i64, StoreError> {

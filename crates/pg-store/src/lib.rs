@@ -25,6 +25,7 @@
 mod error;
 mod file;
 mod hash;
+pub mod liveness;
 mod prefix;
 pub mod rendezvous;
 mod store;

@@ -1,6 +1,8 @@
 //! Failure and recovery: a rank killed mid-op, the survivors' revoke, their agreement on who is left, the shrink,
 //! the grow that brings a replacement in, and every misuse of a revoked, superseded or growing group refused by
-//! name.
+//! name; and liveness from the store: a dead rank known to every survivor at once, the agreement that waits for no
+//! dead rank, a slow rank never declared dead, and a store that dies with its host; the cases with a dead rank run
+//! with and without liveness.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,12 +22,18 @@ use crate::{ensure, ensure_eq};
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
     vec![
         case!(a_rank_killed_mid_all_reduce_is_survived_by_revoke_agree_and_shrink, 2),
+        case!(a_rank_killed_mid_all_reduce_is_survived_with_liveness, 2),
+        case!(a_dead_rank_is_known_to_every_survivor_at_once_and_the_agreement_waits_for_no_window, 2),
+        case!(a_slow_rank_is_never_declared_dead, 2),
+        case!(a_store_that_dies_with_its_host_is_a_clear_error, 2),
         case!(a_communicator_error_revokes_the_group_with_revoke_on_error, 2),
+        case!(a_communicator_error_revokes_the_group_with_liveness, 2),
         case!(survivors_agree_on_one_list_and_a_late_or_reported_rank_is_excluded, 2),
         case!(a_group_shrinks_twice_and_maps_its_ranks_to_the_world, 3),
         case!(a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name, 4),
         case!(misuse_of_a_revoked_or_shrunk_group_is_refused_by_name, 2),
         case!(a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back, 2),
+        case!(a_lost_rank_is_replaced_with_liveness, 2),
         case!(grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name, 1),
         case!(ranks_that_ask_for_different_sizes_fail_by_name_then_grow, 2),
         case!(a_failed_shrink_with_abort_leaves_the_group_revoked_and_shrinkable_again, 2),
@@ -68,6 +76,16 @@ fn until_revoked<B: pg_core::Backend>(r: &Rank<B>, group: &ProcessGroup<B>, limi
 }
 
 fn a_rank_killed_mid_all_reduce_is_survived_by_revoke_agree_and_shrink<H: Harness>(h: &H) -> Check<Outcome> {
+    killed_mid_all_reduce(h, false)
+}
+
+/// The same with [`Options::liveness`]: where the kill closes the rank's store connections (the mock) every survivor
+/// also learns of it from the store; the recovery is the same.
+fn a_rank_killed_mid_all_reduce_is_survived_with_liveness<H: Harness>(h: &H) -> Check<Outcome> {
+    killed_mid_all_reduce(h, true)
+}
+
+fn killed_mid_all_reduce<H: Harness>(h: &H, liveness: bool) -> Check<Outcome> {
     need!(needs_faults(h));
     let clock = need!(clock_of(h));
     let n = h.world_size();
@@ -78,7 +96,7 @@ fn a_rank_killed_mid_all_reduce_is_survived_by_revoke_agree_and_shrink<H: Harnes
         if !r.caps.inject(Fault::KillAt { rank: victim, op: 1 }) {
             return Err("the fault was refused".into());
         }
-        let group = r.ready_group("0", revoking())?;
+        let group = r.ready_group("0", revoking().liveness(liveness))?;
         let dying = r.filled((r.rank + 1) as f64, 256)?;
         let work = group.all_reduce(&dying, ReduceOp::Sum).ctx("the all_reduce the victim dies in")?;
         if r.rank == victim {
@@ -150,7 +168,167 @@ fn a_rank_killed_mid_all_reduce_is_survived_by_revoke_agree_and_shrink<H: Harnes
     })
 }
 
+/// How soon every survivor must know of a dead rank with liveness: the store's publication and a watchdog pass.
+const LIVENESS_DETECTION: Duration = Duration::from_millis(100);
+
+/// Options of a revoking group with liveness whose ops would otherwise wait long for a dead peer: nothing but the
+/// store can tell the survivors quickly.
+fn live() -> OptionsBuilder {
+    revoking().liveness(true).timeout(LONG_OP_TIMEOUT)
+}
+
+/// Whether the harness kills a rank's whole process (its store connections with it).
+fn needs_process_kills<H: Harness>(h: &H) -> Result<(), Outcome> {
+    match h.offers().process_kills {
+        true => Ok(()),
+        false => Err(Outcome::NotApplicable("the harness cannot kill a rank's process whole".into())),
+    }
+}
+
+/// An op timeout far above the liveness bound, so that a case passing within it cannot have timed out.
+const LONG_OP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A 1-rank group of `r`'s own, in which it runs ops alone (its death there is seen by no communicator of its
+/// peers: only the store can tell them).
+fn alone<B: Backend>(r: &Rank<B>) -> Check<ProcessGroup<B>> {
+    let store: Arc<dyn Store> = Arc::new(PrefixStore::new(format!("alone.{}/", r.rank), Arc::clone(&r.store)));
+    let options = Options::builder().dump_on_timeout(false).group_name(format!("alone.{}", r.rank)).build();
+    Ok(r.keep(ProcessGroup::new(store, 0, 1, r.device.clone(), options).ctx("a group of one")?))
+}
+
+fn a_dead_rank_is_known_to_every_survivor_at_once_and_the_agreement_waits_for_no_window<H: Harness>(
+    h: &H,
+) -> Check<Outcome> {
+    need!(needs_process_kills(h));
+    let clock = need!(clock_of(h));
+    let n = h.world_size();
+    let victim = n - 1;
+    let agree_timeout = Duration::from_secs(5);
+    on_each_rank(h, n, |r| {
+        // The victim dies in its second op of a group of its own (op 0 of every communicator is the world group's
+        // barrier or its own first op), while its peers wait for it in an all_reduce of the world group: no
+        // communicator of theirs loses a connection.
+        if !r.caps.inject(Fault::KillProcessAt { rank: victim, op: 1 }) {
+            return Err("the fault was refused".into());
+        }
+        let group = r.ready_group("0", live())?;
+        if r.rank == victim {
+            let solo = alone(r)?;
+            let ones = r.filled(1.0, 8)?;
+            solo.all_reduce_sync(&ones, ReduceOp::Sum).ctx("the victim's first op alone")?;
+            let _dies_in = solo.all_reduce(&ones, ReduceOp::Sum);
+            group.abort("the process was killed");
+            solo.abort("the process was killed");
+            return Ok(());
+        }
+        let waiting = r.filled(1.0, 256)?;
+        let work = group.all_reduce(&waiting, ReduceOp::Sum).ctx("the all_reduce the victim never joins")?;
+        let (waited, took) = r.host_time(|| work.wait_timeout(LONG_OP_TIMEOUT));
+        let error = waited.err().ok_or("the all_reduce without the victim succeeded")?;
+        ensure!(took <= LIVENESS_DETECTION, "rank {}: the dead rank was known after {took:?}", r.rank);
+        ensure!(group.is_revoked(), "the group was not revoked");
+        let sticky = group.error().ok_or("the revoked group has no error")?.to_string();
+        ensure!(
+            sticky.contains(&format!("rank {victim} of group '0' is dead")),
+            "the revoke does not name the dead rank: {sticky} (the op's error: {error})"
+        );
+        let status = group.status();
+        ensure_eq!(status.error.map(|e| e.kind()), Some(ErrorKind::RankDead), "the watchdog's first error");
+        ensure_eq!(status.error_type, pg_core::ErrorType::RemoteError, "the error type of a dead peer");
+        // Every survivor checked in when it learned of the death and the victim is known dead: the agreement ends
+        // at once instead of waiting out its window for the victim.
+        let (survivors, agreed) =
+            r.host_time(|| group.agree_survivors(&AgreeOptions { timeout: agree_timeout, ..AgreeOptions::default() }));
+        let survivors = survivors.ctx("agree_survivors")?;
+        ensure_eq!(survivors.excluded, vec![victim], "the excluded ranks");
+        ensure!(
+            agreed <= LIVENESS_DETECTION + at_once(clock),
+            "the agreement took {agreed:?} (window {agree_timeout:?})"
+        );
+        let shrunk = group.shrink(&survivors.excluded, &ShrinkOptions::default()).ctx("shrink")?;
+        let buffer = r.filled((r.rank + 1) as f64, 64)?;
+        shrunk.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the shrunk group")?;
+        all_equal(&r.read(&buffer)?, triangle(n) - (victim + 1) as f64)?;
+        shrunk.barrier_sync().ctx("barrier")?;
+        shrunk.shutdown().ctx("shutdown of the shrunk group")
+    })
+}
+
+fn a_slow_rank_is_never_declared_dead<H: Harness>(h: &H) -> Check<Outcome> {
+    let n = h.world_size();
+    let slow = n - 1;
+    // Far longer than any liveness poll, and well within the op timeout.
+    let pause = Duration::from_secs(3);
+    on_each_rank(h, n, |r| {
+        let group = r.ready_group("0", live())?;
+        let buffer = r.filled((r.rank + 1) as f64, 64)?;
+        if r.rank == slow {
+            // A long kernel before its part of the op, then a host thread paused: alive all along.
+            r.sleep_current(pause)?;
+            r.host_sleep(pause);
+        }
+        group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("the all_reduce the slow rank is late to")?;
+        all_equal(&r.read(&buffer)?, triangle(n))?;
+        ensure!(!group.is_revoked(), "rank {}: the group was revoked while every rank was alive", r.rank);
+        ensure!(group.error().is_none(), "rank {}: the group failed: {:?}", r.rank, group.error());
+        // The agreement of live ranks, the slow one coming late, lists everyone.
+        if r.rank == slow {
+            r.host_sleep(pause / 3);
+        }
+        let survivors = group
+            .agree_survivors(&AgreeOptions { timeout: pause, ..AgreeOptions::default() })
+            .ctx("agree_survivors")?;
+        ensure_eq!(survivors.ranks, (0..n).collect::<Vec<_>>(), "a live rank was left out");
+        group.barrier_sync().ctx("barrier")
+    })
+}
+
+fn a_store_that_dies_with_its_host_is_a_clear_error<H: Harness>(h: &H) -> Check<Outcome> {
+    need!(needs_process_kills(h));
+    let n = h.world_size();
+    let host = 0;
+    on_each_rank(h, n, |r| {
+        if !r.caps.inject(Fault::StoreHostedBy { rank: host })
+            || !r.caps.inject(Fault::KillProcessAt { rank: host, op: 1 })
+        {
+            return Err("the fault was refused".into());
+        }
+        let group = r.ready_group("0", revoking().liveness(true))?;
+        let buffer = r.filled(1.0, 64)?;
+        let work = group.all_reduce(&buffer, ReduceOp::Sum).ctx("the all_reduce the store's host dies in")?;
+        if r.rank == host {
+            group.abort("the process was killed");
+            return Ok(());
+        }
+        // No death can be published by a store that is gone: the survivors learn of the failure from their
+        // communicators or the op's timeout, and the group is revoked without hanging.
+        let waited = work.wait_timeout(OP_TIMEOUT + Duration::from_secs(1));
+        ensure!(waited.is_err(), "the all_reduce without the store's host succeeded");
+        until_revoked(r, &group, OP_TIMEOUT + Duration::from_secs(1))?;
+        let error = group
+            .agree_survivors(&AgreeOptions { timeout: AGREE_TIMEOUT, ..AgreeOptions::default() })
+            .err()
+            .ok_or("the agreement succeeded without a store")?;
+        ensure!(
+            matches!(error, pg_core::Error::StoreLost { .. })
+                && error.kind() == ErrorKind::StoreNetwork
+                && error.to_string().contains("pgstore"),
+            "the agreement's error does not say the store was lost: {error}"
+        );
+        Ok(())
+    })
+}
+
 fn a_communicator_error_revokes_the_group_with_revoke_on_error<H: Harness>(h: &H) -> Check<Outcome> {
+    communicator_error_revokes(h, false)
+}
+
+/// The same with [`Options::liveness`]: no rank dies, so nobody is declared dead and every rank is on the list.
+fn a_communicator_error_revokes_the_group_with_liveness<H: Harness>(h: &H) -> Check<Outcome> {
+    communicator_error_revokes(h, true)
+}
+
+fn communicator_error_revokes<H: Harness>(h: &H, liveness: bool) -> Check<Outcome> {
     need!(needs_faults(h));
     on_each_rank(h, h.world_size(), |r| {
         // Rank 0's communicator fails after the barrier and the first all_reduce.
@@ -159,7 +337,7 @@ fn a_communicator_error_revokes_the_group_with_revoke_on_error<H: Harness>(h: &H
         }
         // The failing rank writes its `remote_error` key, so its peers revoke at their next watchdog pass instead of
         // at the op's timeout, and every rank comes to the agreement at about the same time.
-        let group = r.ready_group("0", revoking().propagate_error(true))?;
+        let group = r.ready_group("0", revoking().propagate_error(true).liveness(liveness))?;
         let buffer = r.filled(1.0, 8)?;
         group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("the all_reduce before the error")?;
         if r.rank == 0 {
@@ -463,6 +641,15 @@ fn check_grown<B: Backend>(r: &Rank<B>, grown: &ProcessGroup<B>, n: usize) -> Ch
 }
 
 fn a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back<H: Harness>(h: &H) -> Check<Outcome> {
+    lost_rank_replaced(h, false)
+}
+
+/// The same with [`Options::liveness`] on every group, the replacement's included.
+fn a_lost_rank_is_replaced_with_liveness<H: Harness>(h: &H) -> Check<Outcome> {
+    lost_rank_replaced(h, true)
+}
+
+fn lost_rank_replaced<H: Harness>(h: &H, liveness: bool) -> Check<Outcome> {
     let n = h.world_size();
     let victim = n - 1;
     // Where the harness kills, the victim dies in the all_reduce; elsewhere it stops issuing ops, which its peers
@@ -472,7 +659,7 @@ fn a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back<H: H
         if kill && !r.caps.inject(Fault::KillAt { rank: victim, op: 1 }) {
             return Err("the fault was refused".into());
         }
-        let group = r.ready_group("0", revoking())?;
+        let group = r.ready_group("0", revoking().liveness(liveness))?;
         let dying = r.filled((r.rank + 1) as f64, 256)?;
         // The victim dies only once every rank is past the ready barrier: a rank done with its part of an op may
         // still be sending it, and a death then would fail a peer's barrier instead of the all_reduce below.
@@ -487,7 +674,7 @@ fn a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back<H: H
             // The victim's process is gone. This thread now plays its replacement, a new process on the same device,
             // which joins the survivors' group once they have shrunk it and grow it back; it knows only the store,
             // its rank and the size.
-            let options = Options::builder().timeout(JOIN_TIMEOUT).dump_on_timeout(false).build();
+            let options = Options::builder().timeout(JOIN_TIMEOUT).dump_on_timeout(false).liveness(liveness).build();
             let joined = ProcessGroup::join_grown(group_store(r, "0"), victim, n, r.device.clone(), options);
             let grown = joined.ctx("join_grown")?;
             return check_grown(r, &grown, n);

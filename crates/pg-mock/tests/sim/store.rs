@@ -133,3 +133,45 @@ fn two_blocked_pops_share_the_queue_without_a_spurious_error() {
     got.sort();
     assert_eq!(got, vec![None, Some("a".to_owned()), Some("b".to_owned())]);
 }
+
+/// Liveness as pg's TCP store server publishes it: a live key is held by the setting thread's process; when that
+/// process is killed mid-op, its death appears `WorldConfig::liveness_latency` after the kill in virtual time (a
+/// poll before that sees nothing, in every run), and the live process is never declared dead.
+#[test]
+fn a_killed_process_liveness_hold_is_published_after_the_latency_in_virtual_time() {
+    use pg_core::{Communicator as _, DType, ReduceOp};
+    use pg_store::liveness::{dead_key, live_key, watched_key, DEATHS_KEY};
+    let latency = Duration::from_millis(3);
+    let w = World::new(WorldConfig {
+        faults: vec![Fault::KillAt { rank: 1, op: 0 }],
+        liveness_latency: latency,
+        ..WorldConfig::with_devices(2)
+    });
+    let store: std::sync::Arc<dyn Store> = w.store();
+    let seen = w.run(2, |rank, device| {
+        let group = pg_store::PrefixStore::new("g", std::sync::Arc::clone(&store));
+        group.set(&live_key(&rank.to_string()), b"pid").unwrap();
+        assert!(group.check(&[&watched_key(&rank.to_string())]).unwrap(), "the hold is acknowledged");
+        let comm = crate::common::comm(&store, "id", &device, rank, 2);
+        if rank == 1 {
+            device.sleep(Duration::from_millis(5), &std::sync::atomic::AtomicBool::new(false));
+            let killed_at = device.now();
+            let b = crate::common::buffer(&device, DType::F32, &[1.0]);
+            let _ = comm.all_reduce(&b, &b, ReduceOp::Sum, &device.current_stream());
+            return (killed_at, Duration::ZERO);
+        }
+        let never = std::sync::atomic::AtomicBool::new(false);
+        while !group.check(&[&dead_key("1")]).unwrap() {
+            device.sleep(Duration::from_micros(500), &never);
+        }
+        assert!(!group.check(&[&dead_key("0")]).unwrap(), "the live rank was declared dead");
+        assert_eq!(group.get(DEATHS_KEY).unwrap(), b"1");
+        (Duration::ZERO, device.now())
+    });
+    let (killed_at, seen_at) = (seen[1].0, seen[0].1);
+    assert!(
+        seen_at >= killed_at + latency,
+        "the death was seen at {seen_at:?}, before the kill {killed_at:?} + {latency:?}"
+    );
+    assert!(seen_at <= killed_at + latency + Duration::from_millis(1), "seen at {seen_at:?}, killed at {killed_at:?}");
+}

@@ -988,7 +988,19 @@ impl EventLoop {
 
     fn close(&mut self, slot: usize, reason: Close) {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::take) else { return };
-        lock(&self.shared.state).unregister(conn.outbox.id);
+        let deaths = {
+            let mut state = lock(&self.shared.state);
+            state.unregister(conn.outbox.id);
+            // The connection's own replies go nowhere now; what its close sets may wake other connections.
+            let mut out = Vec::new();
+            let mut me =
+                Requester { outbox: &conn.outbox, out: &mut out, woken: &mut self.woken, garbage: &mut self.garbage };
+            state.connection_closed(&mut me)
+        };
+        self.garbage.clear();
+        if deaths > 0 {
+            self.deliver_woken();
+        }
         if conn.charged > 0 {
             self.shared.release(conn.charged);
         }

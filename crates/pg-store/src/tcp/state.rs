@@ -8,6 +8,7 @@ use super::key_hash::KeyHash;
 use super::protocol::{
     parse_stoll, Framed, Limits, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING, WAIT_CANCELED,
 };
+use crate::liveness::{death_keys, split_live_key, watched_key_under, DEAD_VALUE};
 
 /// Locks `mutex`, going on through poisoning: a panicking thread leaves the store usable.
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -39,6 +40,9 @@ pub(super) struct State {
     barrier_waiters: HashMap<Vec<u8>, Vec<u64>, KeyHash>,
     /// Every connection with a pending wait or barrier.
     blocked: HashMap<u64, Blocked>,
+    /// The live keys (`{P}pg.live/{name}`, [`crate::liveness`]) each connection holds: its close publishes their
+    /// deaths.
+    holds: HashMap<u64, Vec<Vec<u8>>>,
 }
 
 /// A connection in a wait or a barrier: the only connections another one's request sends bytes to.
@@ -100,6 +104,7 @@ impl State {
                 let (key, value) = (&buf[key], &buf[value]);
                 self.wake_all(me, key);
                 self.put_copy(me, key, value);
+                self.note_live(me, key);
             }
             Framed::Get { key } => self.reply_value(me, &buf[key]),
             Framed::Owned(request) => return self.handle(me, limits, request),
@@ -117,6 +122,7 @@ impl State {
                 // Waking first saves a copy of the key: a woken client's next request is handled only after
                 // this one, when the value is in place.
                 self.wake_all(me, &key);
+                self.note_live(me, &key);
                 self.put(me, key, value);
             }
             Request::CompareSet { key, expected, desired } => {
@@ -170,6 +176,7 @@ impl State {
                 me.reply(&count.to_le_bytes());
             }
             Request::DeleteKey { key } => {
+                self.release_live(&key);
                 let deleted = i64::from(self.values.remove(&key).is_some());
                 me.reply(&deleted.to_le_bytes());
             }
@@ -359,6 +366,45 @@ impl State {
         if blocked.awaited == 0 && blocked.barrier.is_none() {
             self.blocked.remove(&id);
         }
+    }
+
+    /// Registers `me`'s connection as the holder of `key` when it is a live key, and says so at its watched key
+    /// (which the holder checks next on the same connection). A later SET of the key moves the hold.
+    fn note_live(&mut self, me: &mut Requester<'_>, key: &[u8]) {
+        let Some((prefix, name)) = split_live_key(key) else { return };
+        let watched = watched_key_under(prefix, name);
+        self.release_live(key);
+        self.holds.entry(me.outbox.id).or_default().push(key.to_vec());
+        self.wake_all(me, &watched);
+        self.put(me, watched, b"1".to_vec());
+    }
+
+    /// Ends the hold of `key` (a DELETE of a live key: its holder leaves on purpose, no death is published).
+    fn release_live(&mut self, key: &[u8]) {
+        if self.holds.is_empty() || split_live_key(key).is_none() {
+            return;
+        }
+        self.holds.retain(|_, keys| {
+            keys.retain(|held| held != key);
+            !keys.is_empty()
+        });
+    }
+
+    /// Publishes the death of every live key the closing connection (`me`) held: `{P}pg.dead/{name}` set and
+    /// `{P}pg.deaths` counted, waking their waiters. Returns how many it published.
+    pub(super) fn connection_closed(&mut self, me: &mut Requester<'_>) -> usize {
+        let Some(keys) = self.holds.remove(&me.outbox.id) else { return 0 };
+        for key in &keys {
+            let Some((prefix, name)) = split_live_key(key) else { continue };
+            let (dead, deaths) = death_keys(prefix, name);
+            tracing::info!(key = %show(key), "TCP store: a liveness connection closed; published its death");
+            self.wake_all(me, &dead);
+            self.put(me, dead, DEAD_VALUE.to_vec());
+            if let Err(error) = self.add(me, &deaths, 1) {
+                tracing::warn!(%error, "TCP store: could not count a death");
+            }
+        }
+        keys.len()
     }
 
     /// Drops every wait and barrier registration of a connection.
