@@ -1112,7 +1112,7 @@ impl<B: Backend> ProcessGroup<B> {
             return Ok(id);
         }
         let remaining = deadline.saturating_sub(inner.device.now());
-        let store_timeout = store_bound(store);
+        let store_timeout = crate::subgroup_call::store_bound(store);
         let limit = remaining.min(store_timeout);
         match store.wait(&[store_key, &owner_key], Some(limit)) {
             Ok(()) => {}
@@ -1206,12 +1206,6 @@ impl<B: Backend> ProcessGroup<B> {
     fn lock_cache(&self) -> MutexGuard<'_, CommCache<B>> {
         self.inner.lock_cache()
     }
-}
-
-/// How long `store`'s own timeout lets a wait last: a store opened with a zero timeout ("no timeout", as
-/// PyTorch's) bounds nothing, and the group's own deadline decides.
-pub(crate) fn store_bound(store: &dyn Store) -> std::time::Duration {
-    Some(store.timeout()).filter(|timeout| !timeout.is_zero()).unwrap_or(std::time::Duration::MAX)
 }
 
 /// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`; each holds the group

@@ -78,7 +78,7 @@ impl SubgroupCall {
         let keys: Vec<String> = (0..self.size).map(|rank| self.key(rank)).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let remaining = deadline.saturating_sub(device.now());
-        let store_timeout = crate::process_group::store_bound(self.store.as_ref());
+        let store_timeout = store_bound(self.store.as_ref());
         match self.store.wait(&keys, Some(remaining.min(store_timeout))) {
             Ok(()) => {}
             Err(source) if source.is_timeout() && remaining <= store_timeout => {
@@ -170,6 +170,12 @@ pub(crate) fn color_of(view: &str) -> Option<Option<u32>> {
         "no color" => Some(None),
         _ => inner.strip_prefix("color ")?.parse().ok().map(Some),
     }
+}
+
+/// How long `store`'s own timeout lets a wait last: a store opened with a zero timeout ("no timeout", as
+/// PyTorch's) bounds nothing, and the group's own deadline decides.
+pub(crate) fn store_bound(store: &dyn Store) -> std::time::Duration {
+    Some(store.timeout()).filter(|timeout| !timeout.is_zero()).unwrap_or(std::time::Duration::MAX)
 }
 
 #[cfg(test)]
