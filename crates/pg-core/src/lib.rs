@@ -58,11 +58,12 @@ pub use op_trace::{trace_file_state, TraceFileState};
 pub use op_type::OpType;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
 pub use poison::Poison;
-pub use process_group::{Counters, ProcessGroup};
+pub use process_group::ProcessGroup;
 pub use recovery::{AgreeOptions, GrowOptions, ShrinkOptions, Survivors};
 pub use status::{ErrorType, GroupStatus};
 pub use stream_guard::StreamGuard;
 pub use subgroups::DeviceMesh;
+pub use tally::Counters;
 pub use torch_compat::{
     join_torch_default_group, torch_default_group_store, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT,
 };

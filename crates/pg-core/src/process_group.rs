@@ -16,6 +16,7 @@ use crate::lifecycle::{Call, GroupState};
 use crate::op_trace::{Identity, OpInfo, Tracer};
 use crate::shared::{Membership, Shared};
 use crate::status::{ErrorType, GroupStatus};
+use crate::tally::Counters;
 use crate::work::WorkState;
 use crate::{
     Backend, Buffer, CommConfig, CommKey, Communicator, DType, Device, Error, Event, OpType, Options, ReduceOp, Result,
@@ -45,17 +46,6 @@ pub(crate) enum Kind {
     /// read by the others, with no group-instance keys, so that PyTorch's ranks and this one form one
     /// communicator.
     Torch,
-}
-
-/// What a group has done, for tests and tools.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counters {
-    /// Communicators this group created (every cache miss that succeeded).
-    pub comms_created: u64,
-    /// Ops enqueued (collectives, point-to-point ops and barriers).
-    pub ops_issued: u64,
-    /// Ops whose Work reused a completed Work that nothing held any more (its memory and end event).
-    pub works_reused: u64,
 }
 
 /// A process group: this rank's view of a set of ranks that run collectives together.

@@ -3,7 +3,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::Counters;
+/// What a group has done, for tests and tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Communicators this group created (every cache miss that succeeded).
+    pub comms_created: u64,
+    /// Ops enqueued (collectives, point-to-point ops and barriers).
+    pub ops_issued: u64,
+    /// Ops whose Work reused a completed Work that nothing held any more (its memory and end event).
+    pub works_reused: u64,
+}
 
 /// The counts of one group.
 #[derive(Default)]
