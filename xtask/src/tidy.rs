@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+mod code_map;
 mod imports;
 
 /// The patterns tidy looks for, spelled in pieces so that this file does not match them itself (nor the
@@ -87,6 +88,7 @@ pub fn problems() -> Vec<String> {
             problems.push(format!("{relative}: crate root without #![forbid(unsafe_code)]"));
         }
     }
+    problems.extend(code_map::check(&root, &files));
     for name in ACYCLIC_CRATES {
         let src = root.join("crates").join(name).join("src");
         for cycle in imports::cycles(&imports::read_crate(&src)) {
