@@ -63,8 +63,10 @@ impl ErrorHandling {
     }
 }
 
-/// The settings of one process group. Build them with [`Options::builder`].
+/// The settings of one process group. Build them with [`Options::builder`]: a new setting is a new builder method,
+/// never a break of the programs that build them (the struct is `#[non_exhaustive]`).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Options {
     /// Per-Work timeout, from the Work's host start time, and the bound on creating a communicator (its unique
     /// id, the other ranks' joins, a non-blocking init); default 10 min.

@@ -278,7 +278,8 @@ fn pg_trace_writes_each_ranks_ops_with_the_simulated_device_spans_and_its_subgro
             // precision of its f32 milliseconds), and the times stay exact.
             device.sleep(1500 * MS, &std::sync::atomic::AtomicBool::new(false));
         }
-        let sub = Options { group_desc: "pair".to_owned(), ..options };
+        let mut sub = options.clone();
+        sub.group_desc = "pair".to_owned();
         let pair = group.new_group(&[0, 1], sub).unwrap().expect("both ranks are members");
         pair.broadcast(&buffer, 1).unwrap().wait().unwrap();
         device.synchronize().unwrap();
