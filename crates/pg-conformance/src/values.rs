@@ -1,5 +1,6 @@
 //! Element values to and from the bytes a buffer holds, for every dtype (what cases write and read back).
 
+use pg_core::half::{f16_to_f32, f32_to_bf16, f32_to_f16};
 use pg_core::DType;
 
 /// The bytes of `values` as elements of `dtype` (integers saturate, bool is `!= 0`, half floats round).
@@ -45,63 +46,6 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
             DType::F8E5M2 => f64::from(pg_core::fp8::from_e5m2(c[0])),
         })
         .collect()
-}
-
-/// IEEE half from f32, rounding to nearest even (values in the suite are small integers and halves).
-fn f32_to_f16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exp = ((bits >> 23) & 0xff) as i32;
-    let mant = bits & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | u16::from(mant != 0) << 9;
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = mant | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = m >> shift;
-        let rest = m & ((1 << shift) - 1);
-        let halfway = 1 << (shift - 1);
-        let round = u32::from(rest > halfway || (rest == halfway && half & 1 == 1));
-        return sign | (half + round) as u16;
-    }
-    let half = ((e as u32) << 10) | (mant >> 13);
-    let rest = mant & 0x1fff;
-    let round = u32::from(rest > 0x1000 || (rest == 0x1000 && half & 1 == 1));
-    sign | (half + round) as u16
-}
-
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let mant = u32::from(h & 0x3ff);
-    let bits = match (exp, mant) {
-        (0, 0) => sign,
-        (0, m) => {
-            // Subnormal: value = m * 2^-24.
-            let v = m as f32 * f32::from_bits(0x3380_0000);
-            return if sign != 0 { -v } else { v };
-        }
-        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
-        (e, m) => sign | ((e + 127 - 15) << 23) | (m << 13),
-    };
-    f32::from_bits(bits)
-}
-
-fn f32_to_bf16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    let round = 0x7fff + ((bits >> 16) & 1);
-    (bits.wrapping_add(round) >> 16) as u16
 }
 
 #[cfg(test)]

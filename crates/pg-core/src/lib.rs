@@ -18,6 +18,7 @@ mod failure;
 mod flight_recorder;
 pub mod fp8;
 mod future;
+pub mod half;
 mod heartbeat;
 mod in_flight;
 mod lifecycle;

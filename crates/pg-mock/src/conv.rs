@@ -1,6 +1,7 @@
 //! Dtype and reduction arithmetic on raw little-endian bytes: fills, reductions, and the host conversions tests
 //! use (`encode`, `decode`).
 
+use pg_core::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use pg_core::{DType, Error, ReduceOp, Result};
 
 /// One element type: how it is stored and how reductions combine it.
@@ -230,71 +231,6 @@ macro_rules! fp8_elem {
 
 fp8_elem!(E4M3, pg_core::fp8::to_e4m3fn, pg_core::fp8::from_e4m3fn, pg_core::fp8::to_e4m3fn);
 fp8_elem!(E5M2, pg_core::fp8::to_e5m2, pg_core::fp8::from_e5m2, pg_core::fp8::to_e5m2_satfinite);
-
-/// Rounds an f32 to the nearest IEEE half (ties to even).
-fn f32_to_f16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let sign = u16::try_from((bits >> 16) & 0x8000).unwrap_or(0);
-    let exp = i32::try_from((bits >> 23) & 0xff).unwrap_or(0);
-    let man = bits & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    let round = |value: u32, rem: u32, half: u32| -> u32 {
-        if rem > half || (rem == half && value & 1 == 1) {
-            value + 1
-        } else {
-            value
-        }
-    };
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let man = man | 0x80_0000;
-        let shift = u32::try_from(14 - e).unwrap_or(24);
-        let value = round(man >> shift, man & ((1 << shift) - 1), 1 << (shift - 1));
-        return sign | u16::try_from(value).unwrap_or(0x400);
-    }
-    let e = u32::try_from(e).unwrap_or(0);
-    let value = round((e << 10) | (man >> 13), man & 0x1fff, 0x1000);
-    sign | u16::try_from(value).unwrap_or(0x7c00)
-}
-
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let man = u32::from(h & 0x3ff);
-    let bits = match exp {
-        0 if man == 0 => sign,
-        0 => {
-            #[allow(clippy::cast_precision_loss)] // A reason: a 10-bit mantissa is exact.
-            let value = man as f32 / 16_777_216.0;
-            return if sign != 0 { -value } else { value };
-        }
-        0x1f => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
-}
-
-/// Rounds an f32 to the nearest bfloat16 (ties to even).
-fn f32_to_bf16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return u16::try_from(bits >> 16).unwrap_or(0x7fc0) | 0x40;
-    }
-    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1));
-    u16::try_from(rounded >> 16).unwrap_or(0)
-}
-
-fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits(u32::from(h) << 16)
-}
 
 fn fill_typed<T: Elem>(value: f64, out: &mut [u8]) {
     let element = T::from_f64(value);

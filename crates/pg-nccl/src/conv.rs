@@ -1,6 +1,7 @@
 //! Conversions between pg-core's values and NCCL's and pg-cuda's: the only module that matches on NCCL enums.
 
 use nccl_sys::{sys, Version, FP8_VERSION};
+use pg_core::half::{f32_to_bf16, f32_to_f16};
 use pg_core::{DType, Error, ReduceOp};
 
 /// The loaded NCCL's version (a communicator exists only once the library loaded; the oldest supported
@@ -82,54 +83,6 @@ pub(crate) fn fill_pattern(dtype: DType, value: f64) -> (usize, u64) {
         DType::F8E4M3 => (1, u64::from(pg_core::fp8::to_e4m3fn(value as f32))),
         DType::F8E5M2 => (1, u64::from(pg_core::fp8::to_e5m2(value as f32))),
     }
-}
-
-/// IEEE binary16 from binary32, rounding to nearest even.
-pub(crate) fn f32_to_f16(value: f32) -> u16 {
-    let bits = value.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exponent = ((bits >> 23) & 0xff) as i32;
-    let mantissa = bits & 0x7f_ffff;
-    if exponent == 0xff {
-        // Infinity or NaN (keep NaN quiet and non-zero).
-        return sign | 0x7c00 | if mantissa != 0 { 0x200 } else { 0 };
-    }
-    let unbiased = exponent - 127;
-    if unbiased > 15 {
-        return sign | 0x7c00;
-    }
-    if unbiased >= -14 {
-        let half_exponent = (unbiased + 15) as u32;
-        let mut half = (half_exponent << 10) | (mantissa >> 13);
-        let rest = mantissa & 0x1fff;
-        if rest > 0x1000 || (rest == 0x1000 && half & 1 == 1) {
-            half += 1; // May carry into the exponent, which is the right result (up to infinity).
-        }
-        return sign | half as u16;
-    }
-    if unbiased < -25 {
-        return sign;
-    }
-    // Subnormal half: shift the mantissa with its implicit bit.
-    let full = mantissa | 0x80_0000;
-    let shift = (-14 - unbiased + 13) as u32;
-    let mut half = full >> shift;
-    let rest = full & ((1 << shift) - 1);
-    let halfway = 1 << (shift - 1);
-    if rest > halfway || (rest == halfway && half & 1 == 1) {
-        half += 1;
-    }
-    sign | half as u16
-}
-
-/// bfloat16 from binary32, rounding to nearest even.
-pub(crate) fn f32_to_bf16(value: f32) -> u16 {
-    let bits = value.to_bits();
-    if value.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    let rounding = 0x7fff + ((bits >> 16) & 1);
-    ((bits + rounding) >> 16) as u16
 }
 
 /// A CUDA error as pg-core's backend error.
