@@ -26,7 +26,7 @@ pub enum GroupState {
     /// A shrink with [`crate::ShrinkMode::Abort`] is under way: ops return [`Error::Revoked`]; once it ends the
     /// group is superseded (it succeeded) or revoked (it failed, and may be shrunk again).
     Shrinking,
-    /// Shrunk with abort into another group: every call but a shutdown, an abort or a revoke (which change
+    /// Shrunk with abort into another group: every call but a shutdown, an abort or a revoke (which changes
     /// nothing) is refused, naming the group to use instead.
     Superseded,
     /// Shut down with [`crate::ProcessGroup::shutdown`]: every call returns [`Error::Aborted`].

@@ -581,8 +581,9 @@ impl<B: Backend> ProcessGroup<B> {
         let revoked = self.is_revoked();
         // The ops in flight end first, each within its timeout: a finalize would wait for one that never ends.
         let stuck = if revoked { None } else { self.inner.drain_in_flight() };
-        // A shutdown is refused in no state; a group aborted stays so.
-        let _ = self.inner.transition(Call::Shutdown, None);
+        // A shutdown is refused in no state; a group aborted stays so. `error()` says it was shut down.
+        let shut = Error::Aborted { reason: "the process group was shut down".to_owned() };
+        let _ = self.inner.transition(Call::Shutdown, Some(shut));
         let finalized = match (revoked, stuck) {
             (false, None) => comms.iter().try_for_each(|comm| comm.finalize()),
             (false, Some(error)) => {

@@ -264,6 +264,8 @@ fn every_call_after_shutdown_returns_aborted<H: Harness>(h: &H) -> Check<Outcome
                 group.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce")?;
             }
             group.shutdown().ctx("shutdown")?;
+            ensure_eq!(group.state(), pg_core::GroupState::ShutDown, "{name} group's state");
+            ensure_eq!(group.error().map(|e| e.kind()), Some(ErrorKind::Aborted), "{name} group's error");
             check_all_aborted(every_call(r, &group)?).map_err(|e| format!("{name} group: {e}"))?;
             ensure!(group.comm_keys().is_empty(), "{name} group: shutdown left communicators in the cache");
         }
