@@ -12,20 +12,7 @@ use crate::check::{Check, Context};
 use crate::{ensure, values};
 
 /// What kind of kernel a launch was (the simulator's kinds, which every harness reports).
-pub use pg_mock::KernelKind;
-
-/// One kernel launch in a rank's kernel log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelLaunch {
-    /// The stream it was launched on ([`pg_core::Stream::id`]).
-    pub stream_id: u64,
-    /// What it was.
-    pub kind: KernelKind,
-    /// Its name (`all_reduce`, `sleep`, ...).
-    pub name: String,
-    /// When it ran on the device (start, end), where the backend knows (the simulated one does).
-    pub span: Option<(Duration, Duration)>,
-}
+pub use pg_core::{KernelKind, KernelLaunch};
 
 /// The host clock the ranks' [`pg_core::Device::now`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

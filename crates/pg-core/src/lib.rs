@@ -21,6 +21,7 @@ mod future;
 pub mod half;
 mod heartbeat;
 mod in_flight;
+mod kernel_log;
 mod lifecycle;
 mod list_ops;
 mod liveness;
@@ -52,6 +53,7 @@ pub use desync::{DesyncReport, RankPosition, RankTrace};
 pub use enqueue_timing::{enqueue_step_totals, EnqueueStep};
 pub use error::{Error, ErrorKind, Result};
 pub use future::{Future, Then};
+pub use kernel_log::{KernelKind, KernelLaunch};
 pub use lifecycle::GroupState;
 pub use list_ops::{Coalescer, P2PKind, P2POp};
 #[cfg(feature = "testing")]

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pg_conformance::{Capabilities, Clock, Fault, Harness, KernelKind, KernelLaunch, Offers, Ran, Rank};
+use pg_conformance::{Capabilities, Clock, Fault, Harness, KernelLaunch, Offers, Ran, Rank};
 use pg_core::store::{PrefixStore, Store};
 use pg_nccl::{fault, launches};
 use pg_nccl::{Device, Nccl};
@@ -41,7 +41,7 @@ pub fn capabilities(rank: usize, device: &Device) -> Arc<NcclCapabilities> {
 impl Capabilities<Nccl> for NcclCapabilities {
     fn kernel_log(&self, _rank: usize) -> Option<Vec<KernelLaunch>> {
         let log = launches::since(&self.since, pg_core::Device::index(&self.device));
-        Some(log.into_iter().map(suite_launch).collect())
+        Some(log)
     }
 
     fn clock(&self) -> Option<Clock> {
@@ -75,17 +75,6 @@ impl Capabilities<Nccl> for NcclCapabilities {
             Fault::NeverJoin { .. } | Fault::KillProcessAt { .. } | Fault::StoreHostedBy { .. } => false,
         }
     }
-}
-
-/// A launch of pg-nccl's log as the suite's kernel log holds it.
-fn suite_launch(launch: launches::KernelLaunch) -> KernelLaunch {
-    let kind = match launch.kind {
-        launches::KernelKind::Comm => KernelKind::Comm,
-        launches::KernelKind::Sleep => KernelKind::Sleep,
-        launches::KernelKind::Fill => KernelKind::Fill,
-        launches::KernelKind::Copy => KernelKind::Copy,
-    };
-    KernelLaunch { stream_id: launch.stream_id, kind, name: launch.name, span: launch.span }
 }
 
 /// How long a rank waits at the end of a world for its peers before it lets go of the world's groups.

@@ -16,17 +16,7 @@ use crate::clock::Time;
 use crate::hazard::HazardKind;
 
 /// What kind of kernel a [`KernelRecord`](crate::KernelRecord) or a [`StreamSpan`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelKind {
-    /// A communication kernel (a collective or point-to-point op).
-    Comm,
-    /// A sleep/spin kernel.
-    Sleep,
-    /// A fill kernel.
-    Fill,
-    /// A copy between host and device.
-    Copy,
-}
+pub use pg_core::KernelKind;
 
 /// What a stream span was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -21,31 +21,7 @@ use std::time::Duration;
 
 use pg_cuda::TimingEvent;
 
-/// What kind of kernel a launch was (the kinds the simulated backend's kernel log uses too).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelKind {
-    /// A communication kernel (a collective or point-to-point op).
-    Comm,
-    /// A sleep/spin kernel.
-    Sleep,
-    /// A fill kernel.
-    Fill,
-    /// A copy between host and device.
-    Copy,
-}
-
-/// One kernel launch of the log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelLaunch {
-    /// The stream it was launched on ([`pg_core::Stream::id`]).
-    pub stream_id: u64,
-    /// What it was.
-    pub kind: KernelKind,
-    /// Its name (`all_reduce`, `sleep`, ...).
-    pub name: String,
-    /// When it ran on the device (start, end) from the [`Mark`] it was read since, where spans were on.
-    pub span: Option<(Duration, Duration)>,
-}
+pub use pg_core::{KernelKind, KernelLaunch};
 
 /// Entries kept per process.
 pub const KEPT: usize = 4096;
