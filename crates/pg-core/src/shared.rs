@@ -1,6 +1,7 @@
 //! The state one process group shares between its handles, its enqueue path, its watchdog and its heartbeat
-//! monitor: identity and options, the communicator cache, the sticky error, counters, and one part per concern
-//! (in-flight list, error state, Work reuse pool, flight recorder, threads and signals).
+//! monitor: identity and options (set once), the communicator cache, and one part per concern, each with private
+//! fields owned by its module (lifecycle, rounds, tally, in-flight list, error record, Work reuse pool, flight
+//! recorder, threads and signals).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
