@@ -15,10 +15,6 @@ const PATH_ATTRIBUTE: &str = concat!("#[pa", "th");
 /// The crates allowed to contain `unsafe` code.
 const UNSAFE_CRATES: [&str; 3] = ["crates/pg-cuda/", "crates/pg-nccl/", "crates/nccl-sys/"];
 
-/// The one file elsewhere allowed it: the GPU suite's interop task calls pg-nccl's `unsafe` constructor
-/// `Buffer::from_raw` and launches kernels on a caller's cudarc stream, as a user's program does.
-const UNSAFE_FILES: [&str; 1] = ["crates/pg-lab/src/bin/pg-nccl-gpu/interop.rs"];
-
 /// The crates whose files may not import each other in a circle (a file never `use`s, directly or through
 /// others, a file that uses it back).
 const ACYCLIC_CRATES: [&str; 7] = ["nccl-sys", "pg-core", "pg-cuda", "pg-lab", "pg-mock", "pg-nccl", "pg-store"];
@@ -62,8 +58,7 @@ pub fn problems() -> Vec<String> {
         if !text.starts_with("//!") {
             problems.push(format!("{relative}: does not open with a `//!` line saying what the file is"));
         }
-        let may_be_unsafe =
-            UNSAFE_CRATES.iter().any(|c| relative.starts_with(c)) || UNSAFE_FILES.contains(&relative.as_str());
+        let may_be_unsafe = UNSAFE_CRATES.iter().any(|c| relative.starts_with(c));
         for (number, line) in text.lines().enumerate() {
             let code = line.trim_start();
             if code.starts_with("//") {
@@ -71,7 +66,7 @@ pub fn problems() -> Vec<String> {
             }
             let at = format!("{relative}:{}", number + 1);
             if !may_be_unsafe && UNSAFE_CODE.iter().any(|pattern| code.contains(pattern)) {
-                problems.push(format!("{at}: unsafe outside pg-cuda, pg-nccl, nccl-sys and the interop task"));
+                problems.push(format!("{at}: unsafe outside pg-cuda, pg-nccl and nccl-sys"));
             }
             if code.contains(IGNORE_ATTRIBUTE) {
                 problems.push(format!("{at}: an ignored test; a test that cannot run says \"skipped: <why>\" instead"));

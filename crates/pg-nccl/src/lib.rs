@@ -28,6 +28,8 @@ pub mod fault;
 mod foreign;
 mod handle;
 #[cfg(feature = "testing")]
+pub mod interop_probe;
+#[cfg(feature = "testing")]
 pub mod launches;
 pub mod placement;
 mod premul;

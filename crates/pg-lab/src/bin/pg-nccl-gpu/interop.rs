@@ -11,9 +11,9 @@ use std::future::IntoFuture as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pg_core::{Buffer as _, DType, ErrorKind, Options, ReduceOp, StreamGuard};
-use pg_nccl::pg_cuda::cudarc::driver::{CudaContext, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use pg_nccl::pg_cuda::cudarc::nvrtc::Ptx;
+use pg_core::{Buffer as _, ErrorKind, Options, ReduceOp, StreamGuard};
+use pg_nccl::interop_probe as probe;
+use pg_nccl::pg_cuda::cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use pg_nccl::{Buffer, Nccl};
 use serde_json::{json, Value};
 
@@ -120,17 +120,14 @@ fn cuda_slice_range(ctx: &Rank, group: &Group, theirs: &Arc<CudaContext>) -> Che
     let stream = theirs.new_stream().map_err(cuda("new_stream"))?;
     let slice = slice_of(&stream, 1024, 7.0)?;
     let base = address(&slice);
-    let part = Buffer::from_cuda_slice_range(&ctx.device, slice, 256..512).map_err(|e| e.to_string())?;
+    // The range's buffer, and the whole slice through a raw-pointer buffer that keeps the range's buffer alive.
+    let (part, whole) = probe::range_and_whole(&ctx.device, slice, 256..512).map_err(|e| e.to_string())?;
     if part.numel() != 256 || part.cuda().ptr() != base + 256 * 4 {
         return Ok(Outcome::Fail(format!("the range buffer is {} elements at {:#x}", part.numel(), part.cuda().ptr())));
     }
     let wrapped = ctx.device.wrap_stream(stream).map_err(|e| e.to_string())?;
     let _guard = StreamGuard::<Nccl>::new(&ctx.device, &wrapped);
     group.all_reduce(&part, ReduceOp::Sum).and_then(|w| w.wait()).map_err(|e| e.to_string())?;
-    // The whole slice, through a raw-pointer buffer that keeps the range's buffer (and so the slice) alive.
-    // SAFETY: `base` is the start of the live 1024-element f32 slice that `part` owns, kept by the keep-alive.
-    let whole = unsafe { Buffer::from_raw(base, 1024, DType::F32, &ctx.device, Box::new(part.clone())) }
-        .map_err(|e| e.to_string())?;
     let values = util::read(ctx, &whole)?;
     let sum = 7.0 * ctx.world as f64;
     for (index, value) in values.iter().enumerate() {
@@ -146,11 +143,7 @@ fn raw_pointer(ctx: &Rank, group: &Group, theirs: &Arc<CudaContext>) -> Checked 
     let stream = theirs.new_stream().map_err(cuda("new_stream"))?;
     let slice = slice_of(&stream, 2048, (ctx.rank + 1) as f32)?;
     stream.synchronize().map_err(cuda("synchronize"))?;
-    let ptr = address(&slice);
-    // SAFETY: `ptr` is the start of a live 2048-element f32 slice of this device's primary context, whose owner
-    // (the slice) is the keep-alive; its copy has completed (synchronized above).
-    let buffer =
-        unsafe { Buffer::from_raw(ptr, 2048, DType::F32, &ctx.device, Box::new(slice)) }.map_err(|e| e.to_string())?;
+    let buffer = probe::raw_over(&ctx.device, slice).map_err(|e| e.to_string())?;
     group.all_reduce(&buffer, ReduceOp::Sum).and_then(|w| w.wait()).map_err(|e| e.to_string())?;
     expect_all(ctx, &buffer, util::rank_sum(ctx.world))
 }
@@ -161,28 +154,15 @@ fn raw_pointer(ctx: &Rank, group: &Group, theirs: &Arc<CudaContext>) -> Checked 
 fn caller_streams(ctx: &Rank, group: &Group, theirs: &Arc<CudaContext>) -> Checked {
     const WORDS: usize = 1 << 18;
     let (a, b) = (theirs.new_stream().map_err(cuda("new_stream"))?, theirs.new_stream().map_err(cuda("new_stream"))?);
-    let module = theirs.load_module(Ptx::from_src(pg_nccl::pg_cuda::kernels_ptx())).map_err(cuda("load_module"))?;
-    let spin = module.load_function("pg_spin").map_err(cuda("pg_spin"))?;
-    let fill = module.load_function("pg_fill_b64").map_err(cuda("pg_fill_b64"))?;
     let input = a.alloc_zeros::<f32>(2 * WORDS).map_err(cuda("alloc_zeros"))?;
     let output = a.alloc_zeros::<f32>(2 * WORDS * ctx.world).map_err(cuda("alloc_zeros"))?;
     a.synchronize().map_err(cuda("synchronize"))?;
-    let base = address(&input);
-    let input = Buffer::from_cuda_slice(&ctx.device, input).map_err(|e| e.to_string())?;
-    let output = Buffer::from_cuda_slice(&ctx.device, output).map_err(|e| e.to_string())?;
     let value = (ctx.rank + 1) as f32;
     let pattern = (u64::from(value.to_bits()) << 32) | u64::from(value.to_bits());
     let cycles = ctx.device.cuda().cycles_for(Duration::from_millis(200));
-    let (words, one) = (WORDS as u64, LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 });
-    let mut launch = a.launch_builder(&spin);
-    launch.arg(&cycles);
-    // SAFETY: pg_spin takes one u64 and touches no memory.
-    unsafe { launch.launch(one) }.map_err(cuda("pg_spin"))?;
-    let mut launch = a.launch_builder(&fill);
-    launch.arg(&base).arg(&words).arg(&pattern);
-    let grid = LaunchConfig { grid_dim: (256, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: pg_fill_b64(ptr, count, pattern) stores `count` u64 words from `ptr`: the input holds 2 * WORDS f32.
-    unsafe { launch.launch(grid) }.map_err(cuda("pg_fill_b64"))?;
+    probe::spin_then_fill(theirs, &a, cycles, &input, pattern)?;
+    let input = Buffer::from_cuda_slice(&ctx.device, input).map_err(|e| e.to_string())?;
+    let output = Buffer::from_cuda_slice(&ctx.device, output).map_err(|e| e.to_string())?;
     let (wrapped_a, wrapped_b) =
         (ctx.device.wrap_stream(a).map_err(|e| e.to_string())?, ctx.device.wrap_stream(b).map_err(|e| e.to_string())?);
     let began = Instant::now();
@@ -264,16 +244,12 @@ fn awaited_tokio(ctx: &Rank, group: &Group, theirs: &Arc<CudaContext>) -> Checke
 }
 
 fn bad_null(ctx: &Rank) -> Checked {
-    // SAFETY: a null pointer is refused before it is used; nothing is read or written.
-    refused(unsafe { Buffer::from_raw(0, 16, DType::F32, &ctx.device, Box::new(())) }, "null device pointer")
+    refused(probe::raw_null(&ctx.device), "null device pointer")
 }
 
 fn bad_misaligned(ctx: &Rank, theirs: &Arc<CudaContext>) -> Checked {
     let stream = theirs.new_stream().map_err(cuda("new_stream"))?;
-    let slice = slice_of(&stream, 64, 0.0)?;
-    let ptr = address(&slice) + 2;
-    // SAFETY: the misaligned pointer is refused before it is used; the slice is the keep-alive either way.
-    refused(unsafe { Buffer::from_raw(ptr, 16, DType::F32, &ctx.device, Box::new(slice)) }, "not aligned to its dtype")
+    refused(probe::raw_misaligned(&ctx.device, slice_of(&stream, 64, 0.0)?), "not aligned to its dtype")
 }
 
 fn bad_range(ctx: &Rank, theirs: &Arc<CudaContext>) -> Checked {
