@@ -26,7 +26,7 @@ Worlds and transports (any number of ranks on one GPU: NCCL's network transport 
 TASK_WORLDS, BENCH_WORLDS and TRAIN_WORLDS (\"2 4\": each world in turn), BENCH_PROFILE=network (sizes to 16 MiB,
 10 ops per trial: OUT_DIR/allreduce-nccl-N-net.{md,json}, all-to-all-nccl-N-net, p2p-nccl-N-net),
 TRAIN_BUCKETS=\"1 2\" (pg's example and DDP with one gradient bucket and with two, one report per world),
-MIXED=1 (a pg rank joined with the README's code beside PyTorch ranks, MIXED_RUNS=\"2:0 2:1 3:1 3:0\" as world:pg rank:
+MIXED=1 (a pg rank joined with the code of docs/torch-job.md beside PyTorch ranks, MIXED_RUNS=\"2:0 2:1 3:1 3:0\" as world:pg rank:
 OUT_DIR/mixed-nccl-N.{md,json}), TORCHRUN=1 (two torchrun agents, c10d rendezvous, --nproc-per-node 2, start the
 conformance ranks: OUT_DIR/conformance-torchrun-4.{md,json}), FAULTS=1 (pg-xtask faults --backend nccl at each world
 of FAULT_WORLDS, default \"2 4\": OUT_DIR/faults-nccl-N.{md,json}).

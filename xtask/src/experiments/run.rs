@@ -170,7 +170,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let ranks = match args.backend.as_str() {
         "mock" => run_mock(&args.config, args.trace.as_deref())?,
         "nccl" if args.trace.is_some() => {
-            return Err("--trace is for the mock; on GPUs set PG_TRACE=DIR (see README)".to_owned())
+            return Err("--trace is for the mock; on GPUs set PG_TRACE=DIR (see docs/timelines.md)".to_owned())
         }
         "nccl" => crate::gpu::run_experiments(&args.config)?,
         other => return Err(format!("unknown backend '{other}' (expected mock or nccl)")),

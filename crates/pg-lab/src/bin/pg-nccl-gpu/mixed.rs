@@ -1,5 +1,5 @@
 //! The mixed-group task (`pg-nccl-gpu mixed`): this process is one rank of PyTorch's default NCCL group, the
-//! other ranks PyTorch's (`bench/torch_mixed.py`), joined with the README's "Join a PyTorch job" code: a store
+//! other ranks PyTorch's (`bench/torch_mixed.py`), joined with the "Join a PyTorch job" code of docs/torch-job.md: a store
 //! client counted as a worker (`TcpStore::connect_as_worker`; on rank 0 the store's host,
 //! `TcpStore::serve_as_master`, as PyTorch's rank 0 is), then `join_torch_default_group`.
 //!
@@ -159,7 +159,7 @@ pub fn run_ops<B: Backend>(
 }
 
 /// The `mixed` command on NCCL: pg's rank is this process's, from torchrun's variables (`RANK`, `WORLD_SIZE`,
-/// `MASTER_ADDR`, `MASTER_PORT`; its GPU `gpu`). Joins with the README's code, runs the ops and writes
+/// `MASTER_ADDR`, `MASTER_PORT`; its GPU `gpu`). Joins with the code of docs/torch-job.md, runs the ops and writes
 /// `OUT/mixed-rank{rank}.json`. `PG_MIXED_LARGE_BYTES` replaces the 1 GiB of the large broadcast (PyTorch's
 /// script reads the same variable).
 pub fn run_nccl(out: &Path, rank: usize, gpu: usize) -> Result<(), String> {
@@ -196,7 +196,7 @@ pub fn run_nccl(out: &Path, rank: usize, gpu: usize) -> Result<(), String> {
     }
 }
 
-/// The README's "Join a PyTorch job" code, then the ops.
+/// The "Join a PyTorch job" code of docs/torch-job.md, then the ops.
 fn join_and_run(
     addr: &str,
     port: u16,
@@ -260,7 +260,7 @@ pub fn merge(dir: &Path, label: &str) -> Result<bool, String> {
         let _ = writeln!(md, "{label}\n");
         let _ = writeln!(
             md,
-            "pg's rank joins with the README's \"Join a PyTorch job\" code (`TcpStore::connect_as_worker`, or \
+            "pg's rank joins with the \"Join a PyTorch job\" code of docs/torch-job.md (`TcpStore::connect_as_worker`, or \
              `TcpStore::serve_as_master` at rank 0, then `join_torch_default_group`); the other ranks are PyTorch's \
              `init_process_group(\"nccl\")` (bench/torch_mixed.py). Every rank checks every result on its side: \
              broadcasts from the lowest PyTorch rank, all_reduce (sum of rank + 1), all_gather (chunk r == r + 1), a \
