@@ -7,8 +7,9 @@
 #                            BENCH_PROFILE=nvlink|network  BENCH_WORLDS="N ..."  BENCH_MAX_BYTES=1073741824
 #                            BENCH_TRIALS=5  FIRST_TRIALS=5  NPROC=N  TRAIN=1  TRAIN_NPROC=1  TRAIN_WORLDS="N ..."
 #                            TRAIN_BUCKETS="1 2"  TRAIN_STEPS=100  MIXED=0  MIXED_RUNS="2:0 2:1 3:1 3:0"  TORCHRUN=0
-#                            FAULTS=0  FAULT_WORLDS="N ..."
-#                            SUITE=network  ONLY=tasks|bench|train|mixed|torchrun|faults  CUBLAS_DIR=directory of libcublas.so.13 or .12 (else looked for under
+#                            FAULTS=0  FAULT_WORLDS="N ..."  RECOVERY=0  RECOVERY_WORLDS="N ..."  ELASTIC=0
+#                            ELASTIC_WORLDS="N ..."
+#                            SUITE=network  ONLY=tasks|bench|train|mixed|torchrun|faults|recovery|elastic  CUBLAS_DIR=directory of libcublas.so.13 or .12 (else looked for under
 #                            PyTorch and CUDA)  STALL_S=180  TASK_TIMEOUT_S=600)
 # STALL_S: conformance ranks that finish no case for that long are stopped, their stacks written to
 # OUT_DIR/stalls/, and started again at the furthest case reached; TASK_TIMEOUT_S bounds each task of a world.
@@ -33,6 +34,13 @@
 # FAULTS=1: the fault matrix on NCCL (pg-xtask faults --backend nccl: a skipped collective with the desync report,
 # a rank SIGKILLed mid-all_reduce, an async error, an abort from another thread, a new group after an error) at
 # each world of FAULT_WORLDS (default "2 4"): OUT_DIR/faults-nccl-N.{md,json}.
+# RECOVERY=1: at each world of RECOVERY_WORLDS (default "4"), the last rank SIGKILLed during its sixth 64 MiB
+# all_reduce, each survivor timed from the kill to its first correct all_reduce of the shrunk group: pg (pg-xtask
+# recovery, without and with liveness from the store) beside PyTorch's best and documented paths
+# (torch_recovery.py), on one libnccl: OUT_DIR/recovery-nccl-N.{md,json}.
+# ELASTIC=1: the training example's elastic loop at each world of ELASTIC_WORLDS (default "4"), one process per
+# rank: the last rank dies at step 20, the survivors (liveness on) shrink and train to step 100:
+# OUT_DIR/elastic-mlp-nccl-NtoM.json (M = N - 1).
 # SUITE=network: the one-GPU network-transport suite in one command: TASKS at worlds 2 and 4, MIXED=1,
 # TORCHRUN=1, TRAIN_WORLDS="2 4" with TRAIN_BUCKETS="1 2", BENCH_PROFILE=network at BENCH_WORLDS="2 4", FAULTS=1
 # at FAULT_WORLDS="2 4" (each variable still overrides).
@@ -49,7 +57,7 @@ export NCCL_NVLS_ENABLE=0
 mkdir -p "$OUT"
 if [ -n "${ONLY:-}" ]; then
   for part in ${ONLY//,/ }; do
-    case "$part" in tasks | bench | train | mixed | torchrun | faults) ;; *) echo "ONLY: unknown part '$part' (tasks, bench, train, mixed, torchrun, faults)"; exit 2 ;; esac
+    case "$part" in tasks | bench | train | mixed | torchrun | faults | recovery | elastic) ;; *) echo "ONLY: unknown part '$part' (tasks, bench, train, mixed, torchrun, faults, recovery, elastic)"; exit 2 ;; esac
   done
   only() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
   if ! only tasks; then : "${TASKS:=none}" "${XTASK_EXPERIMENTS:=0}"; fi
@@ -58,6 +66,8 @@ if [ -n "${ONLY:-}" ]; then
   if only mixed; then MIXED=1; else : "${MIXED:=0}"; fi
   if only torchrun; then TORCHRUN=1; else : "${TORCHRUN:=0}"; fi
   if only faults; then FAULTS=1; else : "${FAULTS:=0}"; fi
+  if only recovery; then RECOVERY=1; else : "${RECOVERY:=0}"; fi
+  if only elastic; then ELASTIC=1; else : "${ELASTIC:=0}"; fi
 fi
 if [ "${SUITE:-}" = network ]; then
   : "${TASK_WORLDS:=2 4}" "${MIXED:=1}" "${TORCHRUN:=1}" "${TRAIN:=1}" "${TRAIN_WORLDS:=2 4}" "${TRAIN_BUCKETS:=1 2}"
@@ -158,7 +168,7 @@ for b in ${BENCHES//,/ }; do
   case "$b" in all-reduce | all-to-all | p2p) ;; *) echo "BENCH: unknown benchmark '$b' (all-reduce, all-to-all, p2p)"; rc=1 ;; esac
 done
 wants() { case ",$BENCHES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-if [ -n "$BENCHES" ] || [ "${MIXED:-0}" = 1 ]; then
+if [ -n "$BENCHES" ] || [ "${MIXED:-0}" = 1 ] || [ "${RECOVERY:-0}" = 1 ]; then
   # One libnccl for all three contestants (and for both sides of a mixed group): PyTorch's when torch is here.
   TORCH_NCCL="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)"
   if [ -n "$TORCH_NCCL" ] && [ -f "$TORCH_NCCL" ]; then export PG_NCCL_LIBRARY="$TORCH_NCCL"; fi
@@ -254,11 +264,15 @@ run_train() {
   fi
   TRAIN_COMMAND="ddp_mlp ${TRAIN_ARGS[*]}; torchrun --nproc-per-node $TN torch_ddp_mlp.py ${TORCH_ARGS[*]}"
 }
-if [ "${TRAIN:-1}" = "1" ]; then
-  # The training example (cuBLAS loaded at run time) and PyTorch DDP on the same model, data and steps.
+# The training example loads cuBLAS at run time: PyTorch's or the CUDA toolkit's, unless CUBLAS_DIR says.
+find_cublas() {
   CUBLAS_DIR="${CUBLAS_DIR:-$(dirname "$( { python3 -c 'import nvidia, os; print(*nvidia.__path__)' 2>/dev/null | xargs -r -I{} find {} -name 'libcublas.so.1[23]'; find /usr/local/cuda*/ -name 'libcublas.so.1[23]'; } 2>/dev/null | head -1)")}"
   if [ -n "$CUBLAS_DIR" ] && [ "$CUBLAS_DIR" != "." ]; then export LD_LIBRARY_PATH="$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
   echo "training example: libcublas from ${CUBLAS_DIR:-the default loader path}"
+}
+if [ "${TRAIN:-1}" = "1" ]; then
+  # The training example (cuBLAS loaded at run time) and PyTorch DDP on the same model, data and steps.
+  find_cublas
   for TN in ${TRAIN_WORLDS:-${TRAIN_NPROC:-1}}; do
     NAME="train-mlp-${GPU_TAG}x$TN"
     if [ "$TN" -gt "$GPUS" ]; then NAME="train-mlp-nccl-$TN-net"; fi
@@ -277,6 +291,49 @@ if [ "${TRAIN:-1}" = "1" ]; then
     fi
     if [ -f "$OUT/train-mlp.json" ]; then
       cp "$OUT/train-mlp.json" "$OUT/$NAME.json"; cp "$OUT/train-mlp.md" "$OUT/$NAME.md"; rm -f "$OUT/train-mlp.json"
+    fi
+  done
+fi
+
+# ===== a lost rank survived: pg beside PyTorch's two paths =====
+if [ "${RECOVERY:-0}" = "1" ]; then
+  for W in ${RECOVERY_WORLDS:-4}; do
+    rm -f "$OUT"/recovery-pg*.json "$OUT"/recovery-torch-*.json
+    "$HERE/pg-xtask" recovery --backend nccl --world-size "$W" --json "$OUT/recovery-pg.json" \
+      --md "$OUT/recovery-pg.md" || rc=1
+    "$HERE/pg-xtask" recovery --backend nccl --world-size "$W" --liveness --json "$OUT/recovery-pg-liveness.json" \
+      --md "$OUT/recovery-pg-liveness.md" || rc=1
+    if has_torch; then
+      python3 "$HERE/torch_recovery.py" --world "$W" --out "$OUT" || rc=1
+    else
+      echo "no torch here: PyTorch's recovery paths are skipped"
+    fi
+    python3 "$HERE/torch_recovery.py" --report --world "$W" --out "$OUT" || rc=1
+  done
+fi
+
+# ===== elastic training on NCCL: a rank dies, the survivors shrink and train on =====
+if [ "${ELASTIC:-0}" = "1" ]; then
+  find_cublas
+  for EW in ${ELASTIC_WORLDS:-4}; do
+    PORT="$(free_port)"; PIDS=()
+    ELASTIC_ARGS=(--backend nccl --world-size "$EW" --steps 100 --kill "$((EW - 1)):20" --json "$OUT/elastic-pg.json")
+    rm -f "$OUT/elastic-pg.json"
+    for r in $(seq 0 $((EW - 1))); do
+      # shellcheck disable=SC2046
+      env $(rank_env "$r" "$EW") MASTER_ADDR=127.0.0.1 MASTER_PORT="$PORT" timeout 300 \
+        "$HERE/ddp_mlp" "${ELASTIC_ARGS[@]}" > "$OUT/elastic-rank$r.txt" 2>&1 & PIDS+=($!)
+    done
+    # The last rank dies on purpose (it aborts); every other rank must finish.
+    for i in "${!PIDS[@]}"; do wait "${PIDS[$i]}" || [ "$i" = "$((EW - 1))" ] || rc=1; done
+    tail -5 "$OUT/elastic-rank0.txt"
+    if [ -f "$OUT/elastic-pg.json" ]; then
+      python3 -c 'import json, sys; run = json.load(open(sys.argv[1]))
+json.dump({"machine": sys.argv[2], **run}, open(sys.argv[3], "w"), indent=2)' "$OUT/elastic-pg.json" \
+        "$(run_label "$EW"); command: ddp_mlp ${ELASTIC_ARGS[*]:0:8} (one process per rank)" \
+        "$OUT/elastic-mlp-nccl-${EW}to$((EW - 1)).json" || rc=1
+    else
+      rc=1
     fi
   done
 fi

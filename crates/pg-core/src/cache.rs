@@ -2,11 +2,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use crate::backend::Device as _;
-use crate::{Backend, Communicator as _, Error};
+use crate::{Backend, Communicator as _, Error, Event as _, Result, Stream as _};
 
 /// Which communicator an op needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,9 +52,8 @@ pub(crate) struct CommShared<B: Backend> {
     pub(crate) device: B::Device,
     pub(crate) comm: Arc<B::Communicator>,
     pub(crate) stream: B::Stream,
-    /// The key's reusable input-ready events (PyTorch's `ncclEvents_[key]`, which is one), recorded in turn;
-    /// the mutex keeps one op's record and wait together.
-    pub(crate) input_ready: Mutex<InputReady<B>>,
+    /// The key's reusable input-ready events (PyTorch's `ncclEvents_[key]`, which is one), recorded in turn.
+    pub(crate) input_ready: InputReady<B>,
     /// Set before the communicator is aborted through [`CommShared::abort`]: an op whose Work is made after
     /// this may have been drained by the abort without running, so the enqueue path fails it.
     pub(crate) aborting: AtomicBool,
@@ -85,7 +84,7 @@ impl<B: Backend> CommShared<B> {
             device: device.clone(),
             comm,
             stream,
-            input_ready: Mutex::new(InputReady::new(device, input_ready_events)),
+            input_ready: InputReady::new(device, input_ready_events),
             aborting: AtomicBool::new(false),
             owner,
         }
@@ -112,23 +111,45 @@ impl<B: Backend> CommShared<B> {
     }
 }
 
-/// The input-ready events of one communicator, used in turn (`Options::input_ready_events`).
+/// The input-ready events of one communicator, used in turn (`Options::input_ready_events`), without a lock: an
+/// op claims a free event, records it on the caller's stream, makes the communication stream wait on it and frees
+/// it, so that no other op records the event between one op's record and its wait.
 pub(crate) struct InputReady<B: Backend> {
-    events: Vec<B::Event>,
-    next: usize,
+    slots: Box<[Slot<B>]>,
+    /// The slot the next op tries first: the one recorded longest ago.
+    next: AtomicUsize,
+}
+
+/// One input-ready event and whether an op holds it.
+struct Slot<B: Backend> {
+    claimed: AtomicBool,
+    event: B::Event,
 }
 
 impl<B: Backend> InputReady<B> {
     /// `count` events (at least one), created lazily by the backend at their first record.
     pub(crate) fn new(device: &B::Device, count: usize) -> Self {
-        Self { events: (0..count.max(1)).map(|_| device.create_event()).collect(), next: 0 }
+        let slot = |_| Slot { claimed: AtomicBool::new(false), event: device.create_event() };
+        Self { slots: (0..count.max(1)).map(slot).collect(), next: AtomicUsize::new(0) }
     }
 
-    /// The event to record for the next op: the one recorded longest ago.
-    pub(crate) fn next(&mut self) -> &B::Event {
-        let index = self.next;
-        self.next = (index + 1) % self.events.len();
-        &self.events[index]
+    /// Orders `comm_stream` after the work enqueued on `current` so far (S9), through one of the events. When
+    /// every event is held by another thread's op at this instant, a new event is made for this op alone.
+    pub(crate) fn order(&self, device: &B::Device, current: &B::Stream, comm_stream: &B::Stream) -> Result<()> {
+        let record_and_wait = |event: &B::Event| {
+            event.record(current)?;
+            comm_stream.wait_event(event)
+        };
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        for turn in 0..self.slots.len() {
+            let slot = &self.slots[first.wrapping_add(turn) % self.slots.len()];
+            if slot.claimed.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                let ordered = record_and_wait(&slot.event);
+                slot.claimed.store(false, Ordering::Release);
+                return ordered;
+            }
+        }
+        record_and_wait(&device.create_event())
     }
 }
 

@@ -5,9 +5,10 @@
 //! backend runs once the op's stream has passed the op ([`crate::Stream::launch_host_fn`]) or by whoever records
 //! the Work's error (the watchdog on a timeout, an abort, a failed query).
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 
+use crate::locks::lock;
 use crate::Result;
 
 /// The wakers of the tasks that await one Work, and whether its wake-up callback is enqueued.
@@ -26,7 +27,7 @@ struct WaitersInner {
 impl Waiters {
     /// Registers `waker` unless an equivalent one is there already.
     pub(crate) fn register(&self, waker: &Waker) {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = lock(&self.inner);
         if !inner.wakers.iter().any(|w| w.will_wake(waker)) {
             inner.wakers.push(waker.clone());
         }
@@ -34,7 +35,7 @@ impl Waiters {
 
     /// Wakes every registered waker (outside the lock) and forgets them: a task polled again registers anew.
     pub(crate) fn wake_all(&self) {
-        let wakers = std::mem::take(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner).wakers);
+        let wakers = std::mem::take(&mut lock(&self.inner).wakers);
         for waker in wakers {
             waker.wake();
         }
@@ -42,13 +43,13 @@ impl Waiters {
 
     /// Marks the wake-up callback as enqueued; true for the one caller that must enqueue it.
     pub(crate) fn arm(&self) -> bool {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = lock(&self.inner);
         !std::mem::replace(&mut inner.armed, true)
     }
 
     /// Undoes [`Waiters::arm`] after the callback could not be enqueued, so that a later poll tries again.
     pub(crate) fn disarm(&self) {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner).armed = false;
+        lock(&self.inner).armed = false;
     }
 }
 

@@ -139,6 +139,8 @@ pub(crate) fn dump_once<B: Backend>(group: &Shared<B>) {
 
 /// The flight recorder of `group` as JSON.
 pub(crate) fn dump_json<B: Backend>(group: &Shared<B>) -> serde_json::Value {
+    // Every Work enqueued so far, recorded: the recorder takes new Works in from the in-flight list's intake.
+    group.in_flight.settle();
     let status = group.status();
     let options = &group.options;
     let versions = group.device.versions();

@@ -9,10 +9,11 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use serde_json::{json, Map, Value};
 
+use crate::locks::lock;
 use crate::{DType, Error, OpType, Result};
 
 /// The dump format version, as PyTorch writes it.
@@ -56,6 +57,8 @@ pub(crate) struct NewEntry {
     pub(crate) completed: Option<EventProbe>,
     /// Enqueued under stream capture: the op is nodes of a graph and never runs by itself (`captured` in the dump).
     pub(crate) captured: bool,
+    /// The number and name of the thread that enqueued the op (see [`current_thread`]).
+    pub(crate) thread: (u64, std::sync::Arc<str>),
 }
 
 /// The element count and dtype of every input and every output buffer of a list op, in order.
@@ -184,8 +187,8 @@ impl FlightRecorder {
         Self { capacity, ring: Mutex::new(Ring::default()) }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Ring> {
-        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        lock(&self.ring)
     }
 
     /// Whether the recorder keeps anything (a capacity of 0 turns it off): when it does not, the enqueue path
@@ -196,33 +199,43 @@ impl FlightRecorder {
 
     /// Records an op and returns its record id, or `None` when the recorder is off.
     pub(crate) fn record(&self, new: NewEntry) -> Option<u64> {
+        let mut id = None;
+        self.record_all(std::iter::once(new), |record_id| id = Some(record_id));
+        id
+    }
+
+    /// Records ops in order under one lock, handing each one's record id to `recorded` (nothing when the recorder
+    /// is off): the in-flight list records a batch of new Works at once.
+    pub(crate) fn record_all(&self, entries: impl IntoIterator<Item = NewEntry>, mut recorded: impl FnMut(u64)) {
         if !self.is_on() {
-            return None;
+            return;
         }
-        let (thread_id, thread_name) = current_thread();
-        let mut ring = self.lock();
-        let record_id = ring.next_id;
-        ring.next_id += 1;
-        if ring.entries.len() == self.capacity {
-            ring.entries.pop_front();
+        let mut ring = self.ring();
+        for new in entries {
+            let record_id = ring.next_id;
+            ring.next_id += 1;
+            if ring.entries.len() == self.capacity {
+                ring.entries.pop_front();
+            }
+            let op_id = new.collective_seq_id.max(new.p2p_seq_id);
+            let (thread_id, thread_name) = new.thread.clone();
+            ring.entries.push_back(Entry {
+                record_id,
+                new,
+                op_id,
+                thread_id,
+                thread_name,
+                time_discovered_started_ns: None,
+                time_discovered_completed_ns: None,
+                retired: false,
+            });
+            recorded(record_id);
         }
-        let op_id = new.collective_seq_id.max(new.p2p_seq_id);
-        ring.entries.push_back(Entry {
-            record_id,
-            new,
-            op_id,
-            thread_id,
-            thread_name,
-            time_discovered_started_ns: None,
-            time_discovered_completed_ns: None,
-            retired: false,
-        });
-        Some(record_id)
     }
 
     /// Notes the time the watchdog saw the op start (a no-op once the entry has left the ring).
     pub(crate) fn mark_started(&self, id: u64, now_ns: u64) {
-        if let Some(entry) = self.lock().get_mut(id) {
+        if let Some(entry) = self.ring().get_mut(id) {
             entry.time_discovered_started_ns.get_or_insert(now_ns);
             entry.new.started = None;
         }
@@ -231,7 +244,7 @@ impl FlightRecorder {
     /// Retires the entry: completed at `completed_ns` when given (a failed op keeps its last state); the
     /// entry's event queries are dropped, so that the ring no longer keeps the op's events alive.
     pub(crate) fn retire(&self, id: u64, completed_ns: Option<u64>) {
-        if let Some(entry) = self.lock().get_mut(id) {
+        if let Some(entry) = self.ring().get_mut(id) {
             entry.retire(completed_ns);
         }
     }
@@ -242,7 +255,7 @@ impl FlightRecorder {
         if ids.is_empty() {
             return;
         }
-        let mut ring = self.lock();
+        let mut ring = self.ring();
         for &id in ids {
             if let Some(entry) = ring.get_mut(id) {
                 entry.retire(Some(completed_ns));
@@ -252,13 +265,13 @@ impl FlightRecorder {
 
     /// The number of entries held.
     pub(crate) fn len(&self) -> usize {
-        self.lock().entries.len()
+        self.ring().entries.len()
     }
 
     /// The dump as a JSON value, oldest entry first.
     pub(crate) fn dump(&self, header: &DumpHeader) -> Value {
         let entries: Vec<Value> =
-            self.lock().entries.iter().map(|e| e.to_json(header.pg_id, &header.name, &header.desc)).collect();
+            self.ring().entries.iter().map(|e| e.to_json(header.pg_id, &header.name, &header.desc)).collect();
         let seq = |s: Option<u64>| s.map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
         let ranks: Vec<String> = (0..header.size).map(|r| r.to_string()).collect();
         let mut pg_config = Map::new();
@@ -305,8 +318,9 @@ pub(crate) fn write_dump(path: &Path, dump: &Value) -> Result<()> {
     std::fs::rename(&temporary, path).map_err(|e| failed("rename into", e))
 }
 
-/// The calling thread's number and name, worked out once per thread (this runs on every op's enqueue path).
-fn current_thread() -> (u64, std::sync::Arc<str>) {
+/// The calling thread's number and name, worked out once per thread (a cheap `Arc` clone after that: this runs
+/// on every op's enqueue path while the recorder is on).
+pub(crate) fn current_thread() -> (u64, std::sync::Arc<str>) {
     thread_local! {
         static CURRENT: (u64, std::sync::Arc<str>) = {
             let thread = std::thread::current();
@@ -320,6 +334,11 @@ fn current_thread() -> (u64, std::sync::Arc<str>) {
 fn thread_number(id: &std::thread::ThreadId) -> u64 {
     let text = format!("{id:?}");
     text.chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0)
+}
+
+/// Nanoseconds of `time`, saturating (the recorder's time fields).
+pub(crate) fn nanos(time: std::time::Duration) -> u64 {
+    u64::try_from(time.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -342,6 +361,7 @@ mod tests {
             started: None,
             completed: None,
             captured: false,
+            thread: current_thread(),
         }
     }
 

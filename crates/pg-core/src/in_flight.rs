@@ -1,73 +1,170 @@
-//! The in-flight list: the Works a group still watches (or, without a watchdog, keeps for abort), and the last
-//! collective enqueued.
+//! The in-flight list: the Works a group still watches (or, without a watchdog, keeps for abort), fed by the
+//! enqueue path through a lock-free bounded intake, with their flight-recorder entries, and the last collective
+//! enqueued.
+//!
+//! The enqueue path only pushes a new Work onto the intake (a bounded lock-free queue) and bumps an atomic mark.
+//! Whoever reads the list next (the watchdog's pass, an abort, a status or flight-recorder read) first moves the
+//! intake onto the list under the list's lock and records those Works in the flight recorder under one lock for
+//! the batch. So the list, the recorder's ring and their locks belong to the readers; the enqueue path takes a
+//! lock only when the intake is full (no reader came for [`INTAKE_CAPACITY`] ops), and then moves the batch itself.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use crossbeam_queue::ArrayQueue;
+
+use crate::flight_recorder::{nanos, EventProbe, FlightRecorder, NewEntry};
+use crate::locks::lock;
+use crate::reuse::WorkPool;
 use crate::work::WorkState;
-use crate::{Backend, Error, OpType};
+use crate::{Backend, Device as _, Error, OpType};
 
-/// Without a watchdog, the enqueue path prunes the in-flight list once it holds this many Works (or twice as
-/// many as the last pruning kept).
+/// Without a watchdog, the list is pruned once it holds this many Works (or twice as many as the last pruning
+/// kept).
 const MIN_PRUNE_LEN: usize = 64;
+
+/// The Works the intake holds at most: beyond it, the enqueue path moves the intake onto the list itself.
+pub(crate) const INTAKE_CAPACITY: usize = 1024;
+
+/// The intake's length at which the enqueue path wakes a watchdog to take it: a quarter of the capacity, so that
+/// a watchdog woken on a busy host has three quarters of the intake's time left to come.
+pub(crate) const WAKE_AT: usize = INTAKE_CAPACITY / 4;
 
 /// The Works in flight of one group.
 pub(crate) struct InFlight<B: Backend> {
+    /// New Works not yet on the list (nor in the flight recorder): the enqueue path's only shared write.
+    intake: ArrayQueue<Arc<WorkState<B>>>,
     works: Mutex<Vec<Arc<WorkState<B>>>>,
-    /// Without a watchdog, the list's length at which the enqueue path next prunes it.
+    recorder: Arc<FlightRecorder>,
+    /// Where Works pruned without a watchdog go, for reuse.
+    pool: Arc<WorkPool<B>>,
+    /// Whether a watchdog takes Works off the list; without one, moving the intake prunes the list.
+    watched: bool,
+    /// Without a watchdog, the list's length at which the next move of the intake prunes it.
     prune_at: AtomicUsize,
     /// The last collective enqueued, packed as `seq << 8 | op as u8` (0: none yet), so that the enqueue path
     /// takes no lock for it.
     last_enqueued: AtomicU64,
+    /// How often the enqueue path found the intake full and moved it itself.
+    overflows: AtomicU64,
 }
 
-impl<B: Backend> Default for InFlight<B> {
-    fn default() -> Self {
-        Self {
-            works: Mutex::new(Vec::new()),
-            prune_at: AtomicUsize::new(MIN_PRUNE_LEN),
-            last_enqueued: AtomicU64::new(0),
-        }
-    }
+/// Whether the enqueue path should wake the watchdog after a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// The intake is below [`WAKE_AT`] (or past it already): an idle watchdog is still woken.
+    Queued,
+    /// The intake reached [`WAKE_AT`] with this push: the watchdog should come and take it.
+    Wake,
 }
 
 impl<B: Backend> InFlight<B> {
-    fn lock(&self) -> MutexGuard<'_, Vec<Arc<WorkState<B>>>> {
-        self.works.lock().unwrap_or_else(PoisonError::into_inner)
+    /// An empty list whose new Works are recorded in `recorder`; `watched` says whether a watchdog takes them off
+    /// (without one, the Works pruned go to `pool`).
+    pub(crate) fn new(recorder: Arc<FlightRecorder>, pool: Arc<WorkPool<B>>, watched: bool) -> Self {
+        Self {
+            intake: ArrayQueue::new(INTAKE_CAPACITY),
+            works: Mutex::new(Vec::new()),
+            recorder,
+            pool,
+            watched,
+            prune_at: AtomicUsize::new(MIN_PRUNE_LEN),
+            last_enqueued: AtomicU64::new(0),
+            overflows: AtomicU64::new(0),
+        }
     }
 
-    /// Adds a new Work; `watched` says whether a watchdog will take it off the list.
-    pub(crate) fn push(&self, work: &Arc<WorkState<B>>, watched: bool) {
+    /// The list, with the intake moved onto it first (and recorded in the flight recorder): every reader of the
+    /// list sees every Work enqueued before it looked.
+    fn list(&self) -> MutexGuard<'_, Vec<Arc<WorkState<B>>>> {
+        let mut works = lock(&self.works);
+        self.take_intake(&mut works);
+        works
+    }
+
+    /// Moves the intake onto `works`, recording the moved Works in the flight recorder in their enqueue order.
+    fn take_intake(&self, works: &mut Vec<Arc<WorkState<B>>>) {
+        let first = works.len();
+        while let Some(work) = self.intake.pop() {
+            works.push(work);
+        }
+        let new = &works[first..];
+        if !new.is_empty() && self.recorder.is_on() {
+            let mut recorded = new.iter();
+            self.recorder.record_all(new.iter().map(|work| new_entry(work, false)), |id| {
+                if let Some(work) = recorded.next() {
+                    work.fr_id.store(id, Ordering::Relaxed);
+                }
+            });
+        }
+        if !self.watched && works.len() >= self.prune_at.load(Ordering::Relaxed) {
+            self.prune(works);
+        }
+    }
+
+    /// Without a watchdog the list serves abort only: it keeps the Works whose op still runs, so that an abort
+    /// from another thread fails them and reaches a blocked wait; a Work leaves once its op is done (until then its
+    /// stash may guard its buffers), as the watchdog retires it, its flight-recorder entry retired and the Work
+    /// offered to the reuse pool. Pruning runs when the list has doubled since the last time, so it costs O(1) per
+    /// op.
+    fn prune(&self, works: &mut Vec<Arc<WorkState<B>>>) {
+        let (left, kept): (Vec<_>, Vec<_>) =
+            std::mem::take(works).into_iter().partition(|work| work.observe_end() || work.exception().is_some());
+        *works = kept;
+        self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
+        let Some(now) = left.first().map(|work| nanos(work.entry.device.now())) else { return };
+        for work in &left {
+            if let Some(id) = work.fr_id() {
+                let completed = work.exception().is_none().then_some(now);
+                self.recorder.retire(id, completed);
+            }
+        }
+        self.pool.put(left);
+    }
+
+    /// Adds a new Work. Takes no lock unless the intake is full.
+    pub(crate) fn push(&self, work: &Arc<WorkState<B>>) -> Pushed {
         if !work.op.is_p2p() {
             // Collectives are enqueued in sequence order; a racing thread never moves the mark backwards.
             self.last_enqueued.fetch_max(work.seq << 8 | work.op as u64, Ordering::AcqRel);
         }
-        let mut works = self.lock();
-        if !watched && works.len() >= self.prune_at.load(Ordering::Relaxed) {
-            // With no watchdog (blocking wait) the list serves abort only: it keeps the Works whose op still runs,
-            // so that an abort from another thread fails them and reaches a blocked wait; a Work leaves once its
-            // op is done (until then its stash may guard its buffers), as the watchdog retires it.
-            // Pruning runs when the list has doubled since the last time, so it costs O(1) per op.
-            works.retain(|work| !work.observe_end() && work.exception().is_none());
-            self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
+        let mut work = Arc::clone(work);
+        while let Err(back) = self.intake.push(work) {
+            work = back;
+            self.overflows.fetch_add(1, Ordering::Relaxed);
+            self.settle();
         }
-        works.push(Arc::clone(work));
+        match self.watched && self.intake.len() == WAKE_AT {
+            true => Pushed::Wake,
+            false => Pushed::Queued,
+        }
+    }
+
+    /// How often the enqueue path found the intake full (and took the list's lock to move it).
+    pub(crate) fn overflows(&self) -> u64 {
+        self.overflows.load(Ordering::Relaxed)
+    }
+
+    /// Moves the intake onto the list (and into the flight recorder), so that a reader of the recorder sees every
+    /// Work enqueued so far.
+    pub(crate) fn settle(&self) {
+        drop(self.list());
     }
 
     /// The Works on the list now.
     pub(crate) fn snapshot(&self) -> Vec<Arc<WorkState<B>>> {
-        self.lock().clone()
+        self.list().clone()
     }
 
-    /// How many Works are on the list.
+    /// How many Works are in flight (on the list or in the intake).
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.list().len()
     }
 
     /// Sets `error` on every Work on the list, leaving them there.
     pub(crate) fn set_exception_all(&self, error: &Error) {
-        for work in self.lock().iter() {
+        for work in self.list().iter() {
             work.set_exception(error.clone());
         }
     }
@@ -76,7 +173,7 @@ impl<B: Backend> InFlight<B> {
     /// is what the abort cannot drain: after it, an end event that passes says nothing about the op. (An op that
     /// ends between this look and the abort is failed with the rest: a false failure, never a false success.)
     pub(crate) fn finished(&self, on: impl Fn(&WorkState<B>) -> bool) -> Vec<Arc<WorkState<B>>> {
-        let works = self.lock();
+        let works = self.list();
         works.iter().filter(|work| on(work) && work.observe_end()).cloned().collect()
     }
 
@@ -91,7 +188,7 @@ impl<B: Backend> InFlight<B> {
         // A set of the finished Works' addresses: one pass over the list whatever its length (a list that grew
         // long, a watchdog that passes seldom, must not make an abort or a shutdown quadratic).
         let finished: HashSet<*const WorkState<B>> = finished.iter().map(Arc::as_ptr).collect();
-        for work in self.lock().iter() {
+        for work in self.list().iter() {
             if on(work) && !finished.contains(&Arc::as_ptr(work)) {
                 work.set_exception(error.clone());
             }
@@ -100,13 +197,13 @@ impl<B: Backend> InFlight<B> {
 
     /// Takes every Work off the list.
     pub(crate) fn take_all(&self) -> Vec<Arc<WorkState<B>>> {
-        std::mem::take(&mut *self.lock())
+        std::mem::take(&mut *self.list())
     }
 
-    /// Takes the Works marked `retired` off the list, in one linear pass reading a flag, so that the enqueue
-    /// path never waits behind a long scan.
+    /// Takes the Works marked `retired` off the list, in one linear pass reading a flag. The intake is not moved:
+    /// the Works in it are new, and the enqueue path never waits behind this pass.
     pub(crate) fn take_retired(&self) -> Vec<Arc<WorkState<B>>> {
-        let mut list = self.lock();
+        let mut list = lock(&self.works);
         let (retired, kept) =
             std::mem::take(&mut *list).into_iter().partition(|work| work.retired.load(Ordering::Relaxed));
         *list = kept;
@@ -119,5 +216,26 @@ impl<B: Backend> InFlight<B> {
             0 => None,
             packed => Some((packed >> 8, OpType::ALL[(packed & 0xff) as usize])),
         }
+    }
+}
+
+/// The flight-recorder entry of a Work: a captured one is marked so, with no event to query (its events belong to
+/// the capture, and the watchdog never sees it); another has its events probed for started and completed.
+pub(crate) fn new_entry<B: Backend>(work: &WorkState<B>, captured: bool) -> NewEntry {
+    let probe = |event: &Arc<B::Event>| Arc::clone(event) as EventProbe;
+    let is_p2p = work.op.is_p2p();
+    NewEntry {
+        collective_seq_id: if is_p2p { 0 } else { work.seq },
+        p2p_seq_id: if is_p2p { work.seq } else { 0 },
+        op: work.op,
+        time_created_ns: nanos(work.start_time),
+        input: work.input,
+        output: work.output,
+        lists: work.lists.clone(),
+        timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
+        started: work.start_event.as_ref().filter(|_| !captured).map(probe),
+        completed: (!captured).then(|| probe(&work.end_event)),
+        captured,
+        thread: work.thread.clone().unwrap_or_else(crate::flight_recorder::current_thread),
     }
 }

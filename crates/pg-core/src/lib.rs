@@ -25,6 +25,8 @@ mod kernel_log;
 mod lifecycle;
 mod list_ops;
 mod liveness;
+mod locks;
+pub mod noop;
 mod op_trace;
 mod op_type;
 mod options;
@@ -56,6 +58,8 @@ pub use future::{Future, Then};
 pub use kernel_log::{KernelKind, KernelLaunch};
 pub use lifecycle::GroupState;
 pub use list_ops::{Coalescer, P2PKind, P2POp};
+#[cfg(feature = "testing")]
+pub use locks::locks_taken_on_this_thread;
 #[cfg(feature = "testing")]
 pub use op_trace::{trace_file_state, TraceFileState};
 pub use op_type::OpType;

@@ -7,8 +7,9 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
+use crate::locks::lock;
 use crate::Error;
 
 /// Where a group is in its life: what its calls do.
@@ -224,8 +225,8 @@ impl Default for Lifecycle {
 }
 
 impl Lifecycle {
-    fn lock(&self) -> MutexGuard<'_, Current> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn locked(&self) -> MutexGuard<'_, Current> {
+        lock(&self.state)
     }
 
     /// The state now.
@@ -237,7 +238,7 @@ impl Lifecycle {
     pub(crate) fn error(&self) -> Option<Error> {
         match self.state() {
             GroupState::Healthy => None,
-            _ => self.lock().error.clone(),
+            _ => self.locked().error.clone(),
         }
     }
 
@@ -247,7 +248,7 @@ impl Lifecycle {
         if self.state() == GroupState::Healthy && call == Call::Op {
             return Ok(());
         }
-        let current = self.lock();
+        let current = self.locked();
         match decide(current.state, call) {
             Ok(_) => Ok(()),
             Err(refusal) => Err(refusal_error(refusal, &current, call, who)),
@@ -257,7 +258,7 @@ impl Lifecycle {
     /// Applies `call` to the state: the new state, or the refusal's error (the state is left as it is). `error` is
     /// what ops return in the new state when it is the first error of the group (an earlier one stays).
     pub(crate) fn apply(&self, call: Call, error: Option<Error>, who: &Asker<'_>) -> Result<GroupState, Error> {
-        let mut current = self.lock();
+        let mut current = self.locked();
         let next = decide(current.state, call).map_err(|refusal| refusal_error(refusal, &current, call, who))?;
         if next != current.state {
             tracing::debug!(target: "pg", rank = who.rank, group = who.group, from = %current.state, to = %next,

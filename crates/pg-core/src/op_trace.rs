@@ -35,12 +35,13 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::flight_recorder::ListSizes;
+use crate::locks::lock;
 use crate::trace_event::{TraceEvents, Track};
 use crate::{Backend, DType, Device, Error, Event, OpType, Result};
 
@@ -280,10 +281,6 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
     let partial = path.with_extension("json.partial");
     let write = std::fs::write(&partial, text).and_then(|()| std::fs::rename(&partial, path));
     write.map_err(|error| Error::invalid(format!("trace_dir (PG_TRACE): cannot write {}: {error}", path.display())))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Who a traced group is, for its file and its tracks.

@@ -3,8 +3,9 @@
 //! failed op never wrote (or blocking forever behind it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
+use crate::locks::lock;
 use crate::{Error, Result};
 
 /// The failure record of one device, shared by every handle of the device.
@@ -31,7 +32,7 @@ impl Poison {
     ///
     /// A backend's blocked wait sees it once [`crate::Device::notify_host_threads`] is called.
     pub fn set(&self, error: &Error) -> bool {
-        let mut slot = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&self.error);
         let first = slot.is_none();
         if first {
             *slot = Some(error.clone());
@@ -43,7 +44,7 @@ impl Poison {
     /// The recorded error, if any.
     pub fn get(&self) -> Option<Error> {
         match self.flag.load(Ordering::SeqCst) {
-            true => self.error.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            true => lock(&self.error).clone(),
             false => None,
         }
     }
@@ -58,7 +59,7 @@ impl Poison {
 
     /// Clears the record and returns what it held.
     pub fn clear(&self) -> Option<Error> {
-        let mut slot = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&self.error);
         self.flag.store(false, Ordering::SeqCst);
         slot.take()
     }

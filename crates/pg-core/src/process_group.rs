@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pg_store::Store;
 
@@ -11,8 +11,9 @@ use crate::cache::{CommCache, CommEntry, CommShared};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
-use crate::flight_recorder::ListSizes;
+use crate::flight_recorder::{current_thread, ListSizes};
 use crate::lifecycle::{Call, GroupState};
+use crate::locks::lock;
 use crate::op_trace::{Identity, OpInfo, Tracer};
 use crate::shared::{Membership, Shared};
 use crate::status::{ErrorType, GroupStatus};
@@ -365,7 +366,7 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// What the group has done so far.
     pub fn counters(&self) -> Counters {
-        self.inner.tally.counters()
+        Counters { intake_overflows: self.inner.in_flight.overflows(), ..self.inner.tally.counters() }
     }
 
     /// The cache keys of the ready communicators, sorted (`testing` feature).
@@ -665,11 +666,19 @@ impl<B: Backend> ProcessGroup<B> {
         comm.map(|comm| comm.abort(reason)).is_some()
     }
 
+    /// Runs one watchdog pass on the calling thread now (`testing` feature), as the watchdog's own passes between
+    /// its periods do: the intake taken in, finished Works retired into the reuse pool. Never at the same time as
+    /// the watchdog's own pass.
+    #[cfg(feature = "testing")]
+    pub fn watchdog_pass_now(&self) {
+        crate::watchdog::pass(&self.inner, false);
+    }
+
     /// Fault injection (`testing` feature): the watchdog's next pass blocks for `duration`, as if wedged in a
     /// driver call.
     #[cfg(feature = "testing")]
     pub fn inject_watchdog_stall(&self, duration: std::time::Duration) {
-        *self.inner.stall.lock().unwrap_or_else(PoisonError::into_inner) = Some(duration);
+        *lock(&self.inner.stall) = Some(duration);
     }
 
     // ===== the template =====
@@ -787,12 +796,7 @@ impl<B: Backend> ProcessGroup<B> {
         timer.lap(EnqueueStep::Lookup);
 
         // S9: the communication stream waits until the inputs are ready on the caller's current stream.
-        {
-            let mut events = entry.input_ready.lock().unwrap_or_else(PoisonError::into_inner);
-            let input_ready = events.next();
-            input_ready.record(&current)?;
-            entry.stream.wait_event(input_ready)?;
-        }
+        entry.input_ready.order(device, &current, &entry.stream)?;
         timer.lap(EnqueueStep::InputReady);
 
         // S12: the allocator must not reuse the buffers before the communication stream is done with them.
@@ -853,6 +857,7 @@ impl<B: Backend> ProcessGroup<B> {
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
         let (input_size, output_size, lists) = spec.sizes();
+        let thread = self.inner.recorder.is_on().then(current_thread);
         let new_state = |end_event: Arc<B::Event>| WorkState {
             entry: Arc::clone(entry),
             end_event,
@@ -876,6 +881,7 @@ impl<B: Backend> ProcessGroup<B> {
             stashed: !stash.is_empty(),
             stash: Mutex::new(stash),
             waiters: std::sync::OnceLock::new(),
+            thread,
         };
         let state = match source {
             WorkSource::Recycled(mut work) => {
@@ -891,7 +897,7 @@ impl<B: Backend> ProcessGroup<B> {
         match captured {
             // Nothing to watch: the op runs only inside the graph's launches (PyTorch does not time captured Works).
             true => self.inner.record_captured(&work.state),
-            false => self.inner.track(&work.state, options.enable_watchdog),
+            false => self.inner.track(&work.state),
         }
         // An abort that ran while this op was being enqueued did not see it on the in-flight list: the abort may
         // have drained the op unrun.

@@ -2,9 +2,10 @@
 //! agreements, shrinks by excluded list, grows): each names the call's store keys, so ranks that make the same calls
 //! in the same order meet under the same keys without a message.
 
+use crate::locks::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 /// The next number of each kind of numbered call of one group.
 #[derive(Default)]
@@ -41,7 +42,7 @@ impl Rounds {
 
     /// The number of the next shrink with `excluded` among the shrinks with that list.
     pub(crate) fn next_shrink(&self, excluded: &[usize]) -> u64 {
-        let mut shrinks = self.shrinks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut shrinks = lock(&self.shrinks);
         let counter = shrinks.entry(excluded.to_vec()).or_default();
         *counter += 1;
         *counter - 1

@@ -4,15 +4,16 @@
 //! recorder, threads and signals).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use pg_store::Store;
 
 use crate::cache::{CommCache, CommEntry, CommOwner, CommShared};
-use crate::flight_recorder::{FlightRecorder, NewEntry};
-use crate::in_flight::InFlight;
+use crate::flight_recorder::FlightRecorder;
+use crate::in_flight::{new_entry, InFlight, Pushed};
 use crate::lifecycle::{Asker, Call, GroupState, Lifecycle};
+use crate::locks::lock;
 use crate::op_trace::Tracer;
 use crate::reuse::WorkPool;
 use crate::rounds::Rounds;
@@ -64,13 +65,16 @@ pub(crate) struct Shared<B: Backend> {
     /// The watchdog's record of errors and progress.
     pub(crate) errors: ErrorState,
     /// Completed Works kept for reuse.
-    pub(crate) reuse: WorkPool<B>,
-    pub(crate) recorder: FlightRecorder,
+    pub(crate) reuse: Arc<WorkPool<B>>,
+    /// The flight recorder, shared with the in-flight list, which records each new Work as it takes it in.
+    pub(crate) recorder: Arc<FlightRecorder>,
     /// The op timeline of a traced group (`Options::trace_dir`); `None`, the enqueue path's one check, when off.
     pub(crate) tracer: Option<Tracer<B>>,
     pub(crate) signals: Arc<Signals>,
     pub(crate) threads: Threads,
     pub(crate) store_link: StoreLink,
+    /// Held by a watchdog pass for its length (see `watchdog::pass`).
+    pub(crate) passes: Mutex<()>,
     /// An injected wedge for the watchdog's next pass (`ProcessGroup::inject_watchdog_stall`).
     #[cfg(feature = "testing")]
     pub(crate) stall: Mutex<Option<Duration>>,
@@ -87,6 +91,8 @@ impl<B: Backend> Shared<B> {
         membership: Option<Membership>,
         tracer: Option<Tracer<B>>,
     ) -> Self {
+        let recorder = Arc::new(FlightRecorder::new(options.trace_buffer_size));
+        let reuse = Arc::new(WorkPool::new(options.reuse_works));
         Self {
             store,
             rank,
@@ -101,14 +107,15 @@ impl<B: Backend> Shared<B> {
             collective: OnceLock::new(),
             tally: Tally::default(),
             timeout_override: AtomicU64::new(u64::MAX),
-            in_flight: InFlight::default(),
+            in_flight: InFlight::new(Arc::clone(&recorder), Arc::clone(&reuse), options.enable_watchdog),
             errors: ErrorState::default(),
-            reuse: WorkPool::new(options.reuse_works),
-            recorder: FlightRecorder::new(options.trace_buffer_size),
+            reuse,
+            recorder,
             tracer,
             signals: Arc::new(Signals::default()),
             threads: Threads::default(),
             store_link: StoreLink::default(),
+            passes: Mutex::new(()),
             #[cfg(feature = "testing")]
             stall: Mutex::new(None),
             options,
@@ -116,7 +123,7 @@ impl<B: Backend> Shared<B> {
     }
 
     pub(crate) fn lock_cache(&self) -> MutexGuard<'_, CommCache<B>> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.cache)
     }
 
     /// Who asks, for the words of a refusal.
@@ -282,52 +289,25 @@ impl<B: Backend> Shared<B> {
         self.timeout_override.store(nanos, Ordering::Relaxed);
     }
 
-    /// Records a new Work in the flight recorder and puts it on the in-flight list, waking an idle watchdog.
-    pub(crate) fn track(&self, work: &Arc<WorkState<B>>, watched: bool) {
-        if self.recorder.is_on() {
-            self.record_new(work);
+    /// Hands a new Work to the group's bookkeeping (in-flight list and flight recorder) through the lock-free
+    /// intake, waking the watchdog when it idles or when the intake fills.
+    pub(crate) fn track(&self, work: &Arc<WorkState<B>>) {
+        if !self.options.enable_watchdog {
+            self.in_flight.push(work);
+            return;
         }
-        self.in_flight.push(work, watched);
-        if watched {
-            self.signals.wake_if_idle(&self.device);
+        match self.in_flight.push(work) {
+            Pushed::Wake => self.signals.wake(&self.device),
+            Pushed::Queued => self.signals.wake_if_idle(&self.device),
         }
-    }
-
-    /// The flight-recorder entry of a new (not captured) Work: its events are probed for started and completed.
-    fn record_new(&self, work: &Arc<WorkState<B>>) {
-        let probe = |event: &Arc<B::Event>| Arc::clone(event) as crate::flight_recorder::EventProbe;
-        self.record(work, work.start_event.as_ref().map(probe), Some(probe(&work.end_event)), false);
     }
 
     /// Records a captured Work in the flight recorder, marked captured and with no event to query (its events
     /// belong to the capture); it joins no in-flight list, so the watchdog neither times nor queries it.
     pub(crate) fn record_captured(&self, work: &Arc<WorkState<B>>) {
-        self.record(work, None, None, true);
-    }
-
-    /// Records `work` in the flight recorder and keeps the entry's id on it.
-    fn record(
-        &self,
-        work: &WorkState<B>,
-        started: Option<crate::flight_recorder::EventProbe>,
-        completed: Option<crate::flight_recorder::EventProbe>,
-        captured: bool,
-    ) {
-        let is_p2p = work.op.is_p2p();
-        let id = self.recorder.record(NewEntry {
-            collective_seq_id: if is_p2p { 0 } else { work.seq },
-            p2p_seq_id: if is_p2p { work.seq } else { 0 },
-            op: work.op,
-            time_created_ns: nanos(work.start_time),
-            input: work.input,
-            output: work.output,
-            lists: work.lists.clone(),
-            timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
-            started,
-            completed,
-            captured,
-        });
-        if let Some(id) = id {
+        // After the Works enqueued before it, so that the recorder keeps the enqueue order.
+        self.in_flight.settle();
+        if let Some(id) = self.recorder.record(new_entry(work, true)) {
             work.fr_id.store(id, Ordering::Relaxed);
         }
     }
@@ -418,9 +398,4 @@ impl<B: Backend> CommOwner<B> for Shared<B> {
             tracing::warn!(target: "pg", pg_id = self.local_id, %abort_error, "aborting a communicator failed");
         }
     }
-}
-
-/// Nanoseconds of `time`, saturating.
-pub(crate) fn nanos(time: Duration) -> u64 {
-    u64::try_from(time.as_nanos()).unwrap_or(u64::MAX)
 }

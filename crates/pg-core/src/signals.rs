@@ -3,11 +3,12 @@
 //! store link, and the store keys through which ranks signal each other.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::liveness::Hold;
+use crate::locks::lock;
 use crate::Device;
 
 /// How long stopping a group waits for its watchdog to finish a store operation before detaching it: a
@@ -44,9 +45,14 @@ impl Signals {
     /// Wakes an idle watchdog (a new Work to watch).
     pub(crate) fn wake_if_idle<D: Device>(&self, device: &D) {
         if self.idle.load(Ordering::SeqCst) {
-            self.wake.store(true, Ordering::SeqCst);
-            device.notify_host_threads();
+            self.wake(device);
         }
+    }
+
+    /// Wakes the watchdog whether it idles or waits for its next pass (the intake is filling).
+    pub(crate) fn wake<D: Device>(&self, device: &D) {
+        self.wake.store(true, Ordering::SeqCst);
+        device.notify_host_threads();
     }
 }
 
@@ -73,12 +79,12 @@ impl StoreLink {
     /// Keeps the group's liveness hold until the group ends (its drop deletes the live key before the connection
     /// closes, so a group let go on purpose is not declared dead).
     pub(crate) fn hold_liveness(&self, hold: Hold) {
-        *self.liveness.lock().unwrap_or_else(PoisonError::into_inner) = Some(hold);
+        *lock(&self.liveness) = Some(hold);
     }
 
     /// Whether the group holds liveness (the store publishes deaths).
     pub(crate) fn has_liveness(&self) -> bool {
-        self.liveness.lock().unwrap_or_else(PoisonError::into_inner).is_some()
+        lock(&self.liveness).is_some()
     }
 
     fn busy(&self) -> bool {
@@ -99,7 +105,7 @@ pub(crate) struct Threads {
 impl Threads {
     /// Keeps a started thread, to be joined when the group stops.
     pub(crate) fn push(&self, thread: JoinHandle<()>) {
-        self.handles.lock().unwrap_or_else(PoisonError::into_inner).push(thread);
+        lock(&self.handles).push(thread);
     }
 
     /// Marks the watchdog as stuck, so that no one waits for it to stop.
@@ -116,7 +122,7 @@ impl Threads {
     /// the group's last reference and tear its communicators down while the process exits.
     pub(crate) fn stop<D: Device>(&self, signals: &Signals, store: &StoreLink, device: &D) {
         signals.stop(device);
-        let threads = std::mem::take(&mut *self.handles.lock().unwrap_or_else(PoisonError::into_inner));
+        let threads = std::mem::take(&mut *lock(&self.handles));
         let me = std::thread::current().id();
         if self.watchdog_stuck.load(Ordering::SeqCst) {
             return;

@@ -2,10 +2,11 @@
 //! error, the last started and completed sequence numbers, the desync report and whether the flight recorder
 //! was dumped.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::desync::DesyncReport;
+use crate::locks::lock;
 use crate::{Error, ErrorKind, OpType};
 
 /// The group's sticky error state (PyTorch's `ErrorType`, read with `getError()`): the first error wins.
@@ -80,23 +81,23 @@ pub(crate) struct ErrorState {
 }
 
 impl ErrorState {
-    fn lock(&self) -> MutexGuard<'_, Cell> {
-        self.cell.lock().unwrap_or_else(PoisonError::into_inner)
+    fn cell(&self) -> MutexGuard<'_, Cell> {
+        lock(&self.cell)
     }
 
     /// The recorded part of the status (the caller fills in what other parts of the group know).
     pub(crate) fn snapshot(&self) -> GroupStatus {
-        self.lock().status.clone()
+        self.cell().status.clone()
     }
 
     /// The sticky error state.
     pub(crate) fn error_type(&self) -> ErrorType {
-        self.lock().status.error_type
+        self.cell().status.error_type
     }
 
     /// Records `error`, found at `now`, unless an error is there; returns whether it was the first.
     pub(crate) fn record_first(&self, error: &Error, now: Duration) -> bool {
-        let mut cell = self.lock();
+        let mut cell = self.cell();
         let first = cell.status.error_type == ErrorType::Success;
         if first {
             cell.status.error_type = ErrorType::of(error);
@@ -108,33 +109,33 @@ impl ErrorState {
 
     /// The desync report written at the first timeout, if any.
     pub(crate) fn desync_report(&self) -> Option<DesyncReport> {
-        self.lock().desync.clone()
+        self.cell().desync.clone()
     }
 
     /// Keeps `report` unless one is there.
     pub(crate) fn set_desync_report(&self, report: DesyncReport) {
-        self.lock().desync.get_or_insert(report);
+        self.cell().desync.get_or_insert(report);
     }
 
     /// Marks the flight recorder as dumped; returns whether it was not before.
     pub(crate) fn mark_dumped(&self) -> bool {
-        !std::mem::replace(&mut self.lock().dumped, true)
+        !std::mem::replace(&mut self.cell().dumped, true)
     }
 
     /// Whether the flight recorder was dumped.
     pub(crate) fn dumped(&self) -> bool {
-        self.lock().dumped
+        self.cell().dumped
     }
 
     /// Counts a dump written to a file.
     pub(crate) fn count_dump(&self) {
-        self.lock().status.dumps_written += 1;
+        self.cell().status.dumps_written += 1;
     }
 
     /// Whether a peer's dump request is to be looked for at `now` (then not again for `period`): never after
     /// this rank dumped.
     pub(crate) fn coord_check_due(&self, now: Duration, period: Duration) -> bool {
-        let mut cell = self.lock();
+        let mut cell = self.cell();
         if cell.dumped || now < cell.next_coord_check {
             return false;
         }
@@ -144,7 +145,7 @@ impl ErrorState {
 
     /// Notes collective `seq` as started; returns whether it is the newest so far.
     pub(crate) fn note_started(&self, seq: u64) -> bool {
-        let mut cell = self.lock();
+        let mut cell = self.cell();
         let newer = cell.status.last_started_seq < Some(seq);
         if newer {
             cell.status.last_started_seq = Some(seq);
@@ -155,7 +156,7 @@ impl ErrorState {
     /// Notes collective `seq` as completed (and as started, when it had a start event); returns whether it is
     /// the newest started and the newest completed so far.
     pub(crate) fn note_completed(&self, seq: u64, op: OpType, had_start: bool) -> (bool, bool) {
-        let mut cell = self.lock();
+        let mut cell = self.cell();
         let status = &mut cell.status;
         let newer_start = had_start && status.last_started_seq < Some(seq);
         if newer_start {

@@ -12,6 +12,9 @@ pub struct Counters {
     pub ops_issued: u64,
     /// Ops whose Work reused a completed Work that nothing held any more (its memory and end event).
     pub works_reused: u64,
+    /// Ops whose enqueue found the group's in-flight intake full (no watchdog pass or other reader took it for
+    /// that many ops) and moved it onto the in-flight list itself, under the list's lock.
+    pub intake_overflows: u64,
 }
 
 /// The counts of one group.
@@ -52,6 +55,7 @@ impl Tally {
             comms_created: self.comms_created.load(Ordering::Relaxed),
             ops_issued: self.ops_issued.load(Ordering::Relaxed),
             works_reused: self.works_reused.load(Ordering::Relaxed),
+            intake_overflows: 0,
         }
     }
 }

@@ -19,7 +19,9 @@ use pg_store::Store;
 
 use crate::desync::{encode_trace, trace_end_key, trace_start_key};
 use crate::failure::{dump_once, on_error};
-use crate::shared::{nanos, Shared};
+use crate::flight_recorder::nanos;
+use crate::locks::lock;
+use crate::shared::Shared;
 use crate::signals::{remote_error_key, Signals, EXCEPTION_DUMP_KEY};
 use crate::status::ErrorType;
 use crate::work::WorkState;
@@ -32,17 +34,34 @@ const COORD_CHECK_PERIOD: Duration = Duration::from_secs(1);
 const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 
 /// The watchdog's thread body: it holds the group only weakly while it sleeps.
+///
+/// A pass every `period` is a full one. The enqueue path also wakes the watchdog when the in-flight intake fills a
+/// quarter ([`crate::in_flight::WAKE_AT`]); such an early pass only takes the intake in and retires the Works
+/// that finished (the store is read at most once a period), and the next full pass keeps its time.
 pub(crate) fn watchdog_loop<B: Backend>(
     group: &Weak<Shared<B>>,
     device: &B::Device,
     signals: &Signals,
     period: Duration,
 ) {
+    // When the next full pass is due (`None`: the next pass is a full one, as after an idle sleep).
+    let mut due: Option<Duration> = None;
     while !signals.terminate.load(Ordering::SeqCst) {
         let sleep = match group.upgrade() {
             Some(group) => {
-                pass(group.as_ref());
-                idle_sleep(group.as_ref(), signals).unwrap_or(period)
+                let full = due.is_none_or(|due| device.now() >= due);
+                pass(group.as_ref(), full);
+                match idle_sleep(group.as_ref(), signals) {
+                    Some(idle) => {
+                        due = None;
+                        idle
+                    }
+                    None if full => {
+                        due = Some(device.now().saturating_add(period));
+                        period
+                    }
+                    None => due.map_or(period, |due| due.saturating_sub(device.now())),
+                }
             }
             None => break,
         };
@@ -73,12 +92,16 @@ fn idle_sleep<B: Backend>(group: &Shared<B>, signals: &Signals) -> Option<Durati
     Some(if dump_request_possible { options.watchdog_period.max(COORD_CHECK_PERIOD) } else { IDLE_SLEEP })
 }
 
-/// One watchdog pass over the in-flight Works.
-fn pass<B: Backend>(group: &Shared<B>) {
+/// One watchdog pass over the in-flight Works; a `full` one also reads the store for the peers' signals and the
+/// communicators for asynchronous errors.
+pub(crate) fn pass<B: Backend>(group: &Shared<B>, full: bool) {
+    // One pass at a time (the watchdog's and a test's `watchdog_pass_now`): a Work is retired by the pass that
+    // looked at it, with no other pass's snapshot holding it, so the pool can take it.
+    let _one_pass = lock(&group.passes);
     group.threads.heartbeat.fetch_add(1, Ordering::Relaxed);
     #[cfg(feature = "testing")]
     {
-        let stall = group.stall.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let stall = lock(&group.stall).take();
         if let Some(stall) = stall {
             // The injected wedge: as a watchdog stuck in a driver call, it holds the group and makes no progress,
             // and stopping the group does not end it.
@@ -86,13 +109,13 @@ fn pass<B: Backend>(group: &Shared<B>) {
         }
     }
     let options = &group.options;
-    if options.signals_peers() {
+    if full && options.signals_peers() {
         check_remote_error(group);
     }
-    if group.store_link.has_liveness() {
+    if full && group.store_link.has_liveness() {
         check_dead_ranks(group);
     }
-    if options.dump_on_timeout {
+    if full && options.dump_on_timeout {
         check_dump_signal(group);
     }
     let works = group.in_flight.snapshot();
@@ -158,7 +181,7 @@ fn pass<B: Backend>(group: &Shared<B>) {
         tracer.resolve();
     }
     // An asynchronous error with no Work in flight is still an error of the group.
-    if group.errors.error_type() == ErrorType::Success {
+    if full && group.errors.error_type() == ErrorType::Success {
         for comm in group.all_comms() {
             if comm.is_aborted() {
                 continue;
@@ -190,7 +213,7 @@ fn note_started<B: Backend>(group: &Shared<B>, work: &WorkState<B>) {
 /// retirement, status and trace keys.
 fn note_completed<B: Backend>(group: &Shared<B>, work: &WorkState<B>, completed: &mut Vec<u64>) {
     if work.stashed {
-        work.stash.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        lock(&work.stash).clear();
     }
     if let Some(id) = work.fr_id() {
         completed.push(id);

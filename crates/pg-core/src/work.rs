@@ -1,12 +1,13 @@
 //! Work: the handle of one enqueued operation, with PyTorch's `WorkNCCL` semantics (S11, S13-S15).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::cache::CommEntry;
 use crate::completion::{Completion, Waiters};
+use crate::locks::lock;
 use crate::{Backend, Buffer, Communicator, DType, Device, Error, Event, Future, OpType, Result, Stream};
 
 /// The object-safe face of a Work, for code that holds Works of several backends or groups.
@@ -67,6 +68,9 @@ pub(crate) struct WorkState<B: Backend> {
     /// The tasks that await the Work; made at the first poll that finds the op still running, so an op that is
     /// never awaited allocates nothing for it.
     pub(crate) waiters: OnceLock<Arc<Waiters>>,
+    /// The number and name of the thread that enqueued the op, for its flight-recorder entry (`None` with the
+    /// recorder off), which is made later, off the enqueue path.
+    pub(crate) thread: Option<(u64, Arc<str>)>,
 }
 
 impl<B: Backend> WorkState<B> {
@@ -82,12 +86,12 @@ impl<B: Backend> WorkState<B> {
         if !self.failed.load(std::sync::atomic::Ordering::Acquire) {
             return None;
         }
-        self.exception.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        lock(&self.exception).clone()
     }
 
     /// Records `error` unless an earlier one is there: the first error is the one reported.
     pub(crate) fn set_exception(&self, error: Error) {
-        let mut slot = self.exception.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&self.exception);
         if slot.is_none() {
             *slot = Some(error);
         }
@@ -194,7 +198,7 @@ impl<B: Backend> WorkState<B> {
         }
         current.wait_event(&self.end_event)?;
         if self.stashed {
-            self.stash.lock().unwrap_or_else(PoisonError::into_inner).retain(Buffer::is_foreign);
+            lock(&self.stash).retain(Buffer::is_foreign);
         }
         Ok(())
     }

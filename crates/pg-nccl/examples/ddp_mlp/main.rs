@@ -149,10 +149,13 @@ const MOCK_OP_TIMEOUT: Duration = Duration::from_secs(2);
 /// they tell the others through the store).
 const NCCL_OP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Options of a group that revokes itself on a dead peer (found by its sockets, a peer's report, or `timeout`).
-fn elastic_options(timeout: Duration) -> Options {
+/// Options of a group that revokes itself on a dead peer (found by its sockets, a peer's report, or `timeout`; with
+/// `liveness`, by the store server seeing the dead process's connection close). The mock's elastic run keeps
+/// liveness off: its store is in-process, and its dead rank is found by the timeout.
+fn elastic_options(timeout: Duration, liveness: bool) -> Options {
     Options::builder()
         .timeout(timeout)
+        .liveness(liveness)
         .revoke_on_error(true)
         .dump_on_timeout(false)
         .watchdog_period(Duration::from_millis(10))
@@ -171,7 +174,7 @@ fn run_mock_elastic(
     (kill, grow): ((usize, usize), Option<usize>),
 ) -> pg_core::Result<Vec<elastic::ElasticRun>> {
     let settings = elastic(kill, grow);
-    on_mock_ranks(world_size, &elastic_options(MOCK_OP_TIMEOUT), |math, pg| {
+    on_mock_ranks(world_size, &elastic_options(MOCK_OP_TIMEOUT, false), |math, pg| {
         elastic::train_elastic(math, pg, config, &settings)
     })
 }
@@ -203,8 +206,13 @@ fn run_nccl(
     // The caller's stream is the current one: collectives order after its kernels, `wait()` orders it after them.
     let _guard = StreamGuard::<pg_nccl::Nccl>::new(&device, &stream);
     if let Some(kill) = kill {
-        let pg =
-            ProcessGroup::<pg_nccl::Nccl>::new(store, rank, size, device.clone(), elastic_options(NCCL_OP_TIMEOUT))?;
+        let pg = ProcessGroup::<pg_nccl::Nccl>::new(
+            store,
+            rank,
+            size,
+            device.clone(),
+            elastic_options(NCCL_OP_TIMEOUT, true),
+        )?;
         let run = elastic::train_elastic(&math, &pg, config, &elastic(kill, grow))?;
         if run.died && grow.is_none() {
             eprintln!("ddp_mlp: rank {rank} dies at step {} (--kill)", kill.1);
