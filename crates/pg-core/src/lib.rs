@@ -7,8 +7,10 @@
 //! generic over the backend, and run unchanged on the simulated backend (`pg-mock`) and on NCCL (`pg-nccl`).
 #![forbid(unsafe_code)]
 
+pub mod args;
 mod backend;
 mod cache;
+mod capabilities;
 mod chunk_check;
 mod completion;
 mod desync;
@@ -48,6 +50,7 @@ mod work;
 
 pub use backend::{Backend, Buffer, CaptureMode, Communicator, Device, Event, Graph, Stream};
 pub use cache::CommKey;
+pub use capabilities::{Capabilities, Capability};
 pub use desync::{DesyncReport, RankPosition, RankTrace};
 #[cfg(feature = "testing")]
 pub use enqueue_timing::{enqueue_step_totals, EnqueueStep};

@@ -1035,6 +1035,7 @@ impl pg_core::Communicator for MockCommunicator {
         scalar: &MockBuffer,
         stream: &MockStream,
     ) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::DevicePreMulSum, "all_reduce_pre_mul_sum")?;
         same_shape("all_reduce", input, output, 1, 1)?;
         check_factor("all_reduce", input, scalar)?;
         let kind = CollKind::AllReduce(ReduceOp::PreMulSum(1.0));
@@ -1042,6 +1043,7 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn split(&self, color: Option<u32>, key: usize, config: &CommConfig) -> Result<Option<MockCommunicator>> {
+        self.inner.require_capability(pg_core::Capability::Split, "split")?;
         let tid = self.inner.require("split");
         let mut state = self.inner.lock();
         state.apply_scheduled_abort(self.group, self.rank);
@@ -1077,6 +1079,7 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn shrink(&self, excluded: &[usize], mode: pg_core::ShrinkMode, config: &CommConfig) -> Result<MockCommunicator> {
+        self.inner.require_capability(pg_core::Capability::Shrink, "shrink")?;
         let sorted = pg_core::ShrinkMode::checked_exclusion(excluded, self.size, self.rank)?;
         let tid = self.inner.require("shrink");
         let mut state = self.inner.lock();
@@ -1137,16 +1140,17 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn grow_unique_id(&self) -> Result<UniqueId> {
-        self.native_grow()?;
+        self.native_grow("grow_unique_id")?;
         self.grow_id()
     }
 
     fn grow(&self, added: usize, id: Option<&UniqueId>, config: &CommConfig) -> Result<MockCommunicator> {
-        self.native_grow()?;
+        self.native_grow("grow")?;
         self.grow_to(added, id, config)
     }
 
     fn revoke(&self, reason: &str) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::Revoke, "revoke")?;
         let tid = self.inner.current();
         self.inner.with(|st| {
             let time = st.local(tid);
@@ -1189,6 +1193,7 @@ impl pg_core::Communicator for MockCommunicator {
         scalar: &MockBuffer,
         stream: &MockStream,
     ) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::DevicePreMulSum, "reduce_scatter_pre_mul_sum")?;
         same_shape("reduce_scatter", input, output, self.size, 1)?;
         check_factor("reduce_scatter", input, scalar)?;
         let kind = CollKind::ReduceScatter(ReduceOp::PreMulSum(1.0));
@@ -1282,6 +1287,17 @@ impl pg_core::Communicator for MockCommunicator {
         op.check(output.dtype())?;
         let inputs = self.per_rank(inputs, "reduce_scatter_v inputs")?;
         self.enqueue_views(CollKind::ReduceScatterV(op), output.dtype(), &inputs, &[whole(output)], stream)
+    }
+
+    /// Nothing to open: the simulated backend has no groups, and the process group issues a batch in an order every
+    /// rank agrees on, so it runs without one.
+    fn group_start(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Nothing to close (see [`pg_core::Communicator::group_start`] here).
+    fn group_end(&self) -> Result<()> {
+        Ok(())
     }
 
     fn is_ready(&self) -> Result<bool> {

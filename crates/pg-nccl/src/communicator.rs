@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use nccl_sys::{Library, Status};
-use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, ShrinkMode, UniqueId};
+use pg_core::{Buffer as _, Capability, CommConfig, Error, ReduceOp, ShrinkMode, UniqueId};
 
 use crate::abort_end::AbortEnd;
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
@@ -45,6 +45,19 @@ pub(crate) fn grow_support(library: &Library) -> pg_core::Result<()> {
     let functions = library.functions();
     let symbols = (functions.comm_grow.is_some(), functions.comm_get_unique_id.is_some());
     grow_refusal(library.version(), symbols).map_or(Ok(()), |refusal| Err(nccl_error(refusal)))
+}
+
+/// What a device can do with `library` ([`pg_core::Device::capabilities`]): split where it has `ncclCommSplit`,
+/// shrink from 2.27, revoke from 2.28.7 and grow from 2.29 where the library has the calls, a device `PREMUL_SUM`
+/// where it has `ncclRedOpCreatePreMulSum`; capture, timing events and host callbacks are CUDA's, always there.
+pub(crate) fn capabilities(library: &Library) -> pg_core::Capabilities {
+    let (functions, version) = (library.functions(), library.version());
+    pg_core::Capabilities::all()
+        .set(Capability::Split, functions.comm_split.is_some())
+        .set(Capability::Shrink, version >= nccl_sys::SHRINK_VERSION && functions.comm_shrink.is_some())
+        .set(Capability::Revoke, version >= nccl_sys::REVOKE_VERSION && functions.comm_revoke.is_some())
+        .set(Capability::Grow, grow_support(library).is_ok())
+        .set(Capability::DevicePreMulSum, functions.red_op_create_pre_mul_sum.is_some())
 }
 
 /// Why an NCCL of `version`, with or without the symbols `(ncclCommGrow, ncclCommGetUniqueId)`, cannot grow.
