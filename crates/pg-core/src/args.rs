@@ -148,12 +148,7 @@ pub fn splits(what: &str, which: &str, numel: usize, splits: Option<&[usize]>, s
         }
         return Ok(vec![numel / size; size]);
     };
-    if splits.len() != size {
-        return Err(Error::invalid(format!(
-            "{what}: {which}_splits has {} entries, but the group has {size} ranks (one per rank)",
-            splits.len()
-        )));
-    }
+    split_count(what, which, splits.len(), size)?;
     let sum = splits.iter().try_fold(0usize, |sum, &s| sum.checked_add(s));
     if sum != Some(numel) {
         let sum = sum.map_or_else(|| "more than the address space".to_owned(), |s| s.to_string());
@@ -162,6 +157,27 @@ pub fn splits(what: &str, which: &str, numel: usize, splits: Option<&[usize]>, s
         )));
     }
     Ok(splits.to_vec())
+}
+
+/// The splits of a buffer (`which`: `input`, `output`) count `len` entries, one per rank of a group of `size`.
+pub fn split_count(what: &str, which: &str, len: usize, size: usize) -> Result<()> {
+    match len == size {
+        true => Ok(()),
+        false => Err(Error::invalid(format!(
+            "{what}: {which}_splits has {len} entries, but the group has {size} ranks (one per rank)"
+        ))),
+    }
+}
+
+/// The `count` elements from element `offset` of a buffer of `numel` lie inside it.
+pub fn chunk_inside(what: &str, offset: usize, count: usize, numel: usize) -> Result<()> {
+    match offset.checked_add(count) {
+        Some(end) if end <= numel => Ok(()),
+        _ => Err(Error::invalid(format!(
+            "{what}: elements {offset}..{} are outside a buffer of {numel} elements",
+            offset.saturating_add(count)
+        ))),
+    }
 }
 
 /// `scalar` can be the `PREMUL_SUM` factor of an op on `input`: `input`'s dtype takes `PREMUL_SUM`, and the factor

@@ -489,6 +489,18 @@ impl<B: Backend> ProcessGroup<B> {
         self.run(spec, |comm, stream| comm.reduce_scatter(input, output, op, stream))
     }
 
+    /// [`ProcessGroup::all_gather`] under torch's name and argument order (`all_gather_into_tensor(output,
+    /// input)`): the same op, Work and flight-recorder entry.
+    pub fn all_gather_into_tensor(&self, output: &B::Buffer, input: &B::Buffer) -> Result<WorkHandle<B>> {
+        self.all_gather(input, output)
+    }
+
+    /// [`ProcessGroup::reduce_scatter`] under torch's name and argument order (`reduce_scatter_tensor(output,
+    /// input, op)`): the same op, Work and flight-recorder entry.
+    pub fn reduce_scatter_tensor(&self, output: &B::Buffer, input: &B::Buffer, op: ReduceOp) -> Result<WorkHandle<B>> {
+        self.reduce_scatter(input, output, op)
+    }
+
     /// Sends `buffer` to `peer` over a two-rank communicator keyed by the rank pair (S4, S6).
     pub fn send(&self, buffer: &B::Buffer, peer: usize) -> Result<WorkHandle<B>> {
         self.check_devices("send", &[buffer])?;
