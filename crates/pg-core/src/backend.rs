@@ -575,3 +575,12 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     /// Whether [`Communicator::finalize`] was called.
     fn is_finalized(&self) -> bool;
 }
+
+/// `Ok` when `device` declares `capability`, else the refusal of `call` that names it, the backend and the device's
+/// versions ([`crate::Capabilities::refusal_with`]): what pg-core asks before a call that needs a capability.
+pub(crate) fn require<D: Device>(device: &D, capability: crate::Capability, call: &str) -> Result<()> {
+    match device.capabilities().has(capability) {
+        true => Ok(()),
+        false => Err(crate::Capabilities::refusal_with(<D::B as Backend>::NAME, capability, call, &device.versions())),
+    }
+}

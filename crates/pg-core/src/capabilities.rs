@@ -148,32 +148,34 @@ impl Capabilities {
     }
 
     /// `Ok` when `capability` is present, else the one refusal of a call that needs it: an
-    /// [`crate::Error::Unsupported`] naming the call, the capability and the backend (`B::NAME`).
-    pub fn require<B: crate::Backend>(self, capability: Capability, call: &str) -> crate::Result<()> {
+    /// [`crate::Error::Unsupported`] naming the call, the capability and the backend (its `Backend::NAME`).
+    pub fn require(self, backend: &str, capability: Capability, call: &str) -> crate::Result<()> {
         match self.has(capability) {
             true => Ok(()),
-            false => Err(Self::refusal(B::NAME, capability, call)),
+            false => Err(Self::refusal(backend, capability, call)),
         }
-    }
-
-    /// `Ok` when `device` declares `capability`, else the refusal of `call` ([`Capabilities::require`]) with the
-    /// versions the device reports ([`crate::Device::versions`]: on NCCL, the loaded library's), which say why.
-    pub fn require_on<D: crate::Device>(device: &D, capability: Capability, call: &str) -> crate::Result<()> {
-        if device.capabilities().has(capability) {
-            return Ok(());
-        }
-        let versions = device.versions();
-        let mut message = refusal_message(<D::B as crate::Backend>::NAME, capability, call);
-        if !versions.is_empty() {
-            let list: Vec<String> = versions.iter().map(|(name, value)| format!("{name} {value}")).collect();
-            message = format!("{message}; versions: {}", list.join(", "));
-        }
-        Err(crate::Error::unsupported(message))
     }
 
     /// The error [`Capabilities::require`] gives for `call` needing `capability` on the `backend` backend.
     pub fn refusal(backend: &str, capability: Capability, call: &str) -> crate::Error {
-        crate::Error::unsupported(refusal_message(backend, capability, call))
+        Self::refusal_with(backend, capability, call, &[])
+    }
+
+    /// [`Capabilities::refusal`] that also lists `versions` (a device's `Device::versions`: on NCCL, the loaded
+    /// library's), which say why the capability is absent.
+    pub fn refusal_with(
+        backend: &str,
+        capability: Capability,
+        call: &str,
+        versions: &[(String, String)],
+    ) -> crate::Error {
+        let mut message =
+            format!("{call}: the {backend} backend does not have the capability '{capability}' (Device::capabilities)");
+        if !versions.is_empty() {
+            let list: Vec<String> = versions.iter().map(|(name, value)| format!("{name} {value}")).collect();
+            message = format!("{message}; versions: {}", list.join(", "));
+        }
+        crate::Error::unsupported(message)
     }
 
     fn slot(&mut self, capability: Capability) -> &mut bool {
@@ -188,11 +190,6 @@ impl Capabilities {
             Capability::HostCallbacks => &mut self.host_callbacks,
         }
     }
-}
-
-/// What a refusal says: the call, the capability and the backend.
-fn refusal_message(backend: &str, capability: Capability, call: &str) -> String {
-    format!("{call}: the {backend} backend does not have the capability '{capability}' (Device::capabilities)")
 }
 
 impl Default for Capabilities {

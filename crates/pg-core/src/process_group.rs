@@ -206,7 +206,7 @@ impl<B: Backend> ProcessGroup<B> {
             return Err(Error::invalid(format!("rank {rank} is out of range for a group of size {size}")));
         }
         if options.trace_dir.is_some() {
-            Capabilities::require_on(&device, Capability::TimingEvents, "a traced group (Options::trace_dir)")?;
+            crate::backend::require(&device, Capability::TimingEvents, "a traced group (Options::trace_dir)")?;
         }
         // Groups are told apart by creation order on each rank: the n-th group this rank creates on a store is
         // instance n, on every rank. The unique-id exchange checks it, so that two groups sharing one store
@@ -432,7 +432,7 @@ impl<B: Backend> ProcessGroup<B> {
     /// `all_reduce(t, op=_make_nccl_premul_sum(factor_tensor))`). The host-factor form is
     /// `all_reduce(buffer, ReduceOp::PreMulSum(factor))`.
     pub fn all_reduce_pre_mul_sum(&self, buffer: &B::Buffer, scalar: &B::Buffer) -> Result<WorkHandle<B>> {
-        Capabilities::require_on(self.device(), Capability::DevicePreMulSum, "all_reduce_pre_mul_sum")?;
+        crate::backend::require(self.device(), Capability::DevicePreMulSum, "all_reduce_pre_mul_sum")?;
         self.check_devices("all_reduce", &[buffer])?;
         args::pre_mul_sum_factor("all_reduce", buffer, scalar)?;
         let device = self.inner.device.clone();
@@ -452,7 +452,7 @@ impl<B: Backend> ProcessGroup<B> {
         output: &B::Buffer,
         scalar: &B::Buffer,
     ) -> Result<WorkHandle<B>> {
-        Capabilities::require_on(self.device(), Capability::DevicePreMulSum, "reduce_scatter_pre_mul_sum")?;
+        crate::backend::require(self.device(), Capability::DevicePreMulSum, "reduce_scatter_pre_mul_sum")?;
         self.check_devices("reduce_scatter", &[input, output])?;
         args::scaled("reduce_scatter", input, output, (1, self.size()), self.size())?;
         args::pre_mul_sum_factor("reduce_scatter", input, scalar)?;

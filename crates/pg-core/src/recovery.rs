@@ -240,7 +240,7 @@ impl<B: Backend> ProcessGroup<B> {
         let (rank, size) = (self.rank(), self.size());
         let aborting = options.mode == ShrinkMode::Abort;
         inner.check(if aborting { Call::ShrinkAbort } else { Call::Shrink })?;
-        crate::Capabilities::require_on(self.device(), crate::Capability::Shrink, "shrink")?;
+        crate::backend::require(self.device(), crate::Capability::Shrink, "shrink")?;
         let mut out = BTreeSet::new();
         for &gone in excluded {
             if gone >= size {
@@ -687,7 +687,7 @@ fn grow_path<D: crate::Device>(store: &dyn Store, name: &str, device: &D) -> Res
     match path {
         Some(GrowPath::Grow) => {
             let call = format!("grow of group '{name}' (rank 0 grows the communicator; this rank joins it)");
-            crate::Capabilities::require_on(device, crate::Capability::Grow, &call).map(|()| GrowPath::Grow)
+            crate::backend::require(device, crate::Capability::Grow, &call).map(|()| GrowPath::Grow)
         }
         Some(GrowPath::Rendezvous) => Ok(GrowPath::Rendezvous),
         None => Err(Error::invalid(format!(

@@ -101,7 +101,7 @@ impl Inner {
 
     /// `Ok` when the world's devices declare `capability`, else the refusal of `call` that names it.
     pub(crate) fn require_capability(&self, capability: pg_core::Capability, call: &str) -> pg_core::Result<()> {
-        self.capabilities().require::<crate::Mock>(capability, call)
+        self.capabilities().require(<crate::Mock as pg_core::Backend>::NAME, capability, call)
     }
 
     /// The calling thread's id, or a panic that explains how to register it (the mock is assertive).
