@@ -3,6 +3,9 @@
 //! The crate has two halves.
 //! The [`Backend`] trait and its concept traits ([`Device`], [`Stream`], [`Event`], [`Buffer`],
 //! [`Communicator`]) are what a backend supplies: streams, events, memory and a communicator, nothing more.
+//! A backend declares its optional features up front ([`Device::capabilities`], [`Capabilities`]); a call that
+//! needs one it lacks is refused by name before anything runs. The argument rules of every op are [`args`], which
+//! the process group and the backends check alike.
 //! The process group, its communicator cache, Work, Future, the watchdog and the flight recorder are written once here,
 //! generic over the backend, and run unchanged on the simulated backend (`pg-mock`) and on NCCL (`pg-nccl`).
 #![forbid(unsafe_code)]
