@@ -17,12 +17,19 @@ const WORLD_END_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12
 pub struct MockHarness {
     world_size: usize,
     native_grow: bool,
+    capabilities: pg_core::Capabilities,
 }
 
 impl MockHarness {
     /// A harness whose worlds have up to `world_size` ranks.
     pub fn new(world_size: usize) -> Self {
-        Self { world_size, native_grow: true }
+        Self { world_size, native_grow: true, capabilities: pg_core::Capabilities::all() }
+    }
+
+    /// This harness with worlds whose devices declare `capabilities` ([`WorldConfig::capabilities`]): the calls
+    /// that need one of the others are refused.
+    pub fn with_capabilities(self, capabilities: pg_core::Capabilities) -> Self {
+        Self { capabilities, ..self }
     }
 
     /// This harness with worlds that model an NCCL without `ncclCommGrow` (before 2.29): grows are made by a
@@ -111,6 +118,7 @@ impl Harness for MockHarness {
             devices: n + 1,
             hazard_mode: pg_mock::HazardMode::Record,
             native_grow: self.native_grow,
+            capabilities: self.capabilities,
             ..WorldConfig::default()
         });
         let caps = capabilities(&world);

@@ -77,10 +77,8 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
     /// device more than a plain event, so the process group makes them only for a traced group
     /// ([`crate::Options::trace_dir`]).
     ///
-    /// The default refuses with [`crate::Error::Unsupported`].
-    fn create_timing_event(&self) -> Result<<Self::B as Backend>::Event> {
-        Err(unsupported_on::<Self::B>("timing events"))
-    }
+    /// A backend without [`crate::Capability::TimingEvents`] refuses with [`crate::Error::Unsupported`].
+    fn create_timing_event(&self) -> Result<<Self::B as Backend>::Event>;
 
     /// Blocks the host until all work on every stream of the device is done.
     ///
@@ -146,28 +144,23 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
         config: &CommConfig,
     ) -> Result<<Self::B as Backend>::Communicator>;
 
-    /// Whether communicators of this backend can grow ([`Communicator::grow`], [`Device::join_grown`]): `Ok` when
-    /// they can, else [`crate::Error::Unsupported`] saying why (on NCCL: the loaded version, and 2.29, which has
-    /// `ncclCommGrow`). A group-level grow asks on its rank 0: without it, every rank, old and new, makes the grown
-    /// communicator by a rendezvous instead ([`crate::ProcessGroup::grow`]).
-    ///
-    /// The default refuses.
-    fn grow_support(&self) -> Result<()> {
-        Err(unsupported_on::<Self::B>("grow"))
-    }
+    /// The optional features this device has ([`crate::Capabilities`]), declared up front: the process group asks
+    /// it before a call that needs one, and refuses a missing one by name before any store traffic or device work.
+    /// A method of a capability declared absent refuses with [`crate::Error::Unsupported`]
+    /// ([`crate::Capabilities::refusal`]). The answer does not change while the device exists.
+    fn capabilities(&self) -> crate::Capabilities;
 
     /// Joins a grown communicator as new rank `rank` of `size` with the `id` rank 0 of the existing communicator
     /// passed to [`Communicator::grow`] (NCCL's `ncclCommGrow` with no parent); blocks until every rank, old and
-    /// new, has called. `config.timeout` bounds the wait ([`crate::Error::InitTimeout`] past it).
+    /// new, has called. `config.timeout` bounds the wait ([`crate::Error::InitTimeout`] past it). Needs
+    /// [`crate::Capability::Grow`].
     fn join_grown(
         &self,
-        _id: &UniqueId,
-        _size: usize,
-        _rank: usize,
-        _config: &CommConfig,
-    ) -> Result<<Self::B as Backend>::Communicator> {
-        Err(unsupported_on::<Self::B>("grow (joining a grown communicator)"))
-    }
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> Result<<Self::B as Backend>::Communicator>;
 
     /// The host's monotonic clock, as a duration since a fixed origin (virtual time on the simulated backend).
     fn now(&self) -> Duration;
@@ -175,11 +168,9 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
     /// The host's wall clock, as a duration since the UNIX epoch: what lines up the timelines of ranks in
     /// different processes ([`crate::Options::trace_dir`]); read next to [`Device::now`], never instead of it.
     ///
-    /// The default reads the system clock (0 if it is set before 1970); the simulated backend gives its virtual
-    /// time, which every rank of a world shares.
-    fn wall_clock(&self) -> Duration {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
-    }
+    /// On GPUs it is the system clock (0 if it is set before 1970); the simulated backend gives its virtual time,
+    /// which every rank of a world shares.
+    fn wall_clock(&self) -> Duration;
 
     /// Blocks the calling host thread for `duration`, returning early once `interrupt` is set and
     /// [`Device::notify_host_threads`] has been called.
@@ -192,9 +183,7 @@ pub trait Device: Clone + Send + Sync + Debug + 'static {
     fn spawn_host_thread(&self, name: &str, body: Box<dyn FnOnce() + Send + 'static>) -> Result<JoinHandle<()>>;
 
     /// Versions worth recording next to results (driver, runtime, NCCL, ...), as name/value pairs.
-    fn versions(&self) -> Vec<(String, String)> {
-        Vec::new()
-    }
+    fn versions(&self) -> Vec<(String, String)>;
 }
 
 /// An ordered queue of device work. Cloning gives another handle to the same stream.
@@ -222,62 +211,42 @@ pub trait Stream: Clone + Send + Sync + Debug + PartialEq + 'static {
     /// Enqueues `callback`: the host runs it once all work enqueued on this stream so far has finished (CUDA's
     /// `cuLaunchHostFunc`). It runs on a backend thread, must be short, and must not call the backend (no stream,
     /// event, memory or communicator call: CUDA forbids driver calls there). It may never run when the work
-    /// before it never finishes. An awaited Work wakes its task through it.
-    ///
-    /// The default refuses with [`crate::Error::Unsupported`].
-    fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
-        drop(callback);
-        Err(unsupported_on::<Self::B>("launch_host_fn"))
-    }
+    /// before it never finishes. An awaited Work wakes its task through it. Needs
+    /// [`crate::Capability::HostCallbacks`].
+    fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()>;
 
     /// Whether this stream is capturing: its work (and the work of every stream joined into the same capture)
     /// is being recorded into a graph instead of run. A stream joins a capture when it waits on an event
     /// recorded on a capturing stream. While it captures, querying or synchronising it, or an event recorded
     /// on it, is an [`crate::Error::CaptureUnsupported`] error.
     ///
-    /// The default (a backend without capture) is `false`.
-    fn is_capturing(&self) -> Result<bool> {
-        Ok(false)
-    }
+    /// A backend without [`crate::Capability::Capture`] answers `false`.
+    fn is_capturing(&self) -> Result<bool>;
 
     /// Starts capturing this stream in `mode` (CUDA's `cuStreamBeginCapture`): later work enqueued on it is
     /// recorded, not run, until [`Stream::end_capture`].
-    ///
-    /// The default refuses with [`crate::Error::Unsupported`].
-    fn begin_capture(&self, _mode: CaptureMode) -> Result<()> {
-        Err(unsupported_on::<Self::B>("stream capture"))
-    }
+    /// Needs [`crate::Capability::Capture`].
+    fn begin_capture(&self, mode: CaptureMode) -> Result<()>;
 
     /// Ends the capture this stream began and returns the recorded work as a graph ready to launch. Fails with
     /// [`crate::Error::CaptureUnsupported`] when a stream joined into the capture has not joined back (the
     /// origin stream must wait on an event recorded on it after its last captured work: "unjoined"), when the
     /// capture was invalidated by a forbidden call, or when this stream is not the capture's origin.
-    ///
-    /// The default refuses with [`crate::Error::Unsupported`].
-    fn end_capture(&self) -> Result<<Self::B as Backend>::Graph> {
-        Err(unsupported_on::<Self::B>("stream capture"))
-    }
+    /// Needs [`crate::Capability::Capture`].
+    fn end_capture(&self) -> Result<<Self::B as Backend>::Graph>;
 
     /// Keeps `buffer` alive for as long as the graph of the capture this stream takes part in exists: the
     /// graph holds a handle, so the memory a captured op uses is not reused while the graph can replay it,
     /// whatever the caller drops. Fails with [`crate::Error::InvalidArgument`] when the stream is not capturing.
-    ///
-    /// The default refuses with [`crate::Error::Unsupported`].
-    fn capture_keep_alive(&self, buffer: &<Self::B as Backend>::Buffer) -> Result<()> {
-        let _ = buffer;
-        Err(unsupported_on::<Self::B>("stream capture"))
-    }
+    /// Needs [`crate::Capability::Capture`].
+    fn capture_keep_alive(&self, buffer: &<Self::B as Backend>::Buffer) -> Result<()>;
 
     /// Keeps `comm`, whose ops the capture this stream takes part in recorded, for as long as the graph exists:
     /// the communicator is not destroyed while the graph can replay its ops, and a launch after the
     /// communicator was aborted or finalized fails with [`crate::Error::Aborted`] instead of running them on
     /// released resources. Fails with [`crate::Error::InvalidArgument`] when the stream is not capturing.
-    ///
-    /// The default refuses with [`crate::Error::Unsupported`].
-    fn capture_keep_communicator(&self, comm: &std::sync::Arc<<Self::B as Backend>::Communicator>) -> Result<()> {
-        let _ = comm;
-        Err(unsupported_on::<Self::B>("stream capture"))
-    }
+    /// Needs [`crate::Capability::Capture`].
+    fn capture_keep_communicator(&self, comm: &std::sync::Arc<<Self::B as Backend>::Communicator>) -> Result<()>;
 }
 
 /// The work one stream capture recorded (an instantiated CUDA graph): launching it on a stream runs the
@@ -319,15 +288,10 @@ pub trait Event: Send + Sync + Debug + 'static {
     /// ([`Device::create_timing_event`]) of one device, each recorded at least once, else an
     /// [`crate::Error::InvalidArgument`]. On CUDA it is `cuEventElapsedTime` once both have passed (a resolution
     /// of about half a microsecond).
-    ///
-    /// The default refuses with [`crate::Error::Unsupported`].
+    /// Needs [`crate::Capability::TimingEvents`].
     fn nanos_since(&self, start: &Self) -> Result<Option<i64>>
     where
-        Self: Sized,
-    {
-        let _ = start;
-        Err(unsupported_on::<Self::B>("timing events"))
-    }
+        Self: Sized;
 }
 
 /// Device memory of one dtype. Cloning gives another handle to the same memory, like a tensor.
@@ -361,7 +325,9 @@ pub trait Buffer: Clone + Send + Sync + Debug + 'static {
 /// A communicator: the ranks that run collectives together, with their operations enqueued on a stream.
 ///
 /// Every operation only enqueues: it returns once the work is on `stream`, not when it has run.
-/// Operations a backend lacks return [`crate::Error::Unsupported`].
+/// Every method is required; the ones of an optional feature ([`crate::Capability`]) that the device declares
+/// absent ([`Device::capabilities`]) refuse with [`crate::Error::Unsupported`] ([`crate::Capabilities::refusal`]),
+/// though the process group asks the capabilities first and never calls them then.
 pub trait Communicator: Send + Sync + Debug + 'static {
     /// The backend this communicator belongs to.
     type B: Backend<Communicator = Self>;
@@ -383,170 +349,140 @@ pub trait Communicator: Send + Sync + Debug + 'static {
 
     /// Enqueues an all-reduce of `input` into `output` with PyTorch's `PREMUL_SUM` whose factor is this rank's
     /// `scalar` (one element of the input's dtype, in device memory, read when the op runs): every rank's
-    /// input times its own factor, summed (`_make_nccl_premul_sum(tensor)`).
+    /// input times its own factor, summed (`_make_nccl_premul_sum(tensor)`). Needs
+    /// [`crate::Capability::DevicePreMulSum`].
     fn all_reduce_pre_mul_sum(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _output: &<Self::B as Backend>::Buffer,
-        _scalar: &<Self::B as Backend>::Buffer,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("all_reduce with a device PREMUL_SUM factor"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        output: &<Self::B as Backend>::Buffer,
+        scalar: &<Self::B as Backend>::Buffer,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a broadcast of `root`'s `input` into every rank's `output`.
     fn broadcast(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _output: &<Self::B as Backend>::Buffer,
-        _root: usize,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("broadcast"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        output: &<Self::B as Backend>::Buffer,
+        root: usize,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues an all-gather of every rank's `input` into `output` (size times larger), in rank order.
     fn all_gather(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _output: &<Self::B as Backend>::Buffer,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("all_gather"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        output: &<Self::B as Backend>::Buffer,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a reduce-scatter of `input` (size times larger) into `output`.
     fn reduce_scatter(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _output: &<Self::B as Backend>::Buffer,
-        _op: ReduceOp,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("reduce_scatter"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        output: &<Self::B as Backend>::Buffer,
+        op: ReduceOp,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a reduce-scatter of `input` (size times larger) into `output` with `PREMUL_SUM` whose factor is
-    /// this rank's `scalar` (one element of the input's dtype, in device memory, read when the op runs).
+    /// this rank's `scalar` (one element of the input's dtype, in device memory, read when the op runs). Needs
+    /// [`crate::Capability::DevicePreMulSum`].
     fn reduce_scatter_pre_mul_sum(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _output: &<Self::B as Backend>::Buffer,
-        _scalar: &<Self::B as Backend>::Buffer,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("reduce_scatter with a device PREMUL_SUM factor"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        output: &<Self::B as Backend>::Buffer,
+        scalar: &<Self::B as Backend>::Buffer,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a send of `buffer` to `peer`.
     fn send(
         &self,
-        _buffer: &<Self::B as Backend>::Buffer,
-        _peer: usize,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("send"))
-    }
+        buffer: &<Self::B as Backend>::Buffer,
+        peer: usize,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a receive into `buffer` from `peer`.
     fn recv(
         &self,
-        _buffer: &<Self::B as Backend>::Buffer,
-        _peer: usize,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("recv"))
-    }
+        buffer: &<Self::B as Backend>::Buffer,
+        peer: usize,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a reduce of every rank's `input` into `root`'s `output` (NCCL's `ncclReduce`).
     fn reduce(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _output: &<Self::B as Backend>::Buffer,
-        _root: usize,
-        _op: ReduceOp,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("reduce"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        output: &<Self::B as Backend>::Buffer,
+        root: usize,
+        op: ReduceOp,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a gather of every rank's `input` into `root`'s `outputs[rank]` (`outputs` is empty elsewhere).
     fn gather(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _outputs: &[<Self::B as Backend>::Buffer],
-        _root: usize,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("gather"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        outputs: &[<Self::B as Backend>::Buffer],
+        root: usize,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a scatter of `root`'s `inputs[rank]` into every rank's `output` (`inputs` is empty elsewhere).
     fn scatter(
         &self,
-        _inputs: &[<Self::B as Backend>::Buffer],
-        _output: &<Self::B as Backend>::Buffer,
-        _root: usize,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("scatter"))
-    }
+        inputs: &[<Self::B as Backend>::Buffer],
+        output: &<Self::B as Backend>::Buffer,
+        root: usize,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues an all-to-all of one buffer: chunk `j` of `input` (`input_splits[j]` elements, in order) goes to
     /// rank `j`, and chunk `i` of `output` (`output_splits[i]` elements) comes from rank `i`.
     fn all_to_all_single(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _output: &<Self::B as Backend>::Buffer,
-        _input_splits: &[usize],
-        _output_splits: &[usize],
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("all_to_all_single"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        output: &<Self::B as Backend>::Buffer,
+        input_splits: &[usize],
+        output_splits: &[usize],
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues an all-to-all of lists: `inputs[j]` goes to rank `j`, `outputs[i]` comes from rank `i`.
     fn all_to_all(
         &self,
-        _inputs: &[<Self::B as Backend>::Buffer],
-        _outputs: &[<Self::B as Backend>::Buffer],
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("all_to_all"))
-    }
+        inputs: &[<Self::B as Backend>::Buffer],
+        outputs: &[<Self::B as Backend>::Buffer],
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues an all-gather into a list: `outputs[i]` receives rank `i`'s `input` (sizes may differ by rank).
     fn all_gather_v(
         &self,
-        _input: &<Self::B as Backend>::Buffer,
-        _outputs: &[<Self::B as Backend>::Buffer],
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("all_gather (list)"))
-    }
+        input: &<Self::B as Backend>::Buffer,
+        outputs: &[<Self::B as Backend>::Buffer],
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Enqueues a reduce-scatter from a list: rank `j`'s `output` is the reduction of every rank's `inputs[j]`.
     fn reduce_scatter_v(
         &self,
-        _inputs: &[<Self::B as Backend>::Buffer],
-        _output: &<Self::B as Backend>::Buffer,
-        _op: ReduceOp,
-        _stream: &<Self::B as Backend>::Stream,
-    ) -> Result<()> {
-        Err(unsupported_on::<Self::B>("reduce_scatter (list)"))
-    }
+        inputs: &[<Self::B as Backend>::Buffer],
+        output: &<Self::B as Backend>::Buffer,
+        op: ReduceOp,
+        stream: &<Self::B as Backend>::Stream,
+    ) -> Result<()>;
 
     /// Opens a group of operations that the backend issues together (NCCL's `ncclGroupStart`): sends and
-    /// receives inside one group do not wait for each other in issue order. The default does nothing: the
-    /// process group issues a batch in an order every rank agrees on, so a backend without groups runs it too.
-    fn group_start(&self) -> Result<()> {
-        Ok(())
-    }
+    /// receives inside one group do not wait for each other in issue order. A backend without groups does
+    /// nothing here: the process group issues a batch in an order every rank agrees on, so it runs it too.
+    fn group_start(&self) -> Result<()>;
 
     /// Closes the group opened by [`Communicator::group_start`] (NCCL's `ncclGroupEnd`).
-    fn group_end(&self) -> Result<()> {
-        Ok(())
-    }
+    fn group_end(&self) -> Result<()>;
 
     /// Splits this communicator (NCCL's `ncclCommSplit`): every rank of it calls, ranks passing the same
     /// `Some(color)` form one new communicator, ordered by `key` then by rank here; a rank passing `None` joins
@@ -554,18 +490,16 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     ///
     /// `config.description` names the new communicator. With `config.timeout`, a split that not every rank has
     /// joined by then fails with [`crate::Error::InitTimeout`] and leaves this communicator aborted (NCCL can
-    /// abandon a split only by aborting the communicator it splits); `config.nonblocking` is not used.
+    /// abandon a split only by aborting the communicator it splits); `config.nonblocking` is not used. Needs
+    /// [`crate::Capability::Split`] (without it the process group makes subgroups by a rendezvous).
     fn split(
         &self,
-        _color: Option<u32>,
-        _key: usize,
-        _config: &CommConfig,
+        color: Option<u32>,
+        key: usize,
+        config: &CommConfig,
     ) -> Result<Option<<Self::B as Backend>::Communicator>>
     where
-        Self: Sized,
-    {
-        Err(unsupported_on::<Self::B>("split"))
-    }
+        Self: Sized;
 
     /// Shrinks this communicator (NCCL's `ncclCommShrink`, 2.27): every rank of it but the `excluded` ones (ranks of
     /// this communicator, never the caller's own) calls, with the same list; the new communicator holds the
@@ -575,28 +509,21 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     /// and must have nothing in flight unless it was revoked.
     ///
     /// `config.timeout` bounds the wait for the other callers as in [`Communicator::split`] (this communicator
-    /// is aborted when it runs out). A backend or library without it is [`crate::Error::Unsupported`], naming
-    /// the version where there is one.
+    /// is aborted when it runs out). Needs [`crate::Capability::Shrink`].
     fn shrink(
         &self,
-        _excluded: &[usize],
-        _mode: crate::ShrinkMode,
-        _config: &CommConfig,
+        excluded: &[usize],
+        mode: crate::ShrinkMode,
+        config: &CommConfig,
     ) -> Result<<Self::B as Backend>::Communicator>
     where
-        Self: Sized,
-    {
-        Err(unsupported_on::<Self::B>("shrink"))
-    }
+        Self: Sized;
 
     /// The unique id the new ranks of this communicator's next grow join with (NCCL's `ncclCommGetUniqueId`,
     /// 2.29): rank 0 makes it, passes it to [`Communicator::grow`] and hands it to the new ranks (through the store),
     /// which pass it to [`Device::join_grown`]. One id serves one grow.
-    ///
-    /// The default refuses with [`crate::Error::Unsupported`].
-    fn grow_unique_id(&self) -> Result<UniqueId> {
-        Err(unsupported_on::<Self::B>("grow"))
-    }
+    /// Needs [`crate::Capability::Grow`].
+    fn grow_unique_id(&self) -> Result<UniqueId>;
 
     /// Grows this communicator by `added` new ranks (NCCL's `ncclCommGrow`, 2.29): every rank of it calls, rank 0
     /// with `Some(id)` from [`Communicator::grow_unique_id`], the others with `None`, while the new ranks join with
@@ -605,36 +532,27 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     /// communicator must have nothing in flight and must not be revoked, and stays usable afterwards.
     ///
     /// `config.timeout` bounds the wait as in [`Communicator::split`] (this communicator is aborted when it runs
-    /// out). A backend or library without it is [`crate::Error::Unsupported`], naming the version where there is
-    /// one.
+    /// out). Needs [`crate::Capability::Grow`].
     fn grow(
         &self,
-        _added: usize,
-        _id: Option<&UniqueId>,
-        _config: &CommConfig,
+        added: usize,
+        id: Option<&UniqueId>,
+        config: &CommConfig,
     ) -> Result<<Self::B as Backend>::Communicator>
     where
-        Self: Sized,
-    {
-        Err(unsupported_on::<Self::B>("grow"))
-    }
+        Self: Sized;
 
     /// Revokes the communicator (NCCL's `ncclCommRevoke`, 2.28.7): its ops in flight stop without effect (no
     /// host blocks on them), and every later op, and a finalize, is refused with [`crate::Error::Revoked`]; what
-    /// is left is shrinking it, splitting it, or destroying it. Callable from any thread.
-    fn revoke(&self, _reason: &str) -> Result<()> {
-        Err(unsupported_on::<Self::B>("revoke"))
-    }
+    /// is left is shrinking it, splitting it, or destroying it. Callable from any thread. Needs
+    /// [`crate::Capability::Revoke`] (the process group aborts a communicator of a device without it instead).
+    fn revoke(&self, reason: &str) -> Result<()>;
 
     /// Whether [`Communicator::revoke`] (or a shrink with [`crate::ShrinkMode::Abort`]) was called.
-    fn is_revoked(&self) -> bool {
-        false
-    }
+    fn is_revoked(&self) -> bool;
 
     /// Whether a non-blocking init has finished (always true for a blocking one).
-    fn is_ready(&self) -> Result<bool> {
-        Ok(true)
-    }
+    fn is_ready(&self) -> Result<bool>;
 
     /// The communicator's asynchronous error state (NCCL's `ncclCommGetAsyncError`): `Ok` when healthy.
     ///
@@ -658,7 +576,11 @@ pub trait Communicator: Send + Sync + Debug + 'static {
     fn is_finalized(&self) -> bool;
 }
 
-/// The error of a primitive `B` does not implement: `what` on the `B` backend.
-fn unsupported_on<B: Backend>(what: &str) -> crate::Error {
-    crate::Error::unsupported(format!("{what} on the {} backend", B::NAME))
+/// `Ok` when `device` declares `capability`, else the refusal of `call` that names it, the backend and the device's
+/// versions ([`crate::Capabilities::refusal_with`]): what pg-core asks before a call that needs a capability.
+pub(crate) fn require<D: Device>(device: &D, capability: crate::Capability, call: &str) -> Result<()> {
+    match device.capabilities().has(capability) {
+        true => Ok(()),
+        false => Err(crate::Capabilities::refusal_with(<D::B as Backend>::NAME, capability, call, &device.versions())),
+    }
 }

@@ -3,12 +3,17 @@
 //! The crate has two halves.
 //! The [`Backend`] trait and its concept traits ([`Device`], [`Stream`], [`Event`], [`Buffer`],
 //! [`Communicator`]) are what a backend supplies: streams, events, memory and a communicator, nothing more.
+//! A backend declares its optional features up front ([`Device::capabilities`], [`Capabilities`]); a call that
+//! needs one it lacks is refused by name before anything runs. The argument rules of every op are [`args`], which
+//! the process group and the backends check alike.
 //! The process group, its communicator cache, Work, Future, the watchdog and the flight recorder are written once here,
 //! generic over the backend, and run unchanged on the simulated backend (`pg-mock`) and on NCCL (`pg-nccl`).
 #![forbid(unsafe_code)]
 
+pub mod args;
 mod backend;
 mod cache;
+mod capabilities;
 mod chunk_check;
 mod completion;
 mod desync;
@@ -50,6 +55,7 @@ mod work;
 
 pub use backend::{Backend, Buffer, CaptureMode, Communicator, Device, Event, Graph, Stream};
 pub use cache::CommKey;
+pub use capabilities::{Capabilities, Capability};
 pub use desync::{DesyncReport, RankPosition, RankTrace};
 #[cfg(feature = "testing")]
 pub use enqueue_timing::{enqueue_step_totals, EnqueueStep};

@@ -7,8 +7,9 @@
 //! ([`crate::Options::check_chunk_sizes`], `chunk_check.rs`); otherwise it is the backend's mismatch, which
 //! hangs a rank until the watchdog's `WorkTimeout`.
 
+use crate::args;
 use crate::process_group::{Bufs, OpSpec};
-use crate::{Backend, Buffer, Communicator, DType, Device, Error, OpType, ProcessGroup, ReduceOp, Result, WorkHandle};
+use crate::{Backend, Buffer, Communicator, Error, OpType, ProcessGroup, ReduceOp, Result, WorkHandle};
 
 /// Whether a point-to-point op of a batch sends or receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,27 +64,27 @@ pub struct Coalescer<'g, B: Backend> {
 impl<B: Backend> Coalescer<'_, B> {
     /// Records an all-reduce of `buffer` in place (see [`ProcessGroup::all_reduce`]).
     pub fn all_reduce(&mut self, buffer: &B::Buffer, op: ReduceOp) -> Result<()> {
-        self.group.check_device("all_reduce", buffer)?;
+        self.group.check_devices("all_reduce", &[buffer])?;
         op.check(buffer.dtype())?;
-        no_pre_mul_sum("coalesced all_reduce", op)?;
+        args::no_pre_mul_sum("coalesced all_reduce", op)?;
         self.ops.push(Coalesced::AllReduce(buffer.clone(), op));
         Ok(())
     }
 
     /// Records a broadcast of `root`'s `buffer` (see [`ProcessGroup::broadcast`]).
     pub fn broadcast(&mut self, buffer: &B::Buffer, root: usize) -> Result<()> {
-        self.group.check_device("broadcast", buffer)?;
-        self.group.check_root("broadcast", root)?;
+        self.group.check_devices("broadcast", &[buffer])?;
+        args::rank_in_range("broadcast", "root", root, self.group.size())?;
         self.ops.push(Coalesced::Broadcast(buffer.clone(), root));
         Ok(())
     }
 
     /// Records a reduce into `root`'s `buffer` (see [`ProcessGroup::reduce`]).
     pub fn reduce(&mut self, buffer: &B::Buffer, root: usize, op: ReduceOp) -> Result<()> {
-        self.group.check_device("reduce", buffer)?;
-        self.group.check_root("reduce", root)?;
+        self.group.check_devices("reduce", &[buffer])?;
+        args::rank_in_range("reduce", "root", root, self.group.size())?;
         op.check(buffer.dtype())?;
-        no_pre_mul_sum("coalesced reduce", op)?;
+        args::no_pre_mul_sum("coalesced reduce", op)?;
         self.ops.push(Coalesced::Reduce(buffer.clone(), root, op));
         Ok(())
     }
@@ -99,7 +100,7 @@ impl<B: Backend> Coalescer<'_, B> {
     pub fn reduce_scatter(&mut self, input: &B::Buffer, output: &B::Buffer, op: ReduceOp) -> Result<()> {
         self.group.check_scaled("reduce_scatter", input, output, (1, self.group.size()))?;
         op.check(input.dtype())?;
-        no_pre_mul_sum("coalesced reduce_scatter", op)?;
+        args::no_pre_mul_sum("coalesced reduce_scatter", op)?;
         self.ops.push(Coalesced::ReduceScatter(input.clone(), output.clone(), op));
         Ok(())
     }
@@ -109,10 +110,10 @@ impl<B: Backend> ProcessGroup<B> {
     /// Reduces every rank's `buffer` into `root`'s `buffer` (torch's `dist.reduce`); the other ranks' buffers
     /// are left as they were.
     pub fn reduce(&self, buffer: &B::Buffer, root: usize, op: ReduceOp) -> Result<WorkHandle<B>> {
-        self.check_device("reduce", buffer)?;
-        self.check_root("reduce", root)?;
+        self.check_devices("reduce", &[buffer])?;
+        args::rank_in_range("reduce", "root", root, self.size())?;
         op.check(buffer.dtype())?;
-        no_pre_mul_sum("reduce", op)?;
+        args::no_pre_mul_sum("reduce", op)?;
         let spec = OpSpec { in_place: true, ..OpSpec::lists(OpType::Reduce, Bufs::One(buffer), Bufs::One(buffer)) };
         self.run(spec, |comm, stream| comm.reduce(buffer, buffer, root, op, stream))
     }
@@ -120,8 +121,8 @@ impl<B: Backend> ProcessGroup<B> {
     /// Gathers every rank's `input` into `root`'s `outputs` (torch's `dist.gather`; `outputs` is its
     /// `gather_list`): on the root one buffer per rank, each of `input`'s size and dtype; elsewhere empty.
     pub fn gather(&self, input: &B::Buffer, outputs: &[B::Buffer], root: usize) -> Result<WorkHandle<B>> {
-        self.check_device("gather", input)?;
-        self.check_root("gather", root)?;
+        self.check_devices("gather", &[input])?;
+        args::rank_in_range("gather", "root", root, self.size())?;
         self.check_root_list("gather", "outputs", outputs, root, input)?;
         let spec = OpSpec::lists(OpType::Gather, Bufs::One(input), Bufs::List(outputs));
         self.run(spec, |comm, stream| comm.gather(input, outputs, root, stream))
@@ -130,8 +131,8 @@ impl<B: Backend> ProcessGroup<B> {
     /// Scatters `root`'s `inputs[i]` into rank `i`'s `output` (torch's `dist.scatter`; `inputs` is its
     /// `scatter_list`): on the root one buffer per rank, each of `output`'s size and dtype; elsewhere empty.
     pub fn scatter(&self, output: &B::Buffer, inputs: &[B::Buffer], root: usize) -> Result<WorkHandle<B>> {
-        self.check_device("scatter", output)?;
-        self.check_root("scatter", root)?;
+        self.check_devices("scatter", &[output])?;
+        args::rank_in_range("scatter", "root", root, self.size())?;
         self.check_root_list("scatter", "inputs", inputs, root, output)?;
         let spec = OpSpec::lists(OpType::Scatter, Bufs::List(inputs), Bufs::One(output));
         self.run(spec, |comm, stream| comm.scatter(inputs, output, root, stream))
@@ -150,10 +151,11 @@ impl<B: Backend> ProcessGroup<B> {
     ) -> Result<WorkHandle<B>> {
         const WHAT: &str = "all_to_all_single";
         let (input_splits, output_splits) = self.checked_sizes(WHAT, || {
-            self.check_device(WHAT, input)?;
-            self.check_device(WHAT, output)?;
-            check_dtype(WHAT, input.dtype(), output.dtype())?;
-            Ok((self.splits(WHAT, "input", input, input_splits)?, self.splits(WHAT, "output", output, output_splits)?))
+            self.check_devices(WHAT, &[input, output])?;
+            args::same_dtype(WHAT, input.dtype(), output.dtype())?;
+            let size = self.size();
+            let input_splits = args::splits(WHAT, "input", input.numel(), input_splits, size)?;
+            Ok((input_splits, args::splits(WHAT, "output", output.numel(), output_splits, size)?))
         })?;
         let spec = OpSpec::lists(OpType::AllToAllBase, Bufs::One(input), Bufs::One(output));
         self.run(spec, |comm, stream| comm.all_to_all_single(input, output, &input_splits, &output_splits, stream))
@@ -166,10 +168,7 @@ impl<B: Backend> ProcessGroup<B> {
         self.checked_sizes(WHAT, || {
             self.check_list(WHAT, "inputs", inputs)?;
             self.check_list(WHAT, "outputs", outputs)?;
-            let dtype = inputs[0].dtype();
-            for buffer in inputs.iter().chain(outputs) {
-                check_dtype(WHAT, dtype, buffer.dtype())?;
-            }
+            args::uniform_dtype(WHAT, inputs[0].dtype(), inputs.iter().chain(outputs))?;
             let rank = self.rank();
             if inputs[rank].numel() != outputs[rank].numel() {
                 return Err(Error::invalid(format!(
@@ -189,12 +188,10 @@ impl<B: Backend> ProcessGroup<B> {
     pub fn all_gather_into(&self, outputs: &[B::Buffer], input: &B::Buffer) -> Result<WorkHandle<B>> {
         const WHAT: &str = "all_gather_into";
         self.checked_sizes(WHAT, || {
-            self.check_device(WHAT, input)?;
+            self.check_devices(WHAT, &[input])?;
             self.check_list(WHAT, "outputs", outputs)?;
-            for buffer in outputs {
-                check_dtype(WHAT, input.dtype(), buffer.dtype())?;
-            }
-            self.check_own_chunk(WHAT, "outputs", &outputs[self.rank()], input)?;
+            args::uniform_dtype(WHAT, input.dtype(), outputs)?;
+            args::own_chunk(WHAT, "outputs", self.rank(), &outputs[self.rank()], input)?;
             Ok((vec![input.numel(); self.size()], sizes(outputs)))
         })?;
         let spec = OpSpec::lists(OpType::AllGather, Bufs::One(input), Bufs::List(outputs));
@@ -206,14 +203,12 @@ impl<B: Backend> ProcessGroup<B> {
     pub fn reduce_scatter_from(&self, output: &B::Buffer, inputs: &[B::Buffer], op: ReduceOp) -> Result<WorkHandle<B>> {
         const WHAT: &str = "reduce_scatter_from";
         self.checked_sizes(WHAT, || {
-            self.check_device(WHAT, output)?;
+            self.check_devices(WHAT, &[output])?;
             self.check_list(WHAT, "inputs", inputs)?;
-            for buffer in inputs {
-                check_dtype(WHAT, output.dtype(), buffer.dtype())?;
-            }
+            args::uniform_dtype(WHAT, output.dtype(), inputs)?;
             op.check(output.dtype())?;
-            no_pre_mul_sum(WHAT, op)?;
-            self.check_own_chunk(WHAT, "inputs", &inputs[self.rank()], output)?;
+            args::no_pre_mul_sum(WHAT, op)?;
+            args::own_chunk(WHAT, "inputs", self.rank(), &inputs[self.rank()], output)?;
             Ok((sizes(inputs), vec![output.numel(); self.size()]))
         })?;
         let spec = OpSpec::lists(OpType::ReduceScatter, Bufs::List(inputs), Bufs::One(output));
@@ -233,20 +228,8 @@ impl<B: Backend> ProcessGroup<B> {
         }
         let rank = self.rank();
         for op in ops {
-            self.check_device(WHAT, &op.buffer)?;
-            if op.peer >= self.size() {
-                return Err(Error::invalid(format!(
-                    "{WHAT}: peer {} is out of range for a group of size {}",
-                    op.peer,
-                    self.size()
-                )));
-            }
-            if op.peer == rank {
-                return Err(Error::invalid(format!(
-                    "{WHAT}: a {:?} to itself (rank {rank}) is not supported",
-                    op.kind
-                )));
-            }
+            self.check_devices(WHAT, &[&op.buffer])?;
+            args::peer(WHAT, op.peer, rank, self.size())?;
         }
         let mut order: Vec<&P2POp<B>> = ops.iter().collect();
         // Messages from the lower rank of a pair first: both ranks of a pair then list its messages alike.
@@ -304,39 +287,14 @@ impl<B: Backend> ProcessGroup<B> {
 
     // ===== checks =====
 
-    fn check_device(&self, what: &str, buffer: &B::Buffer) -> Result<()> {
-        let device = self.device().index();
-        if buffer.device_index() != device {
-            return Err(Error::invalid(format!(
-                "{what}: a buffer is on device {} but this rank's group runs on device {device}",
-                buffer.device_index()
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_root(&self, what: &str, root: usize) -> Result<()> {
-        match root < self.size() {
-            true => Ok(()),
-            false => {
-                Err(Error::invalid(format!("{what}: root {root} is out of range for a group of size {}", self.size())))
-            }
-        }
-    }
-
     /// A list with one buffer per rank, each on this rank's device.
     fn check_list(&self, what: &str, which: &str, list: &[B::Buffer]) -> Result<()> {
-        if list.len() != self.size() {
-            return Err(Error::invalid(format!(
-                "{what}: {which} has {} buffers, but the group has {} ranks (one per rank)",
-                list.len(),
-                self.size()
-            )));
-        }
-        list.iter().try_for_each(|buffer| self.check_device(what, buffer))
+        args::per_rank(what, which, list.len(), self.size())?;
+        list.iter().try_for_each(|buffer| self.check_devices(what, &[buffer]))
     }
 
-    /// Gather's outputs or scatter's inputs: one buffer per rank like `like` on the root, none elsewhere.
+    /// Gather's outputs or scatter's inputs: one buffer per rank like `like` on the root, none elsewhere; each on
+    /// this rank's device.
     fn check_root_list(
         &self,
         what: &str,
@@ -345,94 +303,14 @@ impl<B: Backend> ProcessGroup<B> {
         root: usize,
         like: &B::Buffer,
     ) -> Result<()> {
-        if self.rank() != root {
-            if !list.is_empty() {
-                return Err(Error::invalid(format!(
-                    "{what}: {which} must be empty on a rank that is not the root (rank {} of root {root} was given \
-                     {} buffers)",
-                    self.rank(),
-                    list.len()
-                )));
-            }
-            return Ok(());
-        }
-        self.check_list(what, which, list)?;
-        for (i, buffer) in list.iter().enumerate() {
-            check_dtype(what, like.dtype(), buffer.dtype())?;
-            if buffer.numel() != like.numel() {
-                return Err(Error::invalid(format!(
-                    "{what}: {which}[{i}] has {} elements, but every one must have {} (this rank's buffer)",
-                    buffer.numel(),
-                    like.numel()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// The chunk of a list that this rank exchanges with itself must match its own buffer.
-    fn check_own_chunk(&self, what: &str, which: &str, chunk: &B::Buffer, own: &B::Buffer) -> Result<()> {
-        if chunk.numel() != own.numel() {
-            let rank = self.rank();
-            return Err(Error::invalid(format!(
-                "{what}: {which}[{rank}] has {} elements, but this rank's (rank {rank}) own buffer has {}",
-                chunk.numel(),
-                own.numel()
-            )));
-        }
-        Ok(())
+        args::root_list(what, which, list, (root, self.rank(), self.size()), like)?;
+        list.iter().try_for_each(|buffer| self.check_devices(what, &[buffer]))
     }
 
     /// Two buffers of one dtype on this device whose sizes relate as `output * inp == input * out`.
-    fn check_scaled(
-        &self,
-        what: &str,
-        input: &B::Buffer,
-        output: &B::Buffer,
-        (out, inp): (usize, usize),
-    ) -> Result<()> {
-        self.check_device(what, input)?;
-        self.check_device(what, output)?;
-        check_dtype(what, input.dtype(), output.dtype())?;
-        let fits = input.numel().checked_mul(out) == output.numel().checked_mul(inp);
-        if !fits {
-            return Err(Error::invalid(format!(
-                "{what}: sizes do not fit a group of {} ranks (input {} elements, output {} elements)",
-                self.size(),
-                input.numel(),
-                output.numel()
-            )));
-        }
-        Ok(())
-    }
-
-    /// Checked splits, one per rank, summing to `buffer`'s length; equal chunks for `None`.
-    fn splits(&self, what: &str, which: &str, buffer: &B::Buffer, splits: Option<&[usize]>) -> Result<Vec<usize>> {
-        let size = self.size();
-        let Some(splits) = splits else {
-            if buffer.numel() % size != 0 {
-                return Err(Error::invalid(format!(
-                    "{what}: the {which} of {} elements does not split into {size} equal chunks (give {which}_splits)",
-                    buffer.numel()
-                )));
-            }
-            return Ok(vec![buffer.numel() / size; size]);
-        };
-        if splits.len() != size {
-            return Err(Error::invalid(format!(
-                "{what}: {which}_splits has {} entries, but the group has {size} ranks (one per rank)",
-                splits.len()
-            )));
-        }
-        let sum = splits.iter().try_fold(0usize, |sum, &s| sum.checked_add(s));
-        if sum != Some(buffer.numel()) {
-            let sum = sum.map_or_else(|| "more than the address space".to_owned(), |s| s.to_string());
-            return Err(Error::invalid(format!(
-                "{what}: {which}_splits {splits:?} sum to {sum} elements, but the {which} has {}",
-                buffer.numel()
-            )));
-        }
-        Ok(splits.to_vec())
+    fn check_scaled(&self, what: &str, input: &B::Buffer, output: &B::Buffer, factors: (usize, usize)) -> Result<()> {
+        self.check_devices(what, &[input, output])?;
+        args::scaled(what, input, output, factors, self.size())
     }
 }
 
@@ -442,24 +320,6 @@ fn grouped<C: Communicator>(comm: &C, body: impl FnOnce() -> Result<()>) -> Resu
     let result = body();
     let ended = comm.group_end();
     result.and(ended)
-}
-
-fn check_dtype(what: &str, expected: DType, found: DType) -> Result<()> {
-    match expected == found {
-        true => Ok(()),
-        false => Err(Error::invalid(format!("{what}: the buffers mix dtypes {expected} and {found}"))),
-    }
-}
-
-/// Refuses `PREMUL_SUM` on the ops that do not carry its factor yet (only all_reduce and reduce_scatter do), so
-/// that a factor is never silently dropped.
-fn no_pre_mul_sum(what: &str, op: ReduceOp) -> Result<()> {
-    match op {
-        ReduceOp::PreMulSum(_) => Err(crate::Error::invalid(format!(
-            "{what} with PREMUL_SUM: only all_reduce and reduce_scatter take a PREMUL_SUM factor"
-        ))),
-        _ => Ok(()),
-    }
 }
 
 /// The element count of each buffer of a list.

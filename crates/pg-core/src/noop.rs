@@ -2,8 +2,8 @@
 //! process group on it costs exactly pg-core's own bookkeeping. For host benchmarks, for checks of the enqueue
 //! path (what it allocates, which locks it takes), and for documentation examples that need no device.
 //!
-//! Buffers carry only their dtype and length; a communicator implements `all_reduce` (and, through the trait's
-//! defaults, refuses what it does not). Its clock is the host's; its host threads sleep for real, woken without a
+//! Buffers carry only their dtype and length; a communicator implements `all_reduce` and refuses the rest, and the
+//! device declares no optional capability. Its clock is the host's; its host threads sleep for real, woken without a
 //! lock.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::{CommConfig, DType, Error, ReduceOp, Result, UniqueId};
+use crate::{Capabilities, Capability, CommConfig, DType, Error, ReduceOp, Result, UniqueId};
 
-/// The no-op backend: every primitive succeeds at once and does nothing.
+/// The no-op backend: every primitive succeeds at once and does nothing; it declares no optional capability
+/// (no split, shrink, grow, revoke, capture, device `PREMUL_SUM`, timing events or host callbacks).
 #[derive(Debug)]
 pub struct Noop;
 
@@ -103,6 +104,12 @@ impl crate::Device for NoopDevice {
     fn create_event(&self) -> NoopEvent {
         NoopEvent::default()
     }
+    fn create_timing_event(&self) -> Result<NoopEvent> {
+        Err(refused(Capability::TimingEvents, "create_timing_event"))
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+    }
     fn synchronize(&self) -> Result<()> {
         self.poison().check()
     }
@@ -135,8 +142,17 @@ impl crate::Device for NoopDevice {
     fn create_communicator(&self, _id: &UniqueId, size: usize, rank: usize, _config: &CommConfig) -> Result<NoopComm> {
         Ok(NoopComm(rank, size))
     }
+    fn join_grown(&self, _id: &UniqueId, _size: usize, _rank: usize, _config: &CommConfig) -> Result<NoopComm> {
+        Err(refused(Capability::Grow, "join_grown"))
+    }
     fn now(&self) -> Duration {
         self.shared.epoch.elapsed()
+    }
+    fn wall_clock(&self) -> Duration {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
+    }
+    fn versions(&self) -> Vec<(String, String)> {
+        Vec::new()
     }
     fn sleep(&self, duration: Duration, interrupt: &AtomicBool) {
         // Real time: only the group's host threads sleep here. A sleeper leaves its handle for
@@ -182,6 +198,25 @@ impl crate::Stream for NoopStream {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        drop(callback);
+        Err(refused(Capability::HostCallbacks, "launch_host_fn"))
+    }
+    fn is_capturing(&self) -> Result<bool> {
+        Ok(false)
+    }
+    fn begin_capture(&self, _mode: crate::CaptureMode) -> Result<()> {
+        Err(refused(Capability::Capture, "begin_capture"))
+    }
+    fn end_capture(&self) -> Result<NoopGraph> {
+        Err(refused(Capability::Capture, "end_capture"))
+    }
+    fn capture_keep_alive(&self, _buffer: &NoopBuffer) -> Result<()> {
+        Err(refused(Capability::Capture, "capture_keep_alive"))
+    }
+    fn capture_keep_communicator(&self, _comm: &Arc<NoopComm>) -> Result<()> {
+        Err(refused(Capability::Capture, "capture_keep_communicator"))
+    }
 }
 
 impl crate::Event for NoopEvent {
@@ -198,6 +233,9 @@ impl crate::Event for NoopEvent {
     }
     fn is_created(&self) -> bool {
         self.0.load(Ordering::Relaxed)
+    }
+    fn nanos_since(&self, _start: &Self) -> Result<Option<i64>> {
+        Err(refused(Capability::TimingEvents, "nanos_since"))
     }
 }
 
@@ -225,6 +263,88 @@ impl crate::Communicator for NoopComm {
     fn all_reduce(&self, _i: &NoopBuffer, _o: &NoopBuffer, _op: ReduceOp, _s: &NoopStream) -> Result<()> {
         Ok(())
     }
+    fn all_reduce_pre_mul_sum(&self, _i: &NoopBuffer, _o: &NoopBuffer, _f: &NoopBuffer, _s: &NoopStream) -> Result<()> {
+        Err(refused(Capability::DevicePreMulSum, "all_reduce_pre_mul_sum"))
+    }
+    fn broadcast(&self, _i: &NoopBuffer, _o: &NoopBuffer, _root: usize, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn all_gather(&self, _i: &NoopBuffer, _o: &NoopBuffer, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn reduce_scatter(&self, _i: &NoopBuffer, _o: &NoopBuffer, _op: ReduceOp, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn reduce_scatter_pre_mul_sum(
+        &self,
+        _i: &NoopBuffer,
+        _o: &NoopBuffer,
+        _f: &NoopBuffer,
+        _s: &NoopStream,
+    ) -> Result<()> {
+        Err(refused(Capability::DevicePreMulSum, "reduce_scatter_pre_mul_sum"))
+    }
+    fn send(&self, _b: &NoopBuffer, _peer: usize, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn recv(&self, _b: &NoopBuffer, _peer: usize, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn reduce(&self, _i: &NoopBuffer, _o: &NoopBuffer, _root: usize, _op: ReduceOp, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn gather(&self, _i: &NoopBuffer, _o: &[NoopBuffer], _root: usize, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn scatter(&self, _i: &[NoopBuffer], _o: &NoopBuffer, _root: usize, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn all_to_all_single(
+        &self,
+        _i: &NoopBuffer,
+        _o: &NoopBuffer,
+        _input_splits: &[usize],
+        _output_splits: &[usize],
+        _s: &NoopStream,
+    ) -> Result<()> {
+        Ok(())
+    }
+    fn all_to_all(&self, _i: &[NoopBuffer], _o: &[NoopBuffer], _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn all_gather_v(&self, _i: &NoopBuffer, _o: &[NoopBuffer], _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn reduce_scatter_v(&self, _i: &[NoopBuffer], _o: &NoopBuffer, _op: ReduceOp, _s: &NoopStream) -> Result<()> {
+        Ok(())
+    }
+    fn group_start(&self) -> Result<()> {
+        Ok(())
+    }
+    fn group_end(&self) -> Result<()> {
+        Ok(())
+    }
+    fn split(&self, _color: Option<u32>, _key: usize, _config: &CommConfig) -> Result<Option<NoopComm>> {
+        Err(refused(Capability::Split, "split"))
+    }
+    fn shrink(&self, _excluded: &[usize], _mode: crate::ShrinkMode, _config: &CommConfig) -> Result<NoopComm> {
+        Err(refused(Capability::Shrink, "shrink"))
+    }
+    fn grow_unique_id(&self) -> Result<UniqueId> {
+        Err(refused(Capability::Grow, "grow_unique_id"))
+    }
+    fn grow(&self, _added: usize, _id: Option<&UniqueId>, _config: &CommConfig) -> Result<NoopComm> {
+        Err(refused(Capability::Grow, "grow"))
+    }
+    fn revoke(&self, _reason: &str) -> Result<()> {
+        Err(refused(Capability::Revoke, "revoke"))
+    }
+    fn is_revoked(&self) -> bool {
+        false
+    }
+    fn is_ready(&self) -> Result<bool> {
+        Ok(true)
+    }
     fn async_error(&self) -> Result<()> {
         Ok(())
     }
@@ -240,4 +360,9 @@ impl crate::Communicator for NoopComm {
     fn is_finalized(&self) -> bool {
         false
     }
+}
+
+/// The refusal of `call`, which needs `capability` that the no-op backend declares absent.
+fn refused(capability: Capability, call: &str) -> crate::Error {
+    Capabilities::refusal(<Noop as crate::Backend>::NAME, capability, call)
 }

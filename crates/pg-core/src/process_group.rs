@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use pg_store::Store;
 
+use crate::args;
 use crate::cache::{CommCache, CommEntry, CommShared};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
@@ -20,8 +21,8 @@ use crate::status::{ErrorType, GroupStatus};
 use crate::tally::Counters;
 use crate::work::WorkState;
 use crate::{
-    Backend, Buffer, CommConfig, CommKey, Communicator, DType, Device, Error, Event, OpType, Options, ReduceOp, Result,
-    Stream, UniqueId, WorkHandle,
+    Backend, Buffer, Capabilities, Capability, CommConfig, CommKey, Communicator, DType, Device, Error, Event, OpType,
+    Options, ReduceOp, Result, Stream, UniqueId, WorkHandle,
 };
 
 /// Process-wide counter of groups: PyTorch's "PG ID".
@@ -204,6 +205,9 @@ impl<B: Backend> ProcessGroup<B> {
         }
         if rank >= size {
             return Err(Error::invalid(format!("rank {rank} is out of range for a group of size {size}")));
+        }
+        if options.trace_dir.is_some() {
+            crate::backend::require(&device, Capability::TimingEvents, "a traced group (Options::trace_dir)")?;
         }
         // Groups are told apart by creation order on each rank: the n-th group this rank creates on a store is
         // instance n, on every rank. The unique-id exchange checks it, so that two groups sharing one store
@@ -398,6 +402,12 @@ impl<B: Backend> ProcessGroup<B> {
         self.lock_cache().counter
     }
 
+    /// The optional features of the group's backend ([`Device::capabilities`]): a call that needs one the
+    /// backend lacks is refused by name ([`Error::Unsupported`]) before any store traffic or device work.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.device.capabilities()
+    }
+
     /// The first fatal error of the group, if any.
     pub fn error(&self) -> Option<Error> {
         self.inner.error()
@@ -407,7 +417,7 @@ impl<B: Backend> ProcessGroup<B> {
 
     /// All-reduce `buffer` in place across the group.
     pub fn all_reduce(&self, buffer: &B::Buffer, op: ReduceOp) -> Result<WorkHandle<B>> {
-        self.check_buffer("all_reduce", buffer)?;
+        self.check_devices("all_reduce", &[buffer])?;
         op.check(buffer.dtype())?;
         let spec = self.in_place_spec(OpType::AllReduce, buffer);
         self.run(spec, |comm, stream| comm.all_reduce(buffer, buffer, op, stream))
@@ -423,8 +433,9 @@ impl<B: Backend> ProcessGroup<B> {
     /// `all_reduce(t, op=_make_nccl_premul_sum(factor_tensor))`). The host-factor form is
     /// `all_reduce(buffer, ReduceOp::PreMulSum(factor))`.
     pub fn all_reduce_pre_mul_sum(&self, buffer: &B::Buffer, scalar: &B::Buffer) -> Result<WorkHandle<B>> {
-        self.check_buffer("all_reduce", buffer)?;
-        self.check_pre_mul_sum_factor("all_reduce", buffer, scalar)?;
+        crate::backend::require(self.device(), Capability::DevicePreMulSum, "all_reduce_pre_mul_sum")?;
+        self.check_devices("all_reduce", &[buffer])?;
+        args::pre_mul_sum_factor("all_reduce", buffer, scalar)?;
         let device = self.inner.device.clone();
         let spec = self.in_place_spec(OpType::AllReduce, buffer);
         self.run(spec, |comm, stream| {
@@ -442,9 +453,10 @@ impl<B: Backend> ProcessGroup<B> {
         output: &B::Buffer,
         scalar: &B::Buffer,
     ) -> Result<WorkHandle<B>> {
-        let scattered = self.times_size("reduce_scatter", "output", output)?;
-        self.check_pair("reduce_scatter", input, output, input.numel(), scattered)?;
-        self.check_pre_mul_sum_factor("reduce_scatter", input, scalar)?;
+        crate::backend::require(self.device(), Capability::DevicePreMulSum, "reduce_scatter_pre_mul_sum")?;
+        self.check_devices("reduce_scatter", &[input, output])?;
+        args::scaled("reduce_scatter", input, output, (1, self.size()), self.size())?;
+        args::pre_mul_sum_factor("reduce_scatter", input, scalar)?;
         let device = self.inner.device.clone();
         let spec = self.spec(OpType::ReduceScatterBase, input, output);
         self.run(spec, |comm, stream| {
@@ -453,61 +465,55 @@ impl<B: Backend> ProcessGroup<B> {
         })
     }
 
-    /// Checks that `scalar` can be the `PREMUL_SUM` factor of an op on `input`: one element of its dtype (f16,
-    /// bf16, f32 or f64) on its device.
-    fn check_pre_mul_sum_factor(&self, what: &str, input: &B::Buffer, scalar: &B::Buffer) -> Result<()> {
-        ReduceOp::check_pre_mul_sum(input.dtype())?;
-        if scalar.numel() != 1 || scalar.dtype() != input.dtype() || scalar.device_index() != input.device_index() {
-            return Err(Error::invalid(format!(
-                "{what}: a PREMUL_SUM factor is one element of the input's dtype {} on device {}; got {} of {} \
-                 on device {}",
-                input.dtype(),
-                input.device_index(),
-                scalar.numel(),
-                scalar.dtype(),
-                scalar.device_index()
-            )));
-        }
-        Ok(())
-    }
-
     /// Broadcasts `root`'s `buffer` into every rank's `buffer`.
     pub fn broadcast(&self, buffer: &B::Buffer, root: usize) -> Result<WorkHandle<B>> {
-        self.check_buffer("broadcast", buffer)?;
-        self.check_rank("broadcast root", root)?;
+        self.check_devices("broadcast", &[buffer])?;
+        args::rank_in_range("broadcast", "root", root, self.size())?;
         let spec = self.in_place_spec(OpType::Broadcast, buffer);
         self.run(spec, |comm, stream| comm.broadcast(buffer, buffer, root, stream))
     }
 
     /// Gathers every rank's `input` into `output` (size times larger), in rank order.
     pub fn all_gather(&self, input: &B::Buffer, output: &B::Buffer) -> Result<WorkHandle<B>> {
-        let gathered = self.times_size("all_gather", "input", input)?;
-        self.check_pair("all_gather", input, output, gathered, output.numel())?;
+        self.check_devices("all_gather", &[input, output])?;
+        args::scaled("all_gather", input, output, (self.size(), 1), self.size())?;
         let spec = self.spec(OpType::AllGatherBase, input, output);
         self.run(spec, |comm, stream| comm.all_gather(input, output, stream))
     }
 
     /// Reduces `input` (size times larger than `output`) across ranks and scatters the blocks.
     pub fn reduce_scatter(&self, input: &B::Buffer, output: &B::Buffer, op: ReduceOp) -> Result<WorkHandle<B>> {
-        let scattered = self.times_size("reduce_scatter", "output", output)?;
-        self.check_pair("reduce_scatter", input, output, input.numel(), scattered)?;
+        self.check_devices("reduce_scatter", &[input, output])?;
+        args::scaled("reduce_scatter", input, output, (1, self.size()), self.size())?;
         op.check(input.dtype())?;
         let spec = self.spec(OpType::ReduceScatterBase, input, output);
         self.run(spec, |comm, stream| comm.reduce_scatter(input, output, op, stream))
     }
 
+    /// [`ProcessGroup::all_gather`] under torch's name and argument order (`all_gather_into_tensor(output,
+    /// input)`): the same op, Work and flight-recorder entry.
+    pub fn all_gather_into_tensor(&self, output: &B::Buffer, input: &B::Buffer) -> Result<WorkHandle<B>> {
+        self.all_gather(input, output)
+    }
+
+    /// [`ProcessGroup::reduce_scatter`] under torch's name and argument order (`reduce_scatter_tensor(output,
+    /// input, op)`): the same op, Work and flight-recorder entry.
+    pub fn reduce_scatter_tensor(&self, output: &B::Buffer, input: &B::Buffer, op: ReduceOp) -> Result<WorkHandle<B>> {
+        self.reduce_scatter(input, output, op)
+    }
+
     /// Sends `buffer` to `peer` over a two-rank communicator keyed by the rank pair (S4, S6).
     pub fn send(&self, buffer: &B::Buffer, peer: usize) -> Result<WorkHandle<B>> {
-        self.check_buffer("send", buffer)?;
-        self.check_peer("send", peer)?;
+        self.check_devices("send", &[buffer])?;
+        args::peer("send", peer, self.rank(), self.size())?;
         let spec = self.p2p_spec(OpType::Send, buffer, peer);
         self.run(spec, |comm, stream| comm.send(buffer, 1 - comm.rank(), stream))
     }
 
     /// Receives into `buffer` from `peer` over a two-rank communicator keyed by the rank pair.
     pub fn recv(&self, buffer: &B::Buffer, peer: usize) -> Result<WorkHandle<B>> {
-        self.check_buffer("recv", buffer)?;
-        self.check_peer("recv", peer)?;
+        self.check_devices("recv", &[buffer])?;
+        args::peer("recv", peer, self.rank(), self.size())?;
         let spec = self.p2p_spec(OpType::Recv, buffer, peer);
         self.run(spec, |comm, stream| comm.recv(buffer, 1 - comm.rank(), stream))
     }
@@ -1140,64 +1146,10 @@ impl<B: Backend> ProcessGroup<B> {
         self.inner.check(Call::Op)
     }
 
-    fn check_buffer(&self, what: &str, buffer: &B::Buffer) -> Result<()> {
+    /// Every one of `buffers` is on this rank's device ([`args::on_device`]).
+    pub(crate) fn check_devices(&self, what: &str, buffers: &[&B::Buffer]) -> Result<()> {
         let device = self.inner.device.index();
-        if buffer.device_index() != device {
-            return Err(Error::invalid(format!(
-                "{what}: the buffer is on device {} but this rank's group runs on device {device}",
-                buffer.device_index()
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_pair(&self, what: &str, input: &B::Buffer, output: &B::Buffer, lhs: usize, rhs: usize) -> Result<()> {
-        self.check_buffer(what, input)?;
-        self.check_buffer(what, output)?;
-        if input.dtype() != output.dtype() {
-            return Err(Error::invalid(format!(
-                "{what}: input dtype {} differs from output dtype {}",
-                input.dtype(),
-                output.dtype()
-            )));
-        }
-        if lhs != rhs {
-            return Err(Error::invalid(format!(
-                "{what}: sizes do not fit a group of {} ranks (input {} elements, output {} elements)",
-                self.inner.size,
-                input.numel(),
-                output.numel()
-            )));
-        }
-        Ok(())
-    }
-
-    /// `buffer.numel()` times the group's size, or an error naming the overflow.
-    fn times_size(&self, what: &str, which: &str, buffer: &B::Buffer) -> Result<usize> {
-        buffer.numel().checked_mul(self.inner.size).ok_or_else(|| {
-            Error::invalid(format!(
-                "{what}: the {which} of {} elements times {} ranks overflows the address space",
-                buffer.numel(),
-                self.inner.size
-            ))
-        })
-    }
-
-    fn check_rank(&self, what: &str, rank: usize) -> Result<()> {
-        match rank < self.inner.size {
-            true => Ok(()),
-            false => {
-                Err(Error::invalid(format!("{what} {rank} is out of range for a group of size {}", self.inner.size)))
-            }
-        }
-    }
-
-    fn check_peer(&self, what: &str, peer: usize) -> Result<()> {
-        self.check_rank(&format!("{what} peer"), peer)?;
-        if peer == self.inner.rank {
-            return Err(Error::invalid(format!("{what} to itself (rank {peer}) is not supported")));
-        }
-        Ok(())
+        buffers.iter().try_for_each(|buffer| args::on_device(what, *buffer, device))
     }
 
     fn lock_cache(&self) -> MutexGuard<'_, CommCache<B>> {
@@ -1205,8 +1157,6 @@ impl<B: Backend> ProcessGroup<B> {
     }
 }
 
-/// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`; each holds the group
-/// weakly, with its own handles of the device and the signals.
 /// Keeps a device `PREMUL_SUM` factor's memory until `stream` has read it: `record_stream`, or under capture a
 /// handle the graph holds.
 fn guard_factor<B: Backend>(device: &B::Device, scalar: &B::Buffer, stream: &B::Stream) -> Result<()> {
@@ -1216,6 +1166,8 @@ fn guard_factor<B: Backend>(device: &B::Device, scalar: &B::Buffer, stream: &B::
     }
 }
 
+/// Starts the watchdog and, when monitoring is on, the heartbeat monitor of `group`; each holds the group
+/// weakly, with its own handles of the device and the signals.
 fn start_threads<B: Backend>(group: &Arc<Shared<B>>) -> Result<()> {
     let options = &group.options;
     if !options.enable_watchdog {

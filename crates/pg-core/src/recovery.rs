@@ -35,7 +35,7 @@
 //! size it asks for (`member/{rank}`, `joiner/{rank}`) and compares it with everyone's before any communicator is
 //! touched, so a rank that asks for another size makes every rank fail by name. Rank 0 chooses how the grown
 //! communicator is made and says so at `path` before it checks in: `grow` where its device grows communicators
-//! ([`crate::Device::grow_support`]): the group's communicator grown ([`crate::Communicator::grow`], NCCL's
+//! ([`crate::Capability::Grow`] in [`crate::Device::capabilities`]): the group's communicator grown ([`crate::Communicator::grow`], NCCL's
 //! `ncclCommGrow`) on the members and joined ([`crate::Device::join_grown`]) on the new ranks; else `rendezvous`
 //! (NCCL before 2.29): a new communicator of every rank, old and new, made by a rendezvous under `grow.{n}/` as a
 //! group's first op makes one. Either way the members keep their ranks and the new ones take the next.
@@ -232,13 +232,15 @@ impl<B: Backend> ProcessGroup<B> {
     ///
     /// Refused by name: an excluded list with this rank, a rank out of range or twice, or every rank
     /// ([`Error::InvalidArgument`]); a group shut down or aborted ([`Error::Aborted`]); a group already shrunk with
-    /// abort ([`Error::Revoked`]); a backend or NCCL without the call ([`Error::Unsupported`], naming the version).
+    /// abort ([`Error::Revoked`]); a backend without [`crate::Capability::Shrink`] ([`Error::Unsupported`], naming
+    /// it, before any store traffic).
     /// The new group's subgroups and meshes are made anew from it ([`crate::DeviceMesh::after_shrink`]).
     pub fn shrink(&self, excluded: &[usize], options: &ShrinkOptions) -> Result<ProcessGroup<B>> {
         let inner = Arc::clone(self.shared());
         let (rank, size) = (self.rank(), self.size());
         let aborting = options.mode == ShrinkMode::Abort;
         inner.check(if aborting { Call::ShrinkAbort } else { Call::Shrink })?;
+        crate::backend::require(self.device(), crate::Capability::Shrink, "shrink")?;
         let mut out = BTreeSet::new();
         for &gone in excluded {
             if gone >= size {
@@ -454,11 +456,11 @@ impl<B: Backend> ProcessGroup<B> {
         let root = self.root_store();
         let mut tickets: Vec<(String, String)> = Vec::new();
         if rank == 0 {
-            let path = match self.device().grow_support() {
-                Ok(()) => GrowPath::Grow,
-                Err(error) => {
-                    tracing::info!(target: "pg", group = %name, %error,
-                        "the grown communicator is made by a rendezvous of every rank, old and new");
+            let path = match self.capabilities().grow {
+                true => GrowPath::Grow,
+                false => {
+                    tracing::info!(target: "pg", group = %name, backend = B::NAME,
+                        "no grow capability: the grown communicator is made by a rendezvous of every rank, old and new");
                     GrowPath::Rendezvous
                 }
             };
@@ -683,11 +685,10 @@ fn grow_path<D: crate::Device>(store: &dyn Store, name: &str, device: &D) -> Res
     let value = store.get(GROW_PATH_KEY)?;
     let path = [GrowPath::Grow, GrowPath::Rendezvous].into_iter().find(|path| path.name().as_bytes() == value);
     match path {
-        Some(GrowPath::Grow) => device.grow_support().map(|()| GrowPath::Grow).map_err(|error| {
-            Error::Unsupported(format!(
-                "grow of group '{name}': rank 0 grows the communicator, and this rank cannot join such a grow: {error}"
-            ))
-        }),
+        Some(GrowPath::Grow) => {
+            let call = format!("grow of group '{name}' (rank 0 grows the communicator; this rank joins it)");
+            crate::backend::require(device, crate::Capability::Grow, &call).map(|()| GrowPath::Grow)
+        }
         Some(GrowPath::Rendezvous) => Ok(GrowPath::Rendezvous),
         None => Err(Error::invalid(format!(
             "grow of group '{name}': store key '{GROW_PATH_KEY}' holds '{}', not a grow's path: is another program \

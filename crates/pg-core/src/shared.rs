@@ -198,13 +198,15 @@ impl<B: Backend> Shared<B> {
     /// Revokes every communicator of the group not yet revoked or aborted (aborts it where the backend cannot
     /// revoke): the middle of a revoke.
     pub(crate) fn revoke_comms(&self, reason: &str) {
+        let can_revoke = self.device.capabilities().revoke;
+        if !can_revoke {
+            tracing::warn!(target: "pg", pg_id = self.local_id, backend = B::NAME,
+                "no revoke capability: aborting the communicators instead");
+        }
         for comm in self.all_comms().into_iter().filter(|comm| !comm.is_aborted() && !comm.is_revoked()) {
-            let revoked = match comm.revoke(reason) {
-                Err(Error::Unsupported(why)) => {
-                    tracing::warn!(target: "pg", pg_id = self.local_id, %why, "no revoke here: aborting instead");
-                    comm.abort(reason)
-                }
-                other => other,
+            let revoked = match can_revoke {
+                true => comm.revoke(reason),
+                false => comm.abort(reason),
             };
             if let Err(failure) = revoked {
                 tracing::warn!(target: "pg", pg_id = self.local_id, %failure, "revoking a communicator failed");

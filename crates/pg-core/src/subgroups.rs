@@ -195,7 +195,8 @@ impl<B: Backend> ProcessGroup<B> {
         options: &Options,
         deadline: Duration,
     ) -> Result<Option<B::Communicator>> {
-        let Some(parent) = self.live_collective() else {
+        // Without a split capability the subgroup rendezvouses for its communicator at its first op.
+        let Some(parent) = self.live_collective().filter(|_| self.capabilities().split) else {
             return Ok(None);
         };
         let timed_out = |what| self.subgroup_timeout(options, what);
@@ -214,7 +215,6 @@ impl<B: Backend> ProcessGroup<B> {
         };
         match parent.split(color, self.rank(), &config) {
             Ok(child) => Ok(child),
-            Err(Error::Unsupported(_)) => Ok(None),
             // The backend names the split by its description; the subgroup's key is its collective key.
             Err(Error::InitTimeout { what, .. }) => Err(timed_out(what)),
             Err(error) => Err(error),

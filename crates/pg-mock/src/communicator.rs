@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, Result, UniqueId};
+use pg_core::{args, Buffer as _, CommConfig, Error, ReduceOp, Result, UniqueId};
 
 use crate::buffer::{MockBuffer, WeakBuffer};
 use crate::clock::{ns, transfer, Cond, OpRef, ShrinkKey, Time, Wake};
@@ -672,61 +672,32 @@ impl MockCommunicator {
         if !Arc::ptr_eq(buffer.inner(), &self.inner) {
             return Err(Error::invalid(format!("{what}: the buffer belongs to another simulated world")));
         }
-        if buffer.device_index() != self.device {
-            return Err(Error::invalid(format!(
-                "{what}: buffer #{} is on device {}, but this communicator's rank is on device {}",
-                buffer.id(),
-                buffer.device_index(),
-                self.device
-            )));
-        }
-        Ok(())
+        args::on_device(what, buffer, self.device)
     }
 
-    fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
-        if peer >= self.size || peer == self.rank {
-            return Err(Error::invalid(format!(
-                "{what}: peer {peer} is not another rank of this communicator (rank {} of {})",
-                self.rank, self.size
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_root(&self, root: usize, what: &str) -> Result<()> {
-        if root >= self.size {
-            return Err(Error::invalid(format!(
-                "{what}: root {root} is not a rank of a communicator of {}",
-                self.size
-            )));
-        }
-        Ok(())
-    }
-
-    /// A list with one whole buffer per rank.
-    fn per_rank<'a>(&self, list: &'a [MockBuffer], what: &str) -> Result<Vec<(&'a MockBuffer, usize, usize)>> {
-        if list.len() != self.size {
-            return Err(Error::invalid(format!(
-                "{what}: {} buffers for a communicator of {} ranks",
-                list.len(),
-                self.size
-            )));
-        }
+    /// A list (`which`) with one whole buffer per rank.
+    fn per_rank<'a>(
+        &self,
+        list: &'a [MockBuffer],
+        what: &str,
+        which: &str,
+    ) -> Result<Vec<(&'a MockBuffer, usize, usize)>> {
+        args::per_rank(what, which, list.len(), self.size)?;
         Ok(list.iter().map(whole).collect())
     }
 
-    /// Gather's outputs or scatter's inputs: one whole buffer per rank on the root, none elsewhere.
+    /// Gather's outputs or scatter's inputs (`which`): one whole buffer per rank like `like` on the root, none
+    /// elsewhere.
     fn root_list<'a>(
         &self,
         list: &'a [MockBuffer],
         root: usize,
-        what: &str,
+        (what, which): (&str, &str),
+        like: &MockBuffer,
     ) -> Result<Vec<(&'a MockBuffer, usize, usize)>> {
-        match self.rank == root {
-            true => self.per_rank(list, what),
-            false if list.is_empty() => Ok(Vec::new()),
-            false => Err(Error::invalid(format!("{what}: rank {} is not the root and takes no list", self.rank))),
-        }
+        args::rank_in_range(what, "root", root, self.size)?;
+        args::root_list(what, which, list, (root, self.rank, self.size), like)?;
+        Ok(list.iter().map(whole).collect())
     }
 
     /// Enqueues this rank's part of an operation on one input and one output buffer; `modes` says whether the
@@ -803,21 +774,8 @@ impl MockCommunicator {
         for (list, mode) in [(inputs, Mode::Read), (outputs, Mode::Write)] {
             for &(buffer, offset, numel) in list {
                 self.check_buffer(buffer, name)?;
-                if buffer.dtype() != dtype {
-                    return Err(Error::invalid(format!(
-                        "{name}: buffer #{} has dtype {}, but the op runs on {dtype}",
-                        buffer.id(),
-                        buffer.dtype()
-                    )));
-                }
-                if offset.checked_add(numel).is_none_or(|end| end > buffer.numel()) {
-                    return Err(Error::invalid(format!(
-                        "{name}: elements {offset}..{} are outside buffer #{} of {} elements",
-                        offset.saturating_add(numel),
-                        buffer.id(),
-                        buffer.numel()
-                    )));
-                }
+                args::same_dtype(name, dtype, buffer.dtype())?;
+                args::chunk_inside(name, offset, numel, buffer.numel())?;
                 accesses.push((buffer, mode));
             }
         }
@@ -1023,7 +981,7 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn all_reduce(&self, input: &MockBuffer, output: &MockBuffer, op: ReduceOp, stream: &MockStream) -> Result<()> {
-        same_shape("all_reduce", input, output, 1, 1)?;
+        args::scaled("all_reduce", input, output, (1, 1), self.size)?;
         op.check(input.dtype())?;
         self.enqueue(CollKind::AllReduce(op), input, output, stream, (true, true))
     }
@@ -1035,13 +993,15 @@ impl pg_core::Communicator for MockCommunicator {
         scalar: &MockBuffer,
         stream: &MockStream,
     ) -> Result<()> {
-        same_shape("all_reduce", input, output, 1, 1)?;
-        check_factor("all_reduce", input, scalar)?;
+        self.inner.require_capability(pg_core::Capability::DevicePreMulSum, "all_reduce_pre_mul_sum")?;
+        args::scaled("all_reduce", input, output, (1, 1), self.size)?;
+        args::pre_mul_sum_factor("all_reduce", input, scalar)?;
         let kind = CollKind::AllReduce(ReduceOp::PreMulSum(1.0));
         self.enqueue_scaled(kind, input, output, Some(scalar), stream, (true, true))
     }
 
     fn split(&self, color: Option<u32>, key: usize, config: &CommConfig) -> Result<Option<MockCommunicator>> {
+        self.inner.require_capability(pg_core::Capability::Split, "split")?;
         let tid = self.inner.require("split");
         let mut state = self.inner.lock();
         state.apply_scheduled_abort(self.group, self.rank);
@@ -1077,6 +1037,7 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn shrink(&self, excluded: &[usize], mode: pg_core::ShrinkMode, config: &CommConfig) -> Result<MockCommunicator> {
+        self.inner.require_capability(pg_core::Capability::Shrink, "shrink")?;
         let sorted = pg_core::ShrinkMode::checked_exclusion(excluded, self.size, self.rank)?;
         let tid = self.inner.require("shrink");
         let mut state = self.inner.lock();
@@ -1137,16 +1098,17 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn grow_unique_id(&self) -> Result<UniqueId> {
-        self.native_grow()?;
+        self.native_grow("grow_unique_id")?;
         self.grow_id()
     }
 
     fn grow(&self, added: usize, id: Option<&UniqueId>, config: &CommConfig) -> Result<MockCommunicator> {
-        self.native_grow()?;
+        self.native_grow("grow")?;
         self.grow_to(added, id, config)
     }
 
     fn revoke(&self, reason: &str) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::Revoke, "revoke")?;
         let tid = self.inner.current();
         self.inner.with(|st| {
             let time = st.local(tid);
@@ -1161,23 +1123,18 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn broadcast(&self, input: &MockBuffer, output: &MockBuffer, root: usize, stream: &MockStream) -> Result<()> {
-        same_shape("broadcast", input, output, 1, 1)?;
-        if root >= self.size {
-            return Err(Error::invalid(format!(
-                "broadcast: root {root} is not a rank of a communicator of {}",
-                self.size
-            )));
-        }
+        args::scaled("broadcast", input, output, (1, 1), self.size)?;
+        args::rank_in_range("broadcast", "root", root, self.size)?;
         self.enqueue(CollKind::Broadcast { root }, input, output, stream, (self.rank == root, true))
     }
 
     fn all_gather(&self, input: &MockBuffer, output: &MockBuffer, stream: &MockStream) -> Result<()> {
-        same_shape("all_gather", input, output, 1, self.size)?;
+        args::scaled("all_gather", input, output, (self.size, 1), self.size)?;
         self.enqueue(CollKind::AllGather, input, output, stream, (true, true))
     }
 
     fn reduce_scatter(&self, input: &MockBuffer, output: &MockBuffer, op: ReduceOp, stream: &MockStream) -> Result<()> {
-        same_shape("reduce_scatter", input, output, self.size, 1)?;
+        args::scaled("reduce_scatter", input, output, (1, self.size), self.size)?;
         op.check(input.dtype())?;
         self.enqueue(CollKind::ReduceScatter(op), input, output, stream, (true, true))
     }
@@ -1189,19 +1146,20 @@ impl pg_core::Communicator for MockCommunicator {
         scalar: &MockBuffer,
         stream: &MockStream,
     ) -> Result<()> {
-        same_shape("reduce_scatter", input, output, self.size, 1)?;
-        check_factor("reduce_scatter", input, scalar)?;
+        self.inner.require_capability(pg_core::Capability::DevicePreMulSum, "reduce_scatter_pre_mul_sum")?;
+        args::scaled("reduce_scatter", input, output, (1, self.size), self.size)?;
+        args::pre_mul_sum_factor("reduce_scatter", input, scalar)?;
         let kind = CollKind::ReduceScatter(ReduceOp::PreMulSum(1.0));
         self.enqueue_scaled(kind, input, output, Some(scalar), stream, (true, true))
     }
 
     fn send(&self, buffer: &MockBuffer, peer: usize, stream: &MockStream) -> Result<()> {
-        self.check_peer(peer, "send")?;
+        args::peer("send", peer, self.rank, self.size)?;
         self.enqueue(CollKind::Send { peer }, buffer, buffer, stream, (true, false))
     }
 
     fn recv(&self, buffer: &MockBuffer, peer: usize, stream: &MockStream) -> Result<()> {
-        self.check_peer(peer, "recv")?;
+        args::peer("recv", peer, self.rank, self.size)?;
         self.enqueue(CollKind::Recv { peer }, buffer, buffer, stream, (false, true))
     }
 
@@ -1213,21 +1171,19 @@ impl pg_core::Communicator for MockCommunicator {
         op: ReduceOp,
         stream: &MockStream,
     ) -> Result<()> {
-        same_shape("reduce", input, output, 1, 1)?;
-        self.check_root(root, "reduce")?;
+        args::scaled("reduce", input, output, (1, 1), self.size)?;
+        args::rank_in_range("reduce", "root", root, self.size)?;
         op.check(input.dtype())?;
         self.enqueue(CollKind::Reduce { root, op }, input, output, stream, (true, self.rank == root))
     }
 
     fn gather(&self, input: &MockBuffer, outputs: &[MockBuffer], root: usize, stream: &MockStream) -> Result<()> {
-        self.check_root(root, "gather")?;
-        let outputs = self.root_list(outputs, root, "gather")?;
+        let outputs = self.root_list(outputs, root, ("gather", "outputs"), input)?;
         self.enqueue_views(CollKind::Gather { root }, input.dtype(), &[whole(input)], &outputs, stream)
     }
 
     fn scatter(&self, inputs: &[MockBuffer], output: &MockBuffer, root: usize, stream: &MockStream) -> Result<()> {
-        self.check_root(root, "scatter")?;
-        let inputs = self.root_list(inputs, root, "scatter")?;
+        let inputs = self.root_list(inputs, root, ("scatter", "inputs"), output)?;
         self.enqueue_views(CollKind::Scatter { root }, output.dtype(), &inputs, &[whole(output)], stream)
     }
 
@@ -1240,13 +1196,7 @@ impl pg_core::Communicator for MockCommunicator {
         stream: &MockStream,
     ) -> Result<()> {
         let chunks = |buffer, splits: &[usize], which: &str| -> Result<Vec<(&MockBuffer, usize, usize)>> {
-            if splits.len() != self.size {
-                return Err(Error::invalid(format!(
-                    "all_to_all_single: {} {which} splits for a communicator of {}",
-                    splits.len(),
-                    self.size
-                )));
-            }
+            args::split_count("all_to_all_single", which, splits.len(), self.size)?;
             let mut offset = 0usize;
             let mut list = Vec::with_capacity(splits.len());
             for &numel in splits {
@@ -1261,14 +1211,14 @@ impl pg_core::Communicator for MockCommunicator {
     }
 
     fn all_to_all(&self, inputs: &[MockBuffer], outputs: &[MockBuffer], stream: &MockStream) -> Result<()> {
-        let inputs = self.per_rank(inputs, "all_to_all inputs")?;
-        let outputs = self.per_rank(outputs, "all_to_all outputs")?;
+        let inputs = self.per_rank(inputs, "all_to_all", "inputs")?;
+        let outputs = self.per_rank(outputs, "all_to_all", "outputs")?;
         let dtype = inputs.first().map_or(pg_core::DType::F32, |(b, _, _)| b.dtype());
         self.enqueue_views(CollKind::AllToAll, dtype, &inputs, &outputs, stream)
     }
 
     fn all_gather_v(&self, input: &MockBuffer, outputs: &[MockBuffer], stream: &MockStream) -> Result<()> {
-        let outputs = self.per_rank(outputs, "all_gather_v outputs")?;
+        let outputs = self.per_rank(outputs, "all_gather_v", "outputs")?;
         self.enqueue_views(CollKind::AllGatherV, input.dtype(), &[whole(input)], &outputs, stream)
     }
 
@@ -1280,8 +1230,19 @@ impl pg_core::Communicator for MockCommunicator {
         stream: &MockStream,
     ) -> Result<()> {
         op.check(output.dtype())?;
-        let inputs = self.per_rank(inputs, "reduce_scatter_v inputs")?;
+        let inputs = self.per_rank(inputs, "reduce_scatter_v", "inputs")?;
         self.enqueue_views(CollKind::ReduceScatterV(op), output.dtype(), &inputs, &[whole(output)], stream)
+    }
+
+    /// Nothing to open: the simulated backend has no groups, and the process group issues a batch in an order every
+    /// rank agrees on, so it runs without one.
+    fn group_start(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Nothing to close (see [`pg_core::Communicator::group_start`] here).
+    fn group_end(&self) -> Result<()> {
+        Ok(())
     }
 
     fn is_ready(&self) -> Result<bool> {
@@ -1373,38 +1334,4 @@ impl pg_core::Communicator for MockCommunicator {
 /// A whole buffer as a chunk.
 fn whole(buffer: &MockBuffer) -> (&MockBuffer, usize, usize) {
     (buffer, 0, buffer.numel())
-}
-
-/// Checks dtypes and that `input.numel * in_factor == output.numel * out_factor`.
-/// Checks that `scalar` can be the `PREMUL_SUM` factor of an op on `input`: one element of its dtype.
-fn check_factor(what: &str, input: &MockBuffer, scalar: &MockBuffer) -> Result<()> {
-    ReduceOp::check_pre_mul_sum(input.dtype())?;
-    if scalar.numel() != 1 || scalar.dtype() != input.dtype() {
-        return Err(Error::invalid(format!(
-            "{what}: a PREMUL_SUM factor is one element of {}, not {} of {}",
-            input.dtype(),
-            scalar.numel(),
-            scalar.dtype()
-        )));
-    }
-    Ok(())
-}
-
-fn same_shape(what: &str, input: &MockBuffer, output: &MockBuffer, in_factor: usize, out_factor: usize) -> Result<()> {
-    if input.dtype() != output.dtype() {
-        return Err(Error::invalid(format!(
-            "{what}: input dtype {} differs from output dtype {}",
-            input.dtype(),
-            output.dtype()
-        )));
-    }
-    if input.numel() * out_factor != output.numel() * in_factor {
-        return Err(Error::invalid(format!(
-            "{what}: output has {} elements, expected {} (input has {})",
-            output.numel(),
-            input.numel() * out_factor / in_factor.max(1),
-            input.numel()
-        )));
-    }
-    Ok(())
 }

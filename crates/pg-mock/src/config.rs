@@ -78,8 +78,12 @@ pub struct WorldConfig {
     /// ([`pg_store::liveness`]): the kernel closing a killed process's sockets and the store server seeing it.
     pub liveness_latency: Duration,
     /// Whether communicators grow (NCCL's `ncclCommGrow`, 2.29): when false the world models an older NCCL, whose
-    /// `Device::grow_support` refuses and whose grows are made by a rendezvous.
+    /// devices declare no [`pg_core::Capability::Grow`] and whose grows are made by a rendezvous.
     pub native_grow: bool,
+    /// The capabilities the world's devices declare ([`pg_core::Device::capabilities`]; all by default, less
+    /// grow without `native_grow`): a method of one declared absent refuses with [`pg_core::Error::Unsupported`],
+    /// as a backend without it does.
+    pub capabilities: pg_core::Capabilities,
     /// Injected faults.
     pub faults: Vec<Fault>,
 }
@@ -104,6 +108,7 @@ impl Default for WorldConfig {
             peer_loss: Duration::from_millis(1),
             liveness_latency: Duration::from_micros(200),
             native_grow: true,
+            capabilities: pg_core::Capabilities::all(),
             faults: Vec::new(),
         }
     }

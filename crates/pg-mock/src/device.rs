@@ -255,6 +255,7 @@ impl pg_core::Device for MockDevice {
     }
 
     fn create_timing_event(&self) -> Result<MockEvent> {
+        self.inner.require_capability(pg_core::Capability::TimingEvents, "create_timing_event")?;
         Ok(MockEvent::timed(Arc::clone(&self.inner)))
     }
 
@@ -418,15 +419,12 @@ impl pg_core::Device for MockDevice {
         Ok(comm)
     }
 
-    fn grow_support(&self) -> Result<()> {
-        match self.inner.config.native_grow {
-            true => Ok(()),
-            false => Err(no_native_grow()),
-        }
+    fn capabilities(&self) -> pg_core::Capabilities {
+        self.inner.capabilities()
     }
 
     fn join_grown(&self, id: &UniqueId, size: usize, rank: usize, config: &CommConfig) -> Result<MockCommunicator> {
-        self.grow_support()?;
+        self.inner.require_capability(pg_core::Capability::Grow, "join_grown")?;
         self.join_grow(id, size, rank, config)
     }
 
@@ -470,11 +468,4 @@ impl pg_core::Device for MockDevice {
     fn versions(&self) -> Vec<(String, String)> {
         vec![("pg-mock".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]
     }
-}
-
-/// The refusal of a world without `ncclCommGrow` ([`crate::WorldConfig::native_grow`]).
-pub(crate) fn no_native_grow() -> Error {
-    Error::Unsupported(
-        "grow: this simulated world models an NCCL without ncclCommGrow (WorldConfig::native_grow is false)".to_owned(),
-    )
 }

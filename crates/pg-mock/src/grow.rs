@@ -119,12 +119,9 @@ fn grown_size(size: usize, added: usize) -> Result<usize> {
 }
 
 impl MockCommunicator {
-    /// `Ok` where the world grows communicators ([`crate::WorldConfig::native_grow`]).
-    pub(crate) fn native_grow(&self) -> Result<()> {
-        match self.inner.config.native_grow {
-            true => Ok(()),
-            false => Err(crate::device::no_native_grow()),
-        }
+    /// `Ok` where the world grows communicators ([`crate::WorldConfig::native_grow`]), else the refusal of `call`.
+    pub(crate) fn native_grow(&self, call: &str) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::Grow, call)
     }
 
     /// [`pg_core::Communicator::grow_unique_id`]: a fresh id, registered for this communicator's next grow.

@@ -92,6 +92,18 @@ impl Inner {
         REGISTERED.with(|r| r.borrow().iter().find(|(w, _)| *w == self.id).map(|(_, t)| *t))
     }
 
+    /// The capabilities the world's devices declare: [`WorldConfig::capabilities`], less grow without
+    /// [`WorldConfig::native_grow`].
+    pub(crate) fn capabilities(&self) -> pg_core::Capabilities {
+        let declared = self.config.capabilities;
+        declared.set(pg_core::Capability::Grow, declared.grow && self.config.native_grow)
+    }
+
+    /// `Ok` when the world's devices declare `capability`, else the refusal of `call` that names it.
+    pub(crate) fn require_capability(&self, capability: pg_core::Capability, call: &str) -> pg_core::Result<()> {
+        self.capabilities().require(<crate::Mock as pg_core::Backend>::NAME, capability, call)
+    }
+
     /// The calling thread's id, or a panic that explains how to register it (the mock is assertive).
     pub(crate) fn require(&self, api: &str) -> usize {
         match self.current() {

@@ -423,6 +423,7 @@ impl pg_core::Stream for MockStream {
     /// has finished in virtual time (at once when the stream is idle). Unlike CUDA, later work on the stream
     /// does not wait for the callback. Callable from any thread, registered or not (an async executor's).
     fn launch_host_fn(&self, callback: Box<dyn FnOnce() + Send + 'static>) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::HostCallbacks, "launch_host_fn")?;
         if self.inner.captures().is_capturing(self.index) {
             return Err(Error::capture(format!("launch_host_fn on capturing {}", self.label())));
         }
@@ -466,15 +467,18 @@ impl pg_core::Stream for MockStream {
     /// calls on the capturing streams and their events (and `Device::synchronize` of their device) from any
     /// thread, whatever the mode.
     fn begin_capture(&self, _mode: CaptureMode) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::Capture, "begin_capture")?;
         self.inner.captures().begin(self.index, self.device, &self.label())
     }
 
     fn end_capture(&self) -> Result<MockGraph> {
+        self.inner.require_capability(pg_core::Capability::Capture, "end_capture")?;
         let ended = self.inner.captures().end(self.index, &self.label())?;
         MockGraph::new(&self.inner, ended)
     }
 
     fn capture_keep_alive(&self, buffer: &crate::MockBuffer) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::Capture, "capture_keep_alive")?;
         if !Arc::ptr_eq(&self.inner, buffer.inner()) {
             return Err(Error::invalid("capture_keep_alive: the buffer belongs to another simulated world"));
         }
@@ -486,6 +490,7 @@ impl pg_core::Stream for MockStream {
     /// again, so a launch after the communicator was aborted or finalized fails as an eager op would. Refused,
     /// as on CUDA, when the stream is not capturing.
     fn capture_keep_communicator(&self, _comm: &Arc<<crate::Mock as pg_core::Backend>::Communicator>) -> Result<()> {
+        self.inner.require_capability(pg_core::Capability::Capture, "capture_keep_communicator")?;
         match self.inner.captures().is_capturing(self.index) {
             true => Ok(()),
             false => Err(Error::invalid(format!("capture_keep_communicator: {} is not capturing", self.label()))),
@@ -755,6 +760,7 @@ impl pg_core::Event for MockEvent {
     /// Virtual device time between the two recorded points, answered at the global time (as queries are, so
     /// the answer is the same on every run): `None` until both have passed.
     fn nanos_since(&self, start: &MockEvent) -> Result<Option<i64>> {
+        self.inner.require_capability(pg_core::Capability::TimingEvents, "nanos_since")?;
         if !self.timing || !start.timing {
             return Err(Error::invalid("Event::nanos_since: both events must be timing events"));
         }

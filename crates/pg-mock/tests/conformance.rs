@@ -101,3 +101,16 @@ fn grow_by_rendezvous_world_6() {
     assert_eq!(names.len(), 4, "the grow cases: {names:?}");
     conformance_on(&MockHarness::new(6).without_native_grow(), |name| names.contains(&name));
 }
+
+/// The capability case where the devices declare none, then each capability alone missing: every call that needs
+/// a missing one is refused by name before its store sees anything.
+#[test]
+fn capability_refusals_world_2() {
+    let name = "a_call_needing_a_capability_the_backend_lacks_is_refused_by_name_before_any_store_key";
+    assert!(cases::<MockHarness>().iter().any(|c| c.name == name), "no case {name}");
+    conformance_on(&MockHarness::new(2).with_capabilities(pg_core::Capabilities::none()), |case| case == name);
+    for capability in pg_core::Capability::ALL {
+        let declared = pg_core::Capabilities::all().without(capability);
+        conformance_on(&MockHarness::new(2).with_capabilities(declared), |case| case == name);
+    }
+}

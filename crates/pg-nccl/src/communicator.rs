@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use nccl_sys::{Library, Status};
-use pg_core::{Buffer as _, CommConfig, Error, ReduceOp, ShrinkMode, UniqueId};
+use pg_core::{args, Capability, CommConfig, Error, ReduceOp, ShrinkMode, UniqueId};
 
 use crate::abort_end::AbortEnd;
 use crate::conv::{cuda_error, data_type, nccl_error, red_op};
@@ -45,6 +45,19 @@ pub(crate) fn grow_support(library: &Library) -> pg_core::Result<()> {
     let functions = library.functions();
     let symbols = (functions.comm_grow.is_some(), functions.comm_get_unique_id.is_some());
     grow_refusal(library.version(), symbols).map_or(Ok(()), |refusal| Err(nccl_error(refusal)))
+}
+
+/// What a device can do with `library` ([`pg_core::Device::capabilities`]): split where it has `ncclCommSplit`,
+/// shrink from 2.27, revoke from 2.28.7 and grow from 2.29 where the library has the calls, a device `PREMUL_SUM`
+/// where it has `ncclRedOpCreatePreMulSum`; capture, timing events and host callbacks are CUDA's, always there.
+pub(crate) fn capabilities(library: &Library) -> pg_core::Capabilities {
+    let (functions, version) = (library.functions(), library.version());
+    pg_core::Capabilities::all()
+        .set(Capability::Split, functions.comm_split.is_some())
+        .set(Capability::Shrink, version >= nccl_sys::SHRINK_VERSION && functions.comm_shrink.is_some())
+        .set(Capability::Revoke, version >= nccl_sys::REVOKE_VERSION && functions.comm_revoke.is_some())
+        .set(Capability::Grow, grow_support(library).is_ok())
+        .set(Capability::DevicePreMulSum, functions.red_op_create_pre_mul_sum.is_some())
 }
 
 /// Why an NCCL of `version`, with or without the symbols `(ncclCommGrow, ncclCommGetUniqueId)`, cannot grow.
@@ -505,70 +518,52 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_pair(&self, input: &Buffer, output: &Buffer, out_per_in: (usize, usize)) -> pg_core::Result<()> {
-        let (num, den) = out_per_in;
-        if input.dtype != output.dtype {
-            return Err(Error::invalid(format!("input is {} but output is {}", input.dtype, output.dtype)));
-        }
-        if input.numel * num != output.numel * den {
-            return Err(Error::invalid(format!(
-                "input has {} elements and output {}, for {} ranks",
-                input.numel, output.numel, self.size
-            )));
-        }
-        for buffer in [input, output] {
-            if buffer.device_index() != self.device.ordinal() {
-                return Err(Error::invalid(format!(
-                    "a buffer of cuda:{} on a communicator of cuda:{}",
-                    buffer.device_index(),
-                    self.device.ordinal()
-                )));
-            }
-        }
-        Ok(())
+    /// `buffers` are on this communicator's device ([`args::on_device`]).
+    fn check_device(&self, what: &str, buffers: &[&Buffer]) -> pg_core::Result<()> {
+        buffers.iter().try_for_each(|buffer| args::on_device(what, *buffer, self.device.ordinal()))
     }
 
-    fn check_peer(&self, peer: usize) -> pg_core::Result<()> {
-        if peer < self.size && peer != self.rank {
-            Ok(())
-        } else {
-            Err(Error::invalid(format!("peer {peer} from rank {} of {}", self.rank, self.size)))
-        }
+    /// `input` and `output` on this device, of one dtype, sized as `out_per_in` says ([`args::scaled`]).
+    fn check_pair(
+        &self,
+        what: &str,
+        input: &Buffer,
+        output: &Buffer,
+        out_per_in: (usize, usize),
+    ) -> pg_core::Result<()> {
+        self.check_device(what, &[input, output])?;
+        args::scaled(what, input, output, out_per_in, self.size)
     }
 
-    fn check_root(&self, root: usize) -> pg_core::Result<()> {
-        match root < self.size {
-            true => Ok(()),
-            false => Err(Error::invalid(format!("root {root} of {} ranks", self.size))),
-        }
+    /// Gather's outputs or scatter's inputs (`which`): a root in range, on the root one buffer per rank like `like`,
+    /// none elsewhere ([`args::root_list`]), every buffer on this device.
+    fn check_root_list(
+        &self,
+        (what, which): (&str, &str),
+        list: &[Buffer],
+        root: usize,
+        like: &Buffer,
+    ) -> pg_core::Result<()> {
+        args::rank_in_range(what, "root", root, self.size)?;
+        self.check_device(what, &[like])?;
+        args::root_list(what, which, list, (root, self.rank, self.size), like)?;
+        list.iter().try_for_each(|buffer| self.check_device(what, &[buffer]))
     }
 
-    /// Gather's outputs or scatter's inputs: on the root one buffer per rank like `like`, none elsewhere.
-    fn check_root_list(&self, list: &[Buffer], root: usize, like: &Buffer) -> pg_core::Result<()> {
-        if self.rank != root {
-            return match list.is_empty() {
-                true => self.check_pair(like, like, (1, 1)),
-                false => Err(Error::invalid(format!("rank {} is not the root {root} and takes no list", self.rank))),
-            };
-        }
-        if list.len() != self.size {
-            return Err(Error::invalid(format!("{} buffers in the list for {} ranks", list.len(), self.size)));
-        }
-        list.iter().try_for_each(|buffer| self.check_pair(like, buffer, (1, 1)))
-    }
-
-    /// Lists of one buffer per rank (a list of one is a single buffer), all of one dtype on this device; the dtype.
-    fn check_lists(&self, lists: &[&[Buffer]]) -> pg_core::Result<pg_core::DType> {
-        let first = lists.iter().find_map(|list| list.first()).ok_or_else(|| Error::invalid("no buffers"))?;
-        for list in lists {
-            if list.len() != self.size && list.len() != 1 {
-                return Err(Error::invalid(format!("{} buffers in a list for {} ranks", list.len(), self.size)));
+    /// Lists (each named) of one buffer per rank (a list of one is a single buffer), all of one dtype on this
+    /// device; the dtype.
+    fn check_lists(&self, what: &str, lists: &[(&str, &[Buffer])]) -> pg_core::Result<pg_core::DType> {
+        let first = lists
+            .iter()
+            .find_map(|(_, list)| list.first())
+            .ok_or_else(|| Error::invalid(format!("{what}: no buffers")))?;
+        for (which, list) in lists {
+            if list.len() != 1 {
+                args::per_rank(what, which, list.len(), self.size)?;
             }
             for buffer in *list {
-                self.check_pair(buffer, buffer, (1, 1))?;
-                if buffer.dtype != first.dtype {
-                    return Err(Error::invalid(format!("a list mixes {} and {}", first.dtype, buffer.dtype)));
-                }
+                self.check_device(what, &[buffer])?;
+                args::same_dtype(what, first.dtype, buffer.dtype)?;
             }
         }
         Ok(first.dtype)
@@ -599,7 +594,7 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> pg_core::Result<()> {
-        self.check_pair(input, output, (1, 1))?;
+        self.check_pair("reduce", input, output, (1, 1))?;
         let plan = premul::plan(op, input.dtype)?;
         self.issue("reduce", stream, |lib, comm| {
             // SAFETY: both buffers hold `numel` elements of the dtype on the communicator's device (checked), and
@@ -625,14 +620,9 @@ impl Communicator {
 
 impl Communicator {
     /// The plan of a `PREMUL_SUM` whose factor is `scalar`: one element of `input`'s dtype on this device.
-    fn device_factor(&self, input: &Buffer, scalar: &Buffer) -> pg_core::Result<OpPlan> {
-        self.check_pair(scalar, scalar, (1, 1))?;
-        if scalar.numel != 1 || scalar.dtype != input.dtype {
-            return Err(Error::invalid(format!(
-                "a PREMUL_SUM factor is one element of {}, not {} of {}",
-                input.dtype, scalar.numel, scalar.dtype
-            )));
-        }
+    fn device_factor(&self, what: &str, input: &Buffer, scalar: &Buffer) -> pg_core::Result<OpPlan> {
+        self.check_device(what, &[scalar])?;
+        args::pre_mul_sum_factor(what, input, scalar)?;
         premul::device_plan(scalar.ptr(), input.dtype)
     }
 
@@ -697,7 +687,7 @@ impl pg_core::Communicator for Communicator {
     }
 
     fn all_reduce(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
-        self.check_pair(input, output, (1, 1))?;
+        self.check_pair("all_reduce", input, output, (1, 1))?;
         let plan = premul::plan(op, input.dtype)?;
         self.all_reduce_with(input, output, &plan, stream)
     }
@@ -709,16 +699,14 @@ impl pg_core::Communicator for Communicator {
         scalar: &Buffer,
         stream: &Stream,
     ) -> pg_core::Result<()> {
-        self.check_pair(input, output, (1, 1))?;
-        let plan = self.device_factor(input, scalar)?;
+        self.check_pair("all_reduce", input, output, (1, 1))?;
+        let plan = self.device_factor("all_reduce", input, scalar)?;
         self.all_reduce_with(input, output, &plan, stream)
     }
 
     fn broadcast(&self, input: &Buffer, output: &Buffer, root: usize, stream: &Stream) -> pg_core::Result<()> {
-        self.check_pair(input, output, (1, 1))?;
-        if root >= self.size {
-            return Err(Error::invalid(format!("root {root} of {} ranks", self.size)));
-        }
+        self.check_pair("broadcast", input, output, (1, 1))?;
+        args::rank_in_range("broadcast", "root", root, self.size)?;
         self.issue("broadcast", stream, |lib, comm| {
             // SAFETY: as in `reduce`.
             unsafe {
@@ -736,7 +724,7 @@ impl pg_core::Communicator for Communicator {
     }
 
     fn all_gather(&self, input: &Buffer, output: &Buffer, stream: &Stream) -> pg_core::Result<()> {
-        self.check_pair(input, output, (self.size, 1))?;
+        self.check_pair("all_gather", input, output, (self.size, 1))?;
         self.issue("all_gather", stream, |lib, comm| {
             // SAFETY: as in `reduce`; the output holds `size` times the input (checked).
             unsafe {
@@ -753,7 +741,7 @@ impl pg_core::Communicator for Communicator {
     }
 
     fn reduce_scatter(&self, input: &Buffer, output: &Buffer, op: ReduceOp, stream: &Stream) -> pg_core::Result<()> {
-        self.check_pair(input, output, (1, self.size))?;
+        self.check_pair("reduce_scatter", input, output, (1, self.size))?;
         let plan = premul::plan(op, input.dtype)?;
         self.reduce_scatter_with(input, output, &plan, stream)
     }
@@ -765,14 +753,14 @@ impl pg_core::Communicator for Communicator {
         scalar: &Buffer,
         stream: &Stream,
     ) -> pg_core::Result<()> {
-        self.check_pair(input, output, (1, self.size))?;
-        let plan = self.device_factor(input, scalar)?;
+        self.check_pair("reduce_scatter", input, output, (1, self.size))?;
+        let plan = self.device_factor("reduce_scatter", input, scalar)?;
         self.reduce_scatter_with(input, output, &plan, stream)
     }
 
     fn send(&self, buffer: &Buffer, peer: usize, stream: &Stream) -> pg_core::Result<()> {
-        self.check_pair(buffer, buffer, (1, 1))?;
-        self.check_peer(peer)?;
+        self.check_device("send", &[buffer])?;
+        args::peer("send", peer, self.rank, self.size)?;
         self.issue("send", stream, |lib, comm| {
             // SAFETY: as in `reduce`.
             unsafe { lib.send(buffer.ptr(), buffer.numel, data_type(buffer.dtype), peer, comm, stream.0.raw() as _) }
@@ -780,8 +768,8 @@ impl pg_core::Communicator for Communicator {
     }
 
     fn recv(&self, buffer: &Buffer, peer: usize, stream: &Stream) -> pg_core::Result<()> {
-        self.check_pair(buffer, buffer, (1, 1))?;
-        self.check_peer(peer)?;
+        self.check_device("recv", &[buffer])?;
+        args::peer("recv", peer, self.rank, self.size)?;
         self.issue("recv", stream, |lib, comm| {
             // SAFETY: as in `reduce`.
             unsafe { lib.recv(buffer.ptr(), buffer.numel, data_type(buffer.dtype), peer, comm, stream.0.raw() as _) }
@@ -796,21 +784,19 @@ impl pg_core::Communicator for Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> pg_core::Result<()> {
-        self.check_root(root)?;
+        args::rank_in_range("reduce", "root", root, self.size)?;
         Communicator::reduce(self, input, output, op, root, stream)
     }
 
     fn gather(&self, input: &Buffer, outputs: &[Buffer], root: usize, stream: &Stream) -> pg_core::Result<()> {
-        self.check_root(root)?;
-        self.check_root_list(outputs, root, input)?;
+        self.check_root_list(("gather", "outputs"), outputs, root, input)?;
         let mut calls: Vec<Call> = exchange::send(input, root).into_iter().collect();
         calls.extend(outputs.iter().enumerate().filter_map(|(peer, out)| exchange::recv(out, peer)));
         self.issue_grouped("gather", stream, input.dtype, &calls)
     }
 
     fn scatter(&self, inputs: &[Buffer], output: &Buffer, root: usize, stream: &Stream) -> pg_core::Result<()> {
-        self.check_root(root)?;
-        self.check_root_list(inputs, root, output)?;
+        self.check_root_list(("scatter", "inputs"), inputs, root, output)?;
         let mut calls: Vec<Call> =
             inputs.iter().enumerate().filter_map(|(peer, inp)| exchange::send(inp, peer)).collect();
         calls.extend(exchange::recv(output, root));
@@ -826,14 +812,17 @@ impl pg_core::Communicator for Communicator {
         stream: &Stream,
     ) -> pg_core::Result<()> {
         // Sizes may differ; the dtype and the device must agree.
-        self.check_lists(&[std::slice::from_ref(input), std::slice::from_ref(output)])?;
+        self.check_lists(
+            "all_to_all_single",
+            &[("input", std::slice::from_ref(input)), ("output", std::slice::from_ref(output))],
+        )?;
         let calls =
             exchange::all_to_all_calls("all_to_all_single", input, output, input_splits, output_splits, self.size)?;
         self.issue_grouped("all_to_all_single", stream, input.dtype, &calls)
     }
 
     fn all_to_all(&self, inputs: &[Buffer], outputs: &[Buffer], stream: &Stream) -> pg_core::Result<()> {
-        let dtype = self.check_lists(&[inputs, outputs])?;
+        let dtype = self.check_lists("all_to_all", &[("inputs", inputs), ("outputs", outputs)])?;
         let mut calls = Vec::with_capacity(2 * self.size);
         for peer in 0..self.size {
             calls.extend(exchange::send(&inputs[peer], peer));
@@ -843,7 +832,7 @@ impl pg_core::Communicator for Communicator {
     }
 
     fn all_gather_v(&self, input: &Buffer, outputs: &[Buffer], stream: &Stream) -> pg_core::Result<()> {
-        self.check_lists(&[outputs, std::slice::from_ref(input)])?;
+        self.check_lists("all_gather_v", &[("outputs", outputs), ("input", std::slice::from_ref(input))])?;
         // One broadcast per rank, as PyTorch gathers tensors of different sizes.
         let calls: Vec<Call> = outputs
             .iter()
@@ -864,7 +853,7 @@ impl pg_core::Communicator for Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> pg_core::Result<()> {
-        self.check_lists(&[inputs, std::slice::from_ref(output)])?;
+        self.check_lists("reduce_scatter_v", &[("inputs", inputs), ("output", std::slice::from_ref(output))])?;
         let nccl_op = red_op(op, output.dtype)?;
         // One reduce per rank, as PyTorch reduce-scatters tensors of different sizes.
         let calls: Vec<Call> = inputs

@@ -198,8 +198,16 @@ impl pg_core::Device for Device {
         Communicator::init(self.cuda.clone(), id, size, rank, config)
     }
 
-    fn grow_support(&self) -> pg_core::Result<()> {
-        crate::communicator::grow_support(nccl_sys::library().map_err(nccl_error)?)
+    /// As the loaded NCCL allows ([`crate::communicator::capabilities`]); without a loadable NCCL, no
+    /// communicator exists and only CUDA's capabilities are declared.
+    fn capabilities(&self) -> pg_core::Capabilities {
+        match nccl_sys::library() {
+            Ok(library) => crate::communicator::capabilities(library),
+            Err(_) => pg_core::Capabilities::none()
+                .with(pg_core::Capability::Capture)
+                .with(pg_core::Capability::TimingEvents)
+                .with(pg_core::Capability::HostCallbacks),
+        }
     }
 
     fn join_grown(
@@ -210,6 +218,11 @@ impl pg_core::Device for Device {
         config: &CommConfig,
     ) -> pg_core::Result<Communicator> {
         Communicator::join_grown(self.cuda.clone(), id, size, rank, config)
+    }
+
+    /// The system clock (0 if it is set before 1970).
+    fn wall_clock(&self) -> Duration {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
     }
 
     fn now(&self) -> Duration {

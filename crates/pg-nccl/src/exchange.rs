@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 
 use nccl_sys::{Comm, DataType, Library, RedOp, Status};
-use pg_core::{Buffer as _, Error};
+use pg_core::Buffer as _;
 
 use crate::Buffer;
 
@@ -22,18 +22,10 @@ pub(crate) enum Call {
     Reduce { send: *mut c_void, recv: *mut c_void, count: usize, root: usize, op: RedOp },
 }
 
-/// The device pointer of element `offset` of `buffer`, checked to leave `count` elements inside it.
-pub(crate) fn chunk(buffer: &Buffer, offset: usize, count: usize) -> pg_core::Result<*mut c_void> {
-    match offset.checked_add(count) {
-        Some(end) if end <= buffer.numel() => {}
-        _ => {
-            return Err(Error::invalid(format!(
-                "elements {offset}..{} are outside a buffer of {} elements",
-                offset.saturating_add(count),
-                buffer.numel()
-            )))
-        }
-    }
+/// The device pointer of element `offset` of `buffer`, checked to leave `count` elements inside it (`what` names
+/// the op in the error).
+pub(crate) fn chunk(what: &str, buffer: &Buffer, offset: usize, count: usize) -> pg_core::Result<*mut c_void> {
+    pg_core::args::chunk_inside(what, offset, count, buffer.numel())?;
     // Pointer arithmetic only: the address is passed to NCCL, never dereferenced here.
     Ok((buffer.ptr() as *mut u8).wrapping_add(offset * buffer.dtype().size()) as *mut c_void)
 }
@@ -58,21 +50,16 @@ pub(crate) fn all_to_all_calls(
     output_splits: &[usize],
     size: usize,
 ) -> pg_core::Result<Vec<Call>> {
-    if input_splits.len() != size || output_splits.len() != size {
-        return Err(Error::invalid(format!(
-            "{what}: {} input and {} output splits for {size} ranks",
-            input_splits.len(),
-            output_splits.len(),
-        )));
-    }
+    pg_core::args::split_count(what, "input", input_splits.len(), size)?;
+    pg_core::args::split_count(what, "output", output_splits.len(), size)?;
     let mut calls = Vec::with_capacity(2 * size);
     let (mut at_in, mut at_out) = (0usize, 0usize);
     for (peer, (&send, &recv)) in input_splits.iter().zip(output_splits).enumerate() {
         if send > 0 {
-            calls.push(Call::Send { ptr: chunk(input, at_in, send)?, count: send, peer });
+            calls.push(Call::Send { ptr: chunk(what, input, at_in, send)?, count: send, peer });
         }
         if recv > 0 {
-            calls.push(Call::Recv { ptr: chunk(output, at_out, recv)?, count: recv, peer });
+            calls.push(Call::Recv { ptr: chunk(what, output, at_out, recv)?, count: recv, peer });
         }
         at_in = at_in.saturating_add(send);
         at_out = at_out.saturating_add(recv);

@@ -1,13 +1,18 @@
 //! The group's life cycle and error paths: non-blocking and racing communicator creation, wrong-device
 //! buffers, abort and shutdown, asynchronous and remote errors, the watchdog's bookkeeping, and the Work,
-//! Future and `dyn Work` interfaces.
+//! Future and `dyn Work` interfaces, and the refusal of a call that needs a capability the backend lacks.
 
 use std::future::IntoFuture as _;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use pg_core::store::PrefixStore;
 use pg_core::{
-    Device as _, ErrorHandling, ErrorKind, ErrorType, OpType, Options, ProcessGroup, ReduceOp, Work, WorkHandle,
+    Capability, CaptureMode, Device as _, ErrorHandling, ErrorKind, ErrorType, OpType, Options, ProcessGroup, ReduceOp,
+    ShrinkOptions, Stream as _, Work, WorkHandle,
 };
+use pg_mock::RecordingStore;
 
 use super::{all_equal, case, clock_of, held_all_reduce, need, needs_faults, on_each_rank, pair_p2p, triangle, SLEEP};
 use crate::check::{Check, Context};
@@ -45,6 +50,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(works_are_usable_through_dyn_work, 1),
         case!(debug_output_names_the_group_and_its_works, 1),
         case!(a_work_whose_communicator_was_aborted_behind_the_group_never_reports_success, 1),
+        case!(a_call_needing_a_capability_the_backend_lacks_is_refused_by_name_before_any_store_key, 1),
     ]
 }
 
@@ -977,6 +983,82 @@ fn a_work_whose_communicator_was_aborted_behind_the_group_never_reports_success<
         }
         r.barrier("rank 0 checked its Work")?;
         group.abort("the case is over");
+        Ok(())
+    })
+}
+
+/// Whether `result` is the refusal of a call needing `capability` on backend `B`: [`ErrorKind::Unsupported`]
+/// naming both.
+fn refused_for<B: pg_core::Backend, T>(result: pg_core::Result<T>, capability: Capability, what: &str) -> Check {
+    let error = result.err().ok_or_else(|| format!("{what}: accepted without the capability '{capability}'"))?;
+    ensure_eq!(error.kind(), ErrorKind::Unsupported, "{what}: {error}");
+    let text = error.to_string();
+    ensure!(text.contains(capability.name()), "{what}: the error does not name the capability: {text}");
+    ensure!(text.contains(B::NAME), "{what}: the error does not name the backend: {text}");
+    Ok(())
+}
+
+fn a_call_needing_a_capability_the_backend_lacks_is_refused_by_name_before_any_store_key<H: Harness>(
+    h: &H,
+) -> Check<Outcome> {
+    on_each_rank(h, h.world_size(), |r| {
+        let declared = r.device.capabilities();
+        // A group of this rank alone, over a store that logs every call: nothing may reach it after creation.
+        let prefix = format!("capabilities.{}", r.rank);
+        let under = |name: &str| -> Arc<dyn pg_core::store::Store> {
+            Arc::new(PrefixStore::new(format!("{prefix}.{name}/"), Arc::clone(&r.store)))
+        };
+        let log = Arc::new(RecordingStore::new(under("group")));
+        let options = Options::builder().group_name(prefix.clone()).build();
+        let store: Arc<dyn pg_core::store::Store> = log.clone();
+        let group = ProcessGroup::<H::B>::new(store, 0, 1, r.device.clone(), options).ctx("creating a group")?;
+        ensure_eq!(group.capabilities(), declared, "the group's capabilities are its device's");
+        let mark = log.len();
+        let buffer = r.filled(1.0, 4)?;
+        let factor = r.filled(1.0, 1)?;
+        for capability in Capability::ALL.into_iter().filter(|&c| !declared.has(c)) {
+            let what = format!("without '{capability}'");
+            match capability {
+                Capability::Shrink => {
+                    refused_for::<H::B, _>(group.shrink(&[], &ShrinkOptions::default()), capability, "shrink")?;
+                }
+                Capability::DevicePreMulSum => {
+                    let all_reduce = group.all_reduce_pre_mul_sum(&buffer, &factor);
+                    refused_for::<H::B, _>(all_reduce, capability, "all_reduce_pre_mul_sum")?;
+                    let scatter = group.reduce_scatter_pre_mul_sum(&buffer, &buffer, &factor);
+                    refused_for::<H::B, _>(scatter, capability, "reduce_scatter_pre_mul_sum")?;
+                }
+                Capability::TimingEvents => {
+                    // A traced group needs timing events: refused before its store sees anything.
+                    let traced = Arc::new(RecordingStore::new(under("traced")));
+                    let dir = std::env::temp_dir().join(format!("pg-capabilities-{}-{}", std::process::id(), r.rank));
+                    let options = Options::builder().trace_dir(Some(dir)).build();
+                    let store: Arc<dyn pg_core::store::Store> = traced.clone();
+                    let made = ProcessGroup::<H::B>::new(store, 0, 1, r.device.clone(), options);
+                    refused_for::<H::B, _>(made, capability, "a traced group")?;
+                    ensure!(traced.is_empty(), "{what}: the traced group touched its store: {:?}", traced.log());
+                }
+                Capability::Capture => {
+                    let stream = r.device.stream_from_pool(false).ctx("a pool stream")?;
+                    refused_for::<H::B, _>(
+                        stream.begin_capture(CaptureMode::ThreadLocal),
+                        capability,
+                        "begin_capture",
+                    )?;
+                }
+                Capability::HostCallbacks => {
+                    let stream = r.device.current_stream();
+                    refused_for::<H::B, _>(stream.launch_host_fn(Box::new(|| ())), capability, "launch_host_fn")?;
+                }
+                // Without split, grow or revoke the group takes another path (a rendezvous, an abort): nothing
+                // is refused.
+                _ => {}
+            }
+            ensure!(log.log_since(mark).is_empty(), "{what}: the store saw {:?}", log.log_since(mark));
+        }
+        ensure_eq!(group.counters().ops_issued, 0, "a refused call enqueued something");
+        ensure_eq!(group.counters().comms_created, 0, "a refused call created a communicator");
+        group.shutdown().ctx("shutdown")?;
         Ok(())
     })
 }
