@@ -24,6 +24,19 @@ pub fn read_crate(src: &Path) -> Crate {
     krate
 }
 
+/// The binaries under `src/bin` that are folders (`src/bin/NAME/main.rs` and its modules), each as a crate: (NAME,
+/// crate).
+pub fn read_bins(src: &Path) -> Vec<(String, Crate)> {
+    let Ok(entries) = std::fs::read_dir(src.join("bin")) else { return Vec::new() };
+    let mut bins: Vec<(String, Crate)> = entries
+        .flatten()
+        .filter(|entry| entry.path().join("main.rs").is_file())
+        .map(|entry| (entry.file_name().to_string_lossy().into_owned(), read_crate(&entry.path())))
+        .collect();
+    bins.sort_by(|a, b| a.0.cmp(&b.0));
+    bins
+}
+
 fn read_dir(src: &Path, dir: &Path, krate: &mut Crate) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {

@@ -9,9 +9,9 @@ use pg_core::{
 };
 
 use super::{all_equal, case, triangle};
+use crate::case::{Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
-use crate::registry::{Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

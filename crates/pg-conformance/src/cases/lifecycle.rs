@@ -10,9 +10,9 @@ use pg_core::{
 };
 
 use super::{all_equal, case, clock_of, held_all_reduce, need, needs_faults, on_each_rank, pair_p2p, triangle, SLEEP};
+use crate::case::{not_applicable, Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Fault, Harness, Rank};
-use crate::registry::{not_applicable, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

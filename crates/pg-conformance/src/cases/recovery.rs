@@ -14,9 +14,9 @@ use pg_core::{
 };
 
 use super::{all_equal, at_once, case, clock_of, communicator, need, needs_faults, on_each_rank, triangle};
+use crate::case::{Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Fault, Harness, Rank};
-use crate::registry::{Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

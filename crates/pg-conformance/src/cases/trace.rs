@@ -10,9 +10,9 @@ use pg_core::{Device as _, OpType, Options, ProcessGroup, ReduceOp};
 use serde_json::Value;
 
 use super::{case, on_each_rank, SLEEP};
+use crate::case::{Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness, Rank};
-use crate::registry::{Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
