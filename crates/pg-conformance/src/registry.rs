@@ -89,6 +89,23 @@ mod tests {
     use super::*;
     use crate::mock::MockHarness;
 
+    /// The longest line `docs/semantics.md` may have, in characters: a row is its rule and its case names; the detail of
+    /// what a case does is in its comment.
+    const LONGEST_SEMANTICS_LINE: usize = 400;
+
+    #[test]
+    fn every_semantics_line_is_at_most_400_characters() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/semantics.md");
+        let page = std::fs::read_to_string(path).expect("docs/semantics.md");
+        let long: Vec<String> = page
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| line.chars().count() > LONGEST_SEMANTICS_LINE)
+            .map(|(i, line)| format!("line {}: {} characters: {}...", i + 1, line.chars().count(), line.chars().take(80).collect::<String>()))
+            .collect();
+        assert!(long.is_empty(), "docs/semantics.md lines over {LONGEST_SEMANTICS_LINE} characters:\n{}", long.join("\n"));
+    }
+
     /// `docs/semantics.md` names every case, and every name it gives in backticks that looks like a case is one.
     #[test]
     fn the_semantics_page_names_every_case_and_only_cases() {
