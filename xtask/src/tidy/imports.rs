@@ -281,6 +281,24 @@ mod tests {
     }
 
     #[test]
+    fn each_binary_folder_is_read_as_a_crate_of_its_own() {
+        let src = std::env::temp_dir().join(format!("tidy-bins-{}", std::process::id())).join("src");
+        let bin = src.join("bin/tool");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(src.join("lib.rs"), "pub mod a;").unwrap();
+        std::fs::write(src.join("a.rs"), "").unwrap();
+        std::fs::write(bin.join("main.rs"), "mod x;\nmod y;").unwrap();
+        std::fs::write(bin.join("x.rs"), "use crate::y::Y;").unwrap();
+        std::fs::write(bin.join("y.rs"), "use crate::x::X;").unwrap();
+        assert_eq!(read_crate(&src).files.keys().collect::<Vec<_>>(), vec!["a"], "the library leaves the binary out");
+        let bins = read_bins(&src);
+        assert_eq!(bins.len(), 1);
+        assert_eq!(bins[0].0, "tool");
+        assert_eq!(cycles(&bins[0].1), vec![vec!["x", "y", "x"]]);
+        let _ = std::fs::remove_dir_all(src.parent().unwrap());
+    }
+
+    #[test]
     fn layers_comments_and_root_items_are_no_circle() {
         let k = krate(
             "pub struct Mock;\npub use b::B;",
