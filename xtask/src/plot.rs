@@ -115,7 +115,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
-
 /// The chart of one result file as SVG text; `None` when it has no rows by size.
 pub fn chart(name: &str, result: &SizedResult) -> Result<Option<String>, String> {
     let rows = result.rows();

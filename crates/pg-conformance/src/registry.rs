@@ -101,9 +101,20 @@ mod tests {
             .lines()
             .enumerate()
             .filter(|(_, line)| line.chars().count() > LONGEST_SEMANTICS_LINE)
-            .map(|(i, line)| format!("line {}: {} characters: {}...", i + 1, line.chars().count(), line.chars().take(80).collect::<String>()))
+            .map(|(i, line)| {
+                format!(
+                    "line {}: {} characters: {}...",
+                    i + 1,
+                    line.chars().count(),
+                    line.chars().take(80).collect::<String>()
+                )
+            })
             .collect();
-        assert!(long.is_empty(), "docs/semantics.md lines over {LONGEST_SEMANTICS_LINE} characters:\n{}", long.join("\n"));
+        assert!(
+            long.is_empty(),
+            "docs/semantics.md lines over {LONGEST_SEMANTICS_LINE} characters:\n{}",
+            long.join("\n")
+        );
     }
 
     /// `docs/semantics.md` names every case, and every name it gives in backticks that looks like a case is one.

@@ -432,7 +432,11 @@ mod tests {
             }
             .expect("serialize");
             let difference = first_difference(&without_nulls(written), &without_nulls(original), "");
-            assert!(difference.is_none(), "{name}.json does not write back the same: {}", difference.unwrap_or_default());
+            assert!(
+                difference.is_none(),
+                "{name}.json does not write back the same: {}",
+                difference.unwrap_or_default()
+            );
             assert!(parsed.rows().iter().all(|row| row.bytes() > 0), "{name}.json: a row without a size");
         }
         for kind in ["allreduce", "all-to-all", "p2p"] {
