@@ -6,7 +6,7 @@ use std::path::Path;
 
 use pg_lab::bench_exchange::{input_splits, Split, SKEWED_DEFINITION};
 use pg_lab::results::{rank_rows, ExchangeResult, ExchangeSize, Measure, RankRow};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::bench_exchange::busbw;
 
@@ -340,6 +340,7 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use pg_lab::bench_exchange::RING_NOT_APPLICABLE;
+    use serde_json::json;
 
     use super::*;
 
