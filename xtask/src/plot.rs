@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 
+use pg_lab::results::{SizeRow, SizedResult};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::Value;
@@ -35,11 +36,14 @@ const CONTESTANTS: [(&str, &str, RGBColor); 3] = [
     ("torch", "PyTorch", RGBColor(44, 160, 44)),
 ];
 
-/// One panel: what it shows, the row field, and whether its axis is logarithmic.
-const PANELS: [(&str, &str, bool); 3] = [
-    ("bus bandwidth, GB/s", "busbw_gbps", false),
-    ("device time per op, us", "time_us", true),
-    ("host enqueue per op, us", "host_enqueue_us", true),
+/// A figure of a contestant's [`pg_lab::results::Measure`].
+type Figure = fn(&pg_lab::results::Measure) -> Option<f64>;
+
+/// One panel: what it shows, the figure it draws, and whether its axis is logarithmic.
+const PANELS: [(&str, Figure, bool); 3] = [
+    ("bus bandwidth, GB/s", |m| m.busbw_gbps, false),
+    ("device time per op, us", |m| m.time_us, true),
+    ("host enqueue per op, us", |m| m.host_enqueue_us, true),
 ];
 
 /// One line of a panel: its label, colour, whether it is the second split, and its points (log2 bytes, value).
@@ -93,19 +97,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut drawn = 0;
     for path in files {
         let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-        if json.get("sizes").is_none() {
-            continue;
-        }
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        match chart(&name, &json)? {
+        let Some(result) = SizedResult::parse(&name, &text)? else { continue };
+        match chart(&name, &result)? {
             Some(svg) => {
                 let out = path.with_extension("svg");
                 std::fs::write(&out, svg).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
                 println!("wrote {}", out.display());
                 drawn += 1;
             }
-            None => println!("skipped {}: {}", path.display(), skip_reason(&json)),
+            None => println!("skipped {}: {}", path.display(), result.not_applicable().unwrap_or("no rows by size")),
         }
     }
     match (drawn, only) {
@@ -114,19 +115,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 }
 
-fn skip_reason(json: &Value) -> String {
-    json.get("not_applicable").and_then(Value::as_str).unwrap_or("no rows by size").to_owned()
-}
-
 /// The chart of one result file as SVG text; `None` when it has no rows by size.
-pub fn chart(name: &str, json: &Value) -> Result<Option<String>, String> {
-    let rows = json.get("sizes").and_then(Value::as_array).cloned().unwrap_or_default();
-    if rows.is_empty() || json.get("not_applicable").is_some_and(|v| !v.is_null()) {
+pub fn chart(name: &str, result: &SizedResult) -> Result<Option<String>, String> {
+    let rows = result.rows();
+    if rows.is_empty() || result.not_applicable().is_some() {
         return Ok(None);
     }
     let splits: Vec<String> = {
-        let mut splits: Vec<String> =
-            rows.iter().filter_map(|r| r.get("split").and_then(Value::as_str).map(str::to_owned)).collect();
+        let mut splits: Vec<String> = rows.iter().filter_map(|r| r.split().map(str::to_owned)).collect();
         splits.dedup();
         splits.sort();
         splits.dedup();
@@ -134,16 +130,16 @@ pub fn chart(name: &str, json: &Value) -> Result<Option<String>, String> {
     };
     let panels: Vec<(&str, bool, Vec<Line>)> = PANELS
         .iter()
-        .map(|(title, field, log)| (*title, *log, lines(&rows, &splits, field)))
+        .map(|(title, figure, log)| (*title, *log, lines(&rows, &splits, *figure)))
         .filter(|(_, _, lines)| lines.iter().any(|l| !l.points.is_empty()))
         .collect();
     if panels.is_empty() {
         return Ok(None);
     }
-    let op = json.get("op").and_then(Value::as_str).unwrap_or("all_reduce");
-    let world = json.get("world_size").and_then(Value::as_u64).unwrap_or(0);
-    let device = json.pointer("/rust_versions/device").and_then(Value::as_str).unwrap_or("GPU");
-    let nccl = json.pointer("/rust_versions/nccl").and_then(Value::as_str).unwrap_or("?");
+    let op = result.op();
+    let world = result.world_size();
+    let device = result.rust_versions().get("device").and_then(Value::as_str).unwrap_or("GPU");
+    let nccl = result.rust_versions().get("nccl").and_then(Value::as_str).unwrap_or("?");
     let mut title = format!("{op}, world {world} on {device} (NCCL {nccl}; {name}.json)");
     if panels.iter().all(|(title, _, _)| !title.starts_with("bus")) {
         title.push_str(": bus bandwidth 0 at this world size");
@@ -163,8 +159,8 @@ pub fn chart(name: &str, json: &Value) -> Result<Option<String>, String> {
     Ok(Some(svg))
 }
 
-/// The lines of one panel: per contestant (and split), the rows' `field` by log2 of the size.
-fn lines(rows: &[Value], splits: &[String], field: &str) -> Vec<Line> {
+/// The lines of one panel: per contestant (and split), the rows' `figure` by log2 of the size.
+fn lines(rows: &[&dyn SizeRow], splits: &[String], figure: Figure) -> Vec<Line> {
     let mut out = Vec::new();
     let split_list: Vec<Option<&str>> =
         if splits.is_empty() { vec![None] } else { splits.iter().map(|s| Some(s.as_str())).collect() };
@@ -172,10 +168,10 @@ fn lines(rows: &[Value], splits: &[String], field: &str) -> Vec<Line> {
         for (n, split) in split_list.iter().enumerate() {
             let points: Vec<(f64, f64)> = rows
                 .iter()
-                .filter(|row| split.is_none() || row.get("split").and_then(Value::as_str) == *split)
+                .filter(|row| split.is_none() || row.split() == *split)
                 .filter_map(|row| {
-                    let bytes = row.get("bytes").and_then(Value::as_f64)?;
-                    let value = row.get(key)?.get(field)?.as_f64()?;
+                    let bytes = row.bytes() as f64;
+                    let value = figure(row.contestant(key)?)?;
                     (bytes > 0.0 && value > 0.0).then_some((bytes.log2(), value))
                 })
                 .collect();
@@ -303,9 +299,9 @@ pub(crate) mod tests {
             .collect()
     }
 
-    fn committed(name: &str) -> Value {
+    fn committed(name: &str) -> SizedResult {
         let path = crate::tidy::project_root().join(format!("bench/results/{name}.json"));
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+        SizedResult::parse(name, &std::fs::read_to_string(path).unwrap()).unwrap().expect("a result with rows by size")
     }
 
     #[test]

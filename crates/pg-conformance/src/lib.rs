@@ -12,6 +12,7 @@
 //! [`mock::MockHarness`] runs the suite on the simulated backend; the NCCL backend's harness is in `pg-lab`.
 #![forbid(unsafe_code)]
 
+mod case;
 mod cases;
 mod check;
 pub mod fault_matrix;
@@ -21,12 +22,13 @@ mod registry;
 pub mod report;
 mod values;
 
+pub use case::{Case, Outcome};
 pub use check::{Check, Context};
 pub use harness::{
     Capabilities, Clock, Fault, Harness, Hazard, HazardKind, HostThread, KernelKind, KernelLaunch, NoCapabilities,
     Offers, Ran, Rank,
 };
 pub use registry::{
-    cases, collective_cases, dtype_cases, recovery_cases, run_all, run_case, subgroup_cases, Case, CaseReport, Outcome,
+    cases, collective_cases, dtype_cases, recovery_cases, run_all, run_case, subgroup_cases, CaseReport,
 };
 pub use values::{decode, encode};

@@ -132,6 +132,15 @@ impl Harness for MockHarness {
             }
             result
         });
+        // A world ends with its host threads: one left behind (a host callback never run, a helper of a group
+        // nobody let go) would outlive the case and fail later in another's time.
+        let left = world.leftover_threads();
+        if let Some(first) = left.first() {
+            return Err(format!(
+                "the world ended with {} simulated host thread(s) left; the first: {first}",
+                left.len()
+            ));
+        }
         Ok(Ran { results: results.into_iter().enumerate().collect(), caps })
     }
 }

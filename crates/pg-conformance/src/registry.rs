@@ -3,64 +3,8 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::check::Check;
+use crate::case::{Case, Outcome};
 use crate::harness::Harness;
-
-/// What running a case gave.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Every check held.
-    Pass,
-    /// A check failed: what was wrong.
-    Fail(String),
-    /// The case cannot run on this harness or world: why. Never counted as a pass.
-    NotApplicable(String),
-}
-
-impl Outcome {
-    /// The result word of the JSON and the table: `pass`, `fail` or `not_applicable`.
-    pub fn word(&self) -> &'static str {
-        match self {
-            Outcome::Pass => "pass",
-            Outcome::Fail(_) => "fail",
-            Outcome::NotApplicable(_) => "not_applicable",
-        }
-    }
-
-    /// The detail: what failed or why the case did not apply (empty for a pass).
-    pub fn detail(&self) -> &str {
-        match self {
-            Outcome::Pass => "",
-            Outcome::Fail(detail) | Outcome::NotApplicable(detail) => detail,
-        }
-    }
-}
-
-/// A case that passed.
-pub(crate) fn pass() -> Check<Outcome> {
-    Ok(Outcome::Pass)
-}
-
-/// A case that does not apply, with why.
-pub(crate) fn not_applicable(why: impl Into<String>) -> Check<Outcome> {
-    Ok(Outcome::NotApplicable(why.into()))
-}
-
-/// One conformance case.
-pub struct Case<H: Harness> {
-    /// Its name (unique; the same on every backend).
-    pub name: &'static str,
-    /// The fewest ranks it needs.
-    pub min_ranks: usize,
-    /// Runs it: `Err` is a failure with its detail.
-    pub run: fn(&H) -> Check<Outcome>,
-}
-
-impl<H: Harness> std::fmt::Debug for Case<H> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Case").field("name", &self.name).field("min_ranks", &self.min_ranks).finish()
-    }
-}
 
 /// A case's result, as the table and the JSON report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +88,34 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 mod tests {
     use super::*;
     use crate::mock::MockHarness;
+
+    /// The longest line `docs/semantics.md` may have, in characters: a row is its rule and its case names; the detail of
+    /// what a case does is in its comment.
+    const LONGEST_SEMANTICS_LINE: usize = 400;
+
+    #[test]
+    fn every_semantics_line_is_at_most_400_characters() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/semantics.md");
+        let page = std::fs::read_to_string(path).expect("docs/semantics.md");
+        let long: Vec<String> = page
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| line.chars().count() > LONGEST_SEMANTICS_LINE)
+            .map(|(i, line)| {
+                format!(
+                    "line {}: {} characters: {}...",
+                    i + 1,
+                    line.chars().count(),
+                    line.chars().take(80).collect::<String>()
+                )
+            })
+            .collect();
+        assert!(
+            long.is_empty(),
+            "docs/semantics.md lines over {LONGEST_SEMANTICS_LINE} characters:\n{}",
+            long.join("\n")
+        );
+    }
 
     /// `docs/semantics.md` names every case, and every name it gives in backticks that looks like a case is one.
     #[test]

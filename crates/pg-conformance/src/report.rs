@@ -4,7 +4,8 @@
 
 use serde_json::{json, Value};
 
-use crate::registry::{CaseReport, Outcome};
+use crate::case::Outcome;
+use crate::registry::CaseReport;
 
 /// The table: one line per case, then the counts.
 pub fn table(reports: &[CaseReport]) -> String {

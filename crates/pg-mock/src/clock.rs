@@ -128,6 +128,7 @@ pub(crate) enum Advance {
     Deadlock(String),
     /// The next time at which a thread could proceed lies beyond the world's time limit.
     TimeLimit(String),
-    /// Only process-group helpers are left, all parked: time stands still until something wakes them.
+    /// Only process-group helpers are left, all parked, none waiting for the store or for device work that ends at
+    /// a known time: time stands still until something wakes them (and no stall is reported meanwhile).
     Quiescent,
 }

@@ -63,14 +63,16 @@
 //! Tests read what a real machine hides: [`World::trace`] (the whole timeline: what each stream ran, waits as
 //! arrows between streams, blocked host threads, hazards; [`Trace::to_chrome_json`] opens it in Perfetto),
 //! [`World::hazards`], [`World::kernel_log`], [`World::host_threads`] (which
-//! helper threads still run), [`MockDevice::recorded_streams`] (the streams a block waits for before reuse), and
+//! helper threads still run), [`World::leftover_threads`] (the host threads that outlive the ranks, once nothing
+//! can move them), [`MockDevice::recorded_streams`] (the streams a block waits for before reuse), and
 //! [`RecordingStore`], a store over any other that logs which keys a group reads and writes.
 //!
 //! # Awaiting a Work, and memory from elsewhere
 //!
 //! A Work is awaitable; its host callback ([`pg_core::Stream::launch_host_fn`]) runs on a registered helper
 //! thread when the stream reaches it in virtual time. An executor outside the world (a thread of its own)
-//! awaits, while the rank's thread waits for the device as usual, which is what moves the clock.
+//! awaits, while the rank's thread waits for the device as usual, which is what moves the clock. A callback still
+//! behind device work when the ranks have gone moves the clock itself, to that work's end, as a device runs on.
 //! [`MockDevice::foreign_buffer`] stands for memory another framework made: pg keeps it on the Work until the op
 //! has ended.
 //!

@@ -189,6 +189,7 @@ impl Inner {
             if interrupt.is_some() {
                 park.interrupt_epoch = Some(state.interrupt_epoch);
             }
+            let mut quiescent = false;
             state.threads.get_mut(&tid).expect("a parked thread is registered").park = Some(park.clone());
             match state.try_advance(time_limit) {
                 Advance::Advanced => {
@@ -213,10 +214,10 @@ impl Inner {
                 Advance::Busy => {}
                 Advance::Quiescent => {
                     // Only helpers are left: wait for an interrupt (a shutdown) without the stall detector.
-                    last_change = Instant::now();
+                    quiescent = true;
                 }
             }
-            if state.version != last_version {
+            if state.version != last_version || quiescent {
                 last_version = state.version;
                 last_change = Instant::now();
             }
@@ -225,7 +226,7 @@ impl Inner {
                 .wait_timeout(state, self.config.stall_limit.max(Duration::from_millis(1)))
                 .unwrap_or_else(PoisonError::into_inner);
             state = guard;
-            if state.version == last_version && last_change.elapsed() >= self.config.stall_limit {
+            if !quiescent && state.version == last_version && last_change.elapsed() >= self.config.stall_limit {
                 let report = state.report(&format!(
                     "stall: no simulated progress for {:?} of real time; a registered thread that is 'running' may be \
                      blocked outside the simulation (a real lock, channel or join)",
@@ -233,6 +234,30 @@ impl Inner {
                 ));
                 state.failure = Some(report);
                 self.changed.notify_all();
+            }
+        }
+    }
+
+    /// Waits (in real time) until no registered host thread can run any more: each has ended, or is parked with
+    /// nothing that will wake it (the clock cannot move for it). Returns what each one left waits for, empty when
+    /// every thread ended.
+    pub(crate) fn settle(&self) -> Vec<String> {
+        let mut state = self.lock();
+        let mut last_version = state.version;
+        let mut last_change = Instant::now();
+        loop {
+            if state.threads.is_empty() {
+                return Vec::new();
+            }
+            if state.settled() || last_change.elapsed() >= self.config.stall_limit {
+                return state.thread_lines();
+            }
+            let (guard, _) =
+                self.changed.wait_timeout(state, Duration::from_millis(1)).unwrap_or_else(PoisonError::into_inner);
+            state = guard;
+            if state.version != last_version {
+                last_version = state.version;
+                last_change = Instant::now();
             }
         }
     }
@@ -351,31 +376,45 @@ impl State {
         }
     }
 
-    /// Moves the clock when every registered thread is parked (see the module docs).
-    pub(crate) fn try_advance(&mut self, time_limit: Time) -> Advance {
+    /// Where the clock may go now, without moving it: `Err` with what stops it (a running thread, or only helpers
+    /// left), else the earliest time at which a parked thread can proceed or a matched collective starts (`None`:
+    /// no thread ever can).
+    fn next_time(&self) -> Result<Option<Time>, Advance> {
         let mut best: Option<Time> = None;
         let mut helpers_only = true;
         for thread in self.threads.values() {
             helpers_only &= thread.helper;
-            let Some(park) = &thread.park else { return Advance::Busy };
-            // A helper's store operation waits for the clock: let it move that far.
+            let Some(park) = &thread.park else { return Err(Advance::Busy) };
+            // A helper's store operation waits for the clock: let it move that far. So does a helper waiting for
+            // device work that finishes at a known time (a host callback behind a kernel): the device runs on
+            // after the ranks have gone, as a real one does, so the helper is not left parked for ever.
             helpers_only &= !matches!(park.cond, Cond::StoreTurn { .. });
+            helpers_only &= !matches!(park.cond, Cond::OpsDone(_) if self.cond_time(&park.cond).is_some());
             if park.interrupt_epoch.is_some_and(|seen| seen < self.interrupt_epoch) {
                 // It has not looked at its interrupt flag since the last notify: it counts as running.
-                return Advance::Busy;
+                return Err(Advance::Busy);
             }
             if let Some((t, _)) = self.wake_time(park, thread.local) {
                 best = Some(best.map_or(t, |b| b.min(t)));
             }
         }
         // A matched collective starts when the clock reaches its start: the clock stops there.
-        self.pending_starts = self.pending_starts.split_off(&(self.now + 1));
-        if let Some(&start) = self.pending_starts.first() {
+        if let Some(&start) = self.pending_starts.range(self.now + 1..).next() {
             best = Some(best.map_or(start, |b| b.min(start)));
         }
         if helpers_only && best.is_none_or(|t| t > self.now) {
-            return Advance::Quiescent;
+            return Err(Advance::Quiescent);
         }
+        Ok(best)
+    }
+
+    /// Moves the clock when every registered thread is parked (see the module docs).
+    pub(crate) fn try_advance(&mut self, time_limit: Time) -> Advance {
+        let best = match self.next_time() {
+            Ok(best) => best,
+            Err(stopped) => return stopped,
+        };
+        self.pending_starts = self.pending_starts.split_off(&(self.now + 1));
         match best {
             None => {
                 Advance::Deadlock(self.report("deadlock: every simulated host thread is blocked and none can proceed"))
@@ -396,6 +435,20 @@ impl State {
         }
     }
 
+    /// Whether no registered thread can run any more: every one is parked, none can proceed at the current time
+    /// and the clock cannot move for any (only helpers are left, none waiting for the clock; or none ever wakes).
+    pub(crate) fn settled(&mut self) -> bool {
+        if self.someone_ready() {
+            return false;
+        }
+        matches!(self.next_time(), Err(Advance::Quiescent) | Ok(None))
+    }
+
+    /// One line per registered thread: its name, local time and what it waits for.
+    pub(crate) fn thread_lines(&self) -> Vec<String> {
+        self.threads.values().map(|thread| self.thread_line(thread)).collect()
+    }
+
     /// A report of what every registered thread waits for.
     pub(crate) fn report(&self, headline: &str) -> String {
         let mut out = format!("pg-mock {headline} (virtual time {})", show(self.now));
@@ -403,7 +456,15 @@ impl State {
             let _ = write!(out, "\n  thread '{name}' panicked earlier (look at its message first)");
         }
         for thread in self.threads.values() {
-            let _ = write!(out, "\n  thread '{}' (local time {}): ", thread.name, show(thread.local));
+            let _ = write!(out, "\n  {}", self.thread_line(thread));
+        }
+        out
+    }
+
+    /// What `thread` is doing, for reports.
+    fn thread_line(&self, thread: &crate::state::ThreadState) -> String {
+        let mut out = format!("thread '{}' (local time {}): ", thread.name, show(thread.local));
+        {
             match &thread.park {
                 None => out.push_str("running"),
                 Some(park) => {

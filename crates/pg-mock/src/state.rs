@@ -26,8 +26,10 @@ pub(crate) struct ThreadState {
     pub(crate) clock: VClock,
     /// Its registered wait, while parked.
     pub(crate) park: Option<Park>,
-    /// A helper of the process group (`Device::spawn_host_thread`: a watchdog, a heartbeat monitor): helpers
-    /// alone do not move the clock, so a helper left behind by its ranks waits instead of spinning through time.
+    /// A helper of the process group (`Device::spawn_host_thread`: a watchdog, a heartbeat monitor) or a host
+    /// callback: helpers alone do not move the clock, so a helper left behind by its ranks waits instead of
+    /// spinning through time; only one waiting for the store or for device work that ends at a known time moves it
+    /// that far.
     pub(crate) helper: bool,
     /// Where it comes from: the order of its parent, then its number among the threads that parent registered
     /// (a thread registered by an unregistered one: its number among those). Unlike the thread id, which follows

@@ -187,6 +187,15 @@ impl World {
         self.inner.lock().threads.values().map(|thread| thread.name.clone()).collect()
     }
 
+    /// Waits until no host thread of the world can run any more, and says what each one left waits for (empty
+    /// when every one has ended). Call it once the ranks are done: a thread that is left parked for good (a
+    /// helper of a group nobody let go, a host callback behind an op that never finishes) outlives the world's
+    /// ranks, and the case that left it is the one to blame. Threads that can still run (a host callback whose
+    /// op finishes later in virtual time, moving the clock as the device runs on) are waited for, in real time.
+    pub fn leftover_threads(&self) -> Vec<String> {
+        self.inner.settle()
+    }
+
     /// A report of what every registered thread is doing (for debugging a test).
     pub fn report(&self) -> String {
         self.inner.lock().report("state")

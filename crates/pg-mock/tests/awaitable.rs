@@ -1,5 +1,6 @@
 //! Awaiting Works under tokio on the simulated backend: many Works joined as tokio tasks resolve once the device
-//! has finished them, with the reduced values, and a host callback runs at its op's virtual completion time.
+//! has finished them, with the reduced values, and a host callback runs at its op's virtual completion time (also
+//! once the ranks have left).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -122,4 +123,23 @@ fn a_host_callback_runs_when_the_stream_reaches_it_in_virtual_time() {
         rx.recv().expect("the callback ran")
     });
     assert!(ran_at[0] >= SLEEP, "the callback ran at {:?}, before the kernel ahead of it ended", ran_at[0]);
+}
+
+/// The ranks leave while a host callback still waits behind a kernel (an awaited Work whose group gave up on it):
+/// the device runs on, so the clock moves to the kernel's end for the callback, which runs at that time, and the
+/// world ends with no host thread left.
+#[test]
+fn a_host_callback_behind_a_kernel_runs_after_the_ranks_have_left() {
+    let world = World::new(WorldConfig { devices: 1, ..Default::default() });
+    let clock = world.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    world.run(1, move |_, device| {
+        let stream = device.current_stream();
+        device.sleep_kernel(&stream, SLEEP).expect("sleep kernel");
+        let (clock, tx) = (clock.clone(), tx.clone());
+        stream.launch_host_fn(Box::new(move || tx.send(clock.now()).expect("send"))).expect("launch_host_fn");
+    });
+    assert_eq!(world.leftover_threads(), Vec::<String>::new(), "host threads outlived the ranks");
+    let ran_at = rx.try_recv().expect("the callback ran before the world ended");
+    assert!(ran_at >= SLEEP, "the callback ran at {ran_at:?}, before the kernel ahead of it ended");
 }

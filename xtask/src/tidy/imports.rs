@@ -24,6 +24,19 @@ pub fn read_crate(src: &Path) -> Crate {
     krate
 }
 
+/// The binaries under `src/bin` that are folders (`src/bin/NAME/main.rs` and its modules), each as a crate: (NAME,
+/// crate).
+pub fn read_bins(src: &Path) -> Vec<(String, Crate)> {
+    let Ok(entries) = std::fs::read_dir(src.join("bin")) else { return Vec::new() };
+    let mut bins: Vec<(String, Crate)> = entries
+        .flatten()
+        .filter(|entry| entry.path().join("main.rs").is_file())
+        .map(|entry| (entry.file_name().to_string_lossy().into_owned(), read_crate(&entry.path())))
+        .collect();
+    bins.sort_by(|a, b| a.0.cmp(&b.0));
+    bins
+}
+
 fn read_dir(src: &Path, dir: &Path, krate: &mut Crate) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
@@ -265,6 +278,24 @@ mod tests {
             &[("tcp::a", "use super::b::X;"), ("tcp::b", "use crate::tcp::c::Y;"), ("tcp::c", "use crate::tcp::a;")],
         );
         assert_eq!(cycles(&k), vec![vec!["tcp::a", "tcp::b", "tcp::c", "tcp::a"]]);
+    }
+
+    #[test]
+    fn each_binary_folder_is_read_as_a_crate_of_its_own() {
+        let src = std::env::temp_dir().join(format!("tidy-bins-{}", std::process::id())).join("src");
+        let bin = src.join("bin/tool");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(src.join("lib.rs"), "pub mod a;").unwrap();
+        std::fs::write(src.join("a.rs"), "").unwrap();
+        std::fs::write(bin.join("main.rs"), "mod x;\nmod y;").unwrap();
+        std::fs::write(bin.join("x.rs"), "use crate::y::Y;").unwrap();
+        std::fs::write(bin.join("y.rs"), "use crate::x::X;").unwrap();
+        assert_eq!(read_crate(&src).files.keys().collect::<Vec<_>>(), vec!["a"], "the library leaves the binary out");
+        let bins = read_bins(&src);
+        assert_eq!(bins.len(), 1);
+        assert_eq!(bins[0].0, "tool");
+        assert_eq!(cycles(&bins[0].1), vec![vec!["x", "y", "x"]]);
+        let _ = std::fs::remove_dir_all(src.parent().unwrap());
     }
 
     #[test]

@@ -9,9 +9,9 @@ use pg_core::{
 };
 
 use super::{all_equal, case, triangle};
+use crate::case::{Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
-use crate::registry::{Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
@@ -150,6 +150,10 @@ fn querying_a_capturing_stream_is_refused_and_invalidates_the_capture<H: Harness
     })
 }
 
+/// An op enqueued while the current stream captures is captured with its input-ready wait and end event: the
+/// communication stream joins the capture through the input-ready wait, and the current stream waits on the end
+/// event, so the capture ends without a `wait()`. A graph of N collectives launched M times gives the right results
+/// every time, and eager ops of the same group still work.
 fn a_graph_of_collectives_replayed_many_times_gives_correct_results_every_time<H: Harness>(h: &H) -> Check<Outcome> {
     const COLLECTIVES: usize = 3;
     const LAUNCHES: usize = 4;
@@ -189,6 +193,10 @@ fn a_graph_of_collectives_replayed_many_times_gives_correct_results_every_time<H
     })
 }
 
+/// Under capture, `wait()` only adds the stream dependency; a blocking wait, `wait_timeout`,
+/// `WorkHandle::synchronize` of a captured Work and `barrier` fail with `CaptureUnsupported` naming the op, before
+/// anything touches the device (the capture stays valid). A captured Work is complete at once (`is_captured()`), its
+/// op running only in the graph's launches.
 fn blocking_calls_under_capture_are_refused_and_wait_only_orders_the_stream<H: Harness>(h: &H) -> Check<Outcome> {
     on_each_capturing_rank(h, |r, stream| {
         let group = r.ready_group("0", Options::builder())?;

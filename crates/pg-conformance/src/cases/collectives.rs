@@ -8,9 +8,9 @@ use std::time::Duration;
 use pg_core::{Backend, DType, Device as _, ErrorKind, OpType, Options, P2POp, ProcessGroup, ReduceOp, WorkHandle};
 
 use super::{at_once, case, clock_of, need, needs_hazards, on_each_rank, SLEEP};
+use crate::case::{pass, Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
-use crate::registry::{pass, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

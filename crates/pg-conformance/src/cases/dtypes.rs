@@ -7,9 +7,9 @@
 use pg_core::{Backend, DType, Device as _, Error, ErrorKind, Options, ProcessGroup, ReduceOp};
 
 use super::case;
+use crate::case::{not_applicable, pass, Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
-use crate::registry::{not_applicable, pass, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

@@ -17,9 +17,9 @@ use futures::stream::{FuturesUnordered, StreamExt as _};
 use pg_core::{Backend, Buffer as _, DType, Device as _, ErrorHandling, ErrorKind, Options, ReduceOp, WorkHandle};
 
 use super::{all_equal, case, clock_of, held_all_reduce, need, needs_hazards, on_each_rank, triangle, SLEEP};
+use crate::case::{not_applicable, Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness};
-use crate::registry::{not_applicable, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

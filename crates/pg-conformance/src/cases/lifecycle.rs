@@ -15,9 +15,9 @@ use pg_core::{
 use pg_mock::RecordingStore;
 
 use super::{all_equal, case, clock_of, held_all_reduce, need, needs_faults, on_each_rank, pair_p2p, triangle, SLEEP};
+use crate::case::{not_applicable, Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Fault, Harness, Rank};
-use crate::registry::{not_applicable, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
@@ -464,6 +464,9 @@ fn a_failed_wait_fails_every_unfinished_work_of_its_communicator_in_every_mode<H
     })
 }
 
+/// `abort()` aborts every communicator of the group and fails the Works in flight; it returns once the group's
+/// threads have stopped, so a program may exit right after it. On NCCL each communicator's abort waits at most
+/// 10 s, and a second abort of the same communicator waits for the first.
 fn abort_aborts_every_communicator_of_the_group<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     on_each_rank(h, n, |r| {

@@ -14,9 +14,9 @@ pub(crate) mod trace;
 
 use std::time::Duration;
 
+use crate::case::Outcome;
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness, Rank};
-use crate::registry::Outcome;
 use pg_core::{Backend, CommConfig, Device as _, UniqueId};
 use pg_core::{OptionsBuilder, ProcessGroup, ReduceOp, WorkHandle};
 
@@ -26,7 +26,7 @@ pub(crate) const SLEEP: Duration = Duration::from_millis(40);
 /// Registers a case function under its own name.
 macro_rules! case {
     ($f:ident, $min:expr) => {
-        $crate::registry::Case { name: stringify!($f), min_ranks: $min, run: $f::<H> }
+        $crate::case::Case { name: stringify!($f), min_ranks: $min, run: $f::<H> }
     };
 }
 pub(crate) use case;

@@ -4,9 +4,9 @@
 use pg_core::{Backend, Buffer as _, Communicator as _, DType, Device as _, ErrorKind, Options, ReduceOp};
 
 use super::{all_equal, case, communicator, on_each_rank, triangle};
+use crate::case::{pass, Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
-use crate::registry::{pass, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

@@ -14,9 +14,9 @@ use pg_core::{
 };
 
 use super::{all_equal, at_once, case, clock_of, communicator, need, needs_faults, on_each_rank, triangle};
+use crate::case::{Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Fault, Harness, Rank};
-use crate::registry::{Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
@@ -75,6 +75,13 @@ fn until_revoked<B: pg_core::Backend>(r: &Rank<B>, group: &ProcessGroup<B>, limi
     Ok(took)
 }
 
+/// A rank is killed mid-all_reduce: on the mock a killed thread whose ring neighbours see its connections close, on
+/// NCCL a rank whose communicator is aborted in place of the op. A blocking wait on the dying op fails typed within
+/// the op's timeout (the neighbours' with the remote error, at once, and their wait aborts that communicator; the
+/// others' revoked by a neighbour's report); the watchdog revokes; the op queued behind fails (`Revoked`, or
+/// `Aborted` unrun); every later op is `Revoked`; the device is still readable. The survivors, one of them late,
+/// agree on every rank but the dead one and shrink (by one path, whichever communicators were aborted); their next
+/// ops give the survivors' sums, with no hang, at worlds 2 to 8.
 fn a_rank_killed_mid_all_reduce_is_survived_by_revoke_agree_and_shrink<H: Harness>(h: &H) -> Check<Outcome> {
     killed_mid_all_reduce(h, false)
 }
@@ -543,6 +550,10 @@ fn a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name<H: Harness>(h: &H)
     })
 }
 
+/// Refused by name: a shrink excluding the caller, a rank out of range or twice; after a revoke an op, `new_group`
+/// and `shutdown` (which would finalize: `Revoked`, naming the finalize); a second shrink of a parent already shrunk
+/// with abort; an op of a live parent after its aborting shrink; on the backend's communicator, a finalize and an op
+/// after `revoke`.
 fn misuse_of_a_revoked_or_shrunk_group_is_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     on_each_rank(h, n, |r| {
@@ -640,6 +651,11 @@ fn check_grown<B: Backend>(r: &Rank<B>, grown: &ProcessGroup<B>, n: usize) -> Ch
     grown.shutdown().ctx("shutdown of the grown group")
 }
 
+/// A rank killed mid-all_reduce is replaced: the survivors revoke, agree, shrink to the others and grow the shrunk
+/// group by one, while the dead rank's replacement (a new process on its device, knowing only the store, its rank
+/// and the size) joins it. Every rank keeps its number, the new one takes the last, the world ranks are 0..n again,
+/// the next all_reduces over all n are right and the group that grew still works, whether the communicator grew
+/// (`ncclCommGrow`) or was made by the rendezvous (NCCL before 2.29; the mock runs both).
 fn a_lost_rank_is_replaced_by_a_new_process_and_the_shrunk_group_grows_back<H: Harness>(h: &H) -> Check<Outcome> {
     lost_rank_replaced(h, false)
 }
@@ -702,6 +718,10 @@ fn refused(error: Option<&pg_core::Error>, kind: ErrorKind, says: &str) -> bool 
     error.is_some_and(|e| e.kind() == kind && e.to_string().contains(says))
 }
 
+/// Grows refused by name before anything is exchanged: by 0 ranks or onto a member's world rank
+/// (`InvalidArgument`), while an op of the group has not finished (`InvalidArgument`, "not finished"), of a revoked
+/// group or of the parent of an aborting shrink (`Revoked`), of a group shut down (`Aborted`), and with a new rank
+/// out of range (`InvalidArgument`).
 fn grow_of_no_ranks_or_of_a_busy_revoked_or_shut_down_group_is_refused_by_name<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size();
     on_each_rank(h, n, |r| {

@@ -14,9 +14,9 @@ use pg_core::{
 use super::{
     all_equal, at_once, case, clock_of, held_all_reduce, need, needs_hazards, needs_log, on_each_rank, triangle, SLEEP,
 };
+use crate::case::{pass, Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness, HazardKind, KernelKind, KernelLaunch};
-use crate::registry::{pass, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

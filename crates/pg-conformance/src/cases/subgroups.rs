@@ -8,9 +8,9 @@ use pg_core::{Backend, CommConfig, Communicator as _, DType, Device as _, Device
 use pg_core::{ProcessGroup, ReduceOp};
 
 use super::{case, clock_of, communicator, need};
+use crate::case::{pass, Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Harness, Rank};
-use crate::registry::{pass, Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {

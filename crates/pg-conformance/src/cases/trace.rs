@@ -10,9 +10,9 @@ use pg_core::{Device as _, OpType, Options, ProcessGroup, ReduceOp};
 use serde_json::Value;
 
 use super::{case, on_each_rank, SLEEP};
+use crate::case::{Case, Outcome};
 use crate::check::{Check, Context};
 use crate::harness::{Clock, Harness, Rank};
-use crate::registry::{Case, Outcome};
 use crate::{ensure, ensure_eq};
 
 pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
@@ -222,6 +222,11 @@ fn check_rank_file(trace: &Value, r: usize, size: usize, group: &str, clock: Opt
     Ok(())
 }
 
+/// A traced group writes each rank's ops to `rank{r}.json`: every op once on its host track in issue order, with
+/// its sequence number, group, sizes and dtypes, and once on its communication stream's track with its device span,
+/// which starts after its enqueue began (after a kernel it waited for on the current stream) and follows the
+/// previous op of the stream; an op still running at a flush is written with its host times only; an untraced group
+/// records and writes nothing.
 fn traced_ops_are_written_per_rank_with_device_spans_after_their_enqueue<H: Harness>(h: &H) -> Check<Outcome> {
     let n = h.world_size().min(4);
     let clock = h.offers().clock;

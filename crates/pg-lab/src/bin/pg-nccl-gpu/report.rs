@@ -2,6 +2,9 @@
 
 use std::fmt::Write as _;
 
+use std::collections::BTreeMap;
+
+use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, RankRow};
 use serde_json::{json, Value};
 
 use crate::Settings;
@@ -234,27 +237,29 @@ fn device_cell(time_us: f64) -> String {
     }
 }
 
-fn rust_rows(bench: &Value) -> Vec<BenchRow> {
-    let ranks = bench["ranks"].as_array().cloned().unwrap_or_default();
+fn rust_rows(bench: &Value) -> Result<Vec<BenchRow>, String> {
+    let ranks = pg_lab::results::rank_rows(bench["ranks"].as_array().map(Vec::as_slice).unwrap_or_default())?;
     let world = ranks.len().max(1) as f64;
-    let rows = ranks.first().and_then(|r| r["rows"].as_array().cloned()).unwrap_or_default();
-    rows.iter()
+    let first = ranks.first().cloned().unwrap_or_default();
+    Ok(first
+        .iter()
         .enumerate()
         .map(|(index, row)| {
-            let max = |key: &str| {
-                ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+            let at = |r: &Vec<RankRow>| r.get(index).cloned().unwrap_or_default();
+            let max = |get: &dyn Fn(&RankRow) -> Option<f64>| {
+                ranks.iter().map(|r| get(&at(r)).unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
             };
-            let bytes = row["bytes"].as_u64().unwrap_or(0);
-            let time_us = slowest_device_time(ranks.iter().map(|r| r["rows"][index]["time_us"].as_f64()));
-            let ahead: Vec<Option<bool>> = ranks.iter().map(|r| r["rows"][index]["gpu_ahead"].as_bool()).collect();
-            let rates: Vec<Option<f64>> = ranks.iter().map(|r| r["rows"][index]["host_ops_per_s"].as_f64()).collect();
+            let bytes = row.bytes;
+            let time_us = slowest_device_time(ranks.iter().map(|r| at(r).time_us));
+            let ahead: Vec<Option<bool>> = ranks.iter().map(|r| at(r).gpu_ahead).collect();
+            let rates: Vec<Option<f64>> = ranks.iter().map(|r| at(r).host_ops_per_s).collect();
             BenchRow {
-                contestant: row["contestant"].as_str().unwrap_or("?").to_owned(),
+                contestant: row.contestant.clone(),
                 bytes,
                 time_us,
                 busbw_gbps: bytes as f64 / (time_us * 1e-6) / 1e9 * 2.0 * (world - 1.0) / world,
-                enqueue_us: max("host_enqueue_us"),
-                wait_us: if row["wait_us"].is_null() { None } else { Some(max("wait_us")) },
+                enqueue_us: max(&|r| r.host_enqueue_us),
+                wait_us: row.wait_us.map(|_| max(&|r| r.wait_us)),
                 gpu_ahead: ahead.into_iter().collect::<Option<Vec<bool>>>().map(|all| all.into_iter().all(|a| a)),
                 host_ops_per_s: rates
                     .into_iter()
@@ -262,7 +267,7 @@ fn rust_rows(bench: &Value) -> Vec<BenchRow> {
                     .and_then(|all| all.into_iter().reduce(f64::min)),
             }
         })
-        .collect()
+        .collect())
 }
 
 /// The host enqueue time of `contestant` minus that of `baseline` on the same rank, at `bytes`: the worst rank's
@@ -281,23 +286,29 @@ fn same_rank_difference(bench: &Value, contestant: &str, baseline: &str, bytes: 
         .and_then(|diffs| diffs.into_iter().reduce(f64::max))
 }
 
-fn torch_rows(torch: &Value) -> Vec<BenchRow> {
-    let eager = torch["rows"].as_array().cloned().unwrap_or_default().into_iter().map(|row| ("torch", row));
+fn torch_rows(torch: &Value) -> Result<Vec<BenchRow>, String> {
+    let rows = |key: &str| -> Result<Vec<RankRow>, String> {
+        match torch.get(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(rows) => serde_json::from_value(rows.clone()).map_err(|e| format!("torch.json {key}: {e}")),
+        }
+    };
+    let eager = rows("rows")?.into_iter().map(|row| ("torch", row));
     // `torch.cuda.graph` around K all_reduces, replayed (`graph_rows`, when the script ran them).
-    let graph = torch["graph_rows"].as_array().cloned().unwrap_or_default().into_iter().map(|row| ("torch-graph", row));
-    eager
+    let graph = rows("graph_rows")?.into_iter().map(|row| ("torch-graph", row));
+    Ok(eager
         .chain(graph)
         .map(|(contestant, row)| BenchRow {
             contestant: contestant.into(),
-            bytes: row["bytes"].as_u64().unwrap_or(0),
-            time_us: row["time_us"].as_f64().unwrap_or(f64::NAN),
-            busbw_gbps: row["busbw_gbps"].as_f64().unwrap_or(f64::NAN),
-            enqueue_us: row["host_enqueue_us"].as_f64().unwrap_or(f64::NAN),
-            wait_us: row["wait_us"].as_f64(),
-            gpu_ahead: row["gpu_ahead"].as_bool(),
-            host_ops_per_s: row["host_ops_per_s"].as_f64(),
+            bytes: row.bytes,
+            time_us: row.time_us.unwrap_or(f64::NAN),
+            busbw_gbps: row.busbw_gbps.unwrap_or(f64::NAN),
+            enqueue_us: row.host_enqueue_us.unwrap_or(f64::NAN),
+            wait_us: row.wait_us,
+            gpu_ahead: row.gpu_ahead,
+            host_ops_per_s: row.host_ops_per_s,
         })
-        .collect()
+        .collect())
 }
 
 /// Joins `bench.json` (raw, pg) and `torch.json` (if present) in `dir` into `allreduce.md`/`allreduce.json`.
@@ -310,9 +321,9 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     };
     let bench = load("bench.json")?.ok_or("no bench.json: run the bench task first")?;
     let torch = load("torch.json")?;
-    let mut rows = rust_rows(&bench);
+    let mut rows = rust_rows(&bench)?;
     if let Some(torch) = &torch {
-        rows.extend(torch_rows(torch));
+        rows.extend(torch_rows(torch)?);
     }
     let mut sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
     sizes.sort_unstable();
@@ -366,37 +377,48 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             None => "-",
         };
         let bookkeeping = same_rank_difference(&bench, "pg", "raw-with-events", bytes);
-        let by_contestant = |get: &dyn Fn(&BenchRow) -> Value| -> Value {
+        let by_contestant = |get: &dyn Fn(&BenchRow) -> Option<f64>| -> BTreeMap<String, Option<f64>> {
             rust_names
                 .iter()
                 .filter_map(|name| find(name, bytes).map(|row| (name.clone(), get(row))))
                 .chain(torch.map(|row| ("torch".to_owned(), get(row))))
-                .collect::<serde_json::Map<String, Value>>()
-                .into()
+                .collect()
         };
-        summary.push(json!({
-            "bytes": bytes,
-            "raw": raw.map(row_json), "pg": pg.map(row_json), "torch": torch.map(row_json),
-            "pg_current_pool_stream": pg_pool.map(row_json),
-            "raw_with_events": find("raw-with-events", bytes).map(row_json),
-            "pg_no_watchdog_no_fr": find("pg-no-watchdog-no-fr", bytes).map(row_json),
-            "pg_over_raw_busbw": ratio, "pg_minus_raw_enqueue_us": overhead,
-            "pg_over_raw_device_time": raw.zip(pg).map(|(r, p)| p.time_us / r.time_us).filter(|v| v.is_finite()),
-            "pg_minus_raw_enqueue_us_same_rank": same_rank_difference(&bench, "pg", "raw", bytes),
-            "raw_with_events_minus_raw_enqueue_us_same_rank": same_rank_difference(&bench, "raw-with-events", "raw", bytes),
-            "pg_minus_raw_with_events_enqueue_us_same_rank": bookkeeping,
-            "pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank": same_rank_difference(&bench, "pg", "pg-no-watchdog-no-fr", bytes),
-            "pg_one_input_event_minus_pg_enqueue_us_same_rank": same_rank_difference(&bench, "pg-one-input-event", "pg", bytes),
-            "raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank": same_rank_difference(&bench, "raw-with-events", "raw-with-event-ring", bytes),
-            "pg_traced": find("pg-traced", bytes).map(row_json),
-            "pg_traced_minus_pg_enqueue_us_same_rank": same_rank_difference(&bench, "pg-traced", "pg", bytes),
-            "raw_graph": find("raw-graph", bytes).map(row_json),
-            "pg_graph": find("pg-graph", bytes).map(row_json),
-            "torch_graph": find("torch-graph", bytes).map(row_json),
-            "device_time_us": by_contestant(&|r| if r.time_us.is_finite() { json!(r.time_us) } else { Value::Null }),
-            "gpu_ahead": by_contestant(&|r| json!(r.gpu_ahead)),
-            "host_ops_per_s": by_contestant(&|r| json!(r.host_ops_per_s)),
-        }));
+        let same_rank = |contestant: &str, baseline: &str| same_rank_difference(&bench, contestant, baseline, bytes);
+        let of = |contestant: &str| find(contestant, bytes).map(measure);
+        summary.push(AllReduceSize {
+            bytes,
+            device_time_us: by_contestant(&|r| Some(r.time_us).filter(|t| t.is_finite())),
+            gpu_ahead: rust_names
+                .iter()
+                .filter_map(|name| find(name, bytes).map(|row| (name.clone(), row.gpu_ahead)))
+                .chain(torch.map(|row| ("torch".to_owned(), row.gpu_ahead)))
+                .collect(),
+            host_ops_per_s: by_contestant(&|r| r.host_ops_per_s),
+            pg: pg.map(measure),
+            pg_current_pool_stream: pg_pool.map(measure),
+            pg_graph: of("pg-graph"),
+            pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank: same_rank("pg", "pg-no-watchdog-no-fr"),
+            pg_minus_raw_enqueue_us: overhead.filter(|v| v.is_finite()),
+            pg_minus_raw_enqueue_us_same_rank: same_rank("pg", "raw"),
+            pg_minus_raw_with_events_enqueue_us_same_rank: bookkeeping,
+            pg_no_watchdog_no_fr: of("pg-no-watchdog-no-fr"),
+            pg_one_input_event_minus_pg_enqueue_us_same_rank: same_rank("pg-one-input-event", "pg"),
+            pg_over_raw_busbw: ratio.filter(|v| v.is_finite()),
+            pg_over_raw_device_time: raw.zip(pg).map(|(r, p)| p.time_us / r.time_us).filter(|v| v.is_finite()),
+            pg_traced: of("pg-traced"),
+            pg_traced_minus_pg_enqueue_us_same_rank: same_rank("pg-traced", "pg"),
+            raw: raw.map(measure),
+            raw_graph: of("raw-graph"),
+            raw_with_events: of("raw-with-events"),
+            raw_with_events_minus_raw_enqueue_us_same_rank: same_rank("raw-with-events", "raw"),
+            raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank: same_rank(
+                "raw-with-events",
+                "raw-with-event-ring",
+            ),
+            torch: torch.map(measure),
+            torch_graph: of("torch-graph"),
+        });
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {}, {}, {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -437,12 +459,12 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
         }
     }
-    let median_of = |key: &str| {
-        let mut values: Vec<f64> = summary.iter().filter_map(|s| s[key].as_f64()).collect();
+    let median_of = |get: fn(&AllReduceSize) -> Option<f64>| {
+        let mut values: Vec<f64> = summary.iter().filter_map(get).collect();
         crate::bench::median(&mut values)
     };
-    let overhead = median_of("pg_minus_raw_enqueue_us");
-    let overhead_same_rank = median_of("pg_minus_raw_enqueue_us_same_rank");
+    let overhead = median_of(|s| s.pg_minus_raw_enqueue_us);
+    let overhead_same_rank = median_of(|s| s.pg_minus_raw_enqueue_us_same_rank);
     let overhead_ok = overhead <= 2.0;
     let yes = |met: bool| if met { "yes" } else { "NO" };
     // The network profile (ranks sharing a GPU over NCCL's socket transport) has targets of its own: pg's device
@@ -484,18 +506,18 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         "pg host enqueue within 2 us of raw, rank by rank (the worst rank's difference; median over sizes): {} ({overhead_same_rank:.2} us).",
         yes(overhead_same_rank <= 2.0)
     );
-    let floor = median_of("raw_with_events_minus_raw_enqueue_us_same_rank");
+    let floor = median_of(|s| s.raw_with_events_minus_raw_enqueue_us_same_rank);
     if floor.is_finite() {
         let _ = writeln!(
             md,
             "\nWhere the difference goes (same-rank differences, worst rank, median over sizes): the driver calls of the input-ready \
              wait and the end event alone (`raw-with-events` - `raw`) {floor:.2} us; pg's own bookkeeping (`pg` - `raw-with-events`) {:.2} us, \
              of which the watchdog and flight recorder (`pg` - `pg-no-watchdog-no-fr`) {:.2} us.",
-            median_of("pg_minus_raw_with_events_enqueue_us_same_rank"),
-            median_of("pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank"),
+            median_of(|s| s.pg_minus_raw_with_events_enqueue_us_same_rank),
+            median_of(|s| s.pg_minus_pg_no_watchdog_no_fr_enqueue_us_same_rank),
         );
     }
-    let tracing = median_of("pg_traced_minus_pg_enqueue_us_same_rank");
+    let tracing = median_of(|s| s.pg_traced_minus_pg_enqueue_us_same_rank);
     if tracing.is_finite() {
         let _ = writeln!(
             md,
@@ -548,7 +570,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             );
         }
     }
-    let bookkeeping = median_of("pg_minus_raw_with_events_enqueue_us_same_rank");
+    let bookkeeping = median_of(|s| s.pg_minus_raw_with_events_enqueue_us_same_rank);
     if bookkeeping.is_finite() {
         let _ = writeln!(
             md,
@@ -557,14 +579,14 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             yes(bookkeeping <= 0.3)
         );
     }
-    let ring_saves = median_of("pg_one_input_event_minus_pg_enqueue_us_same_rank");
+    let ring_saves = median_of(|s| s.pg_one_input_event_minus_pg_enqueue_us_same_rank);
     if ring_saves.is_finite() {
         let _ = writeln!(
             md,
             "\nWhat cycling through input-ready events saves (same-rank differences, the larger of the ranks, median \
              over sizes): in pg (`pg-one-input-event` - `pg`) {ring_saves:.2} us; in the raw loop \
              (`raw-with-events` - `raw-with-event-ring`) {:.2} us.",
-            median_of("raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank"),
+            median_of(|s| s.raw_with_events_minus_raw_with_event_ring_enqueue_us_same_rank),
         );
     }
     // Time to the first collective (`first.json` from the `first` task, `torch-first.jsonl` from the PyTorch
@@ -604,26 +626,30 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         }
     }
     std::fs::write(dir.join("allreduce.md"), &md).map_err(|e| e.to_string())?;
-    let merged = json!({
-        "first_collective": first_collective,
-        "label": label,
-        "rust_versions": bench["versions"],
-        "torch_versions": torch.as_ref().map(|t| t["versions"].clone()),
-        "world_size": bench["world_size"],
-        "pg_minus_raw_enqueue_us_median": overhead,
-        "pg_minus_raw_enqueue_us_same_rank_median": overhead_same_rank,
-        "host_overhead_within_2_us_same_rank": overhead_same_rank <= 2.0,
-        "busbw_within_2_percent_at_64mib_and_above": busbw_ok,
-        "host_overhead_within_2_us": overhead_ok,
-        "pg_bookkeeping_us_same_rank_median": bookkeeping,
-        "pg_bookkeeping_within_0_3_us": bookkeeping <= 0.3,
-        "targets_met": ok,
-        "profile": profile,
-        "pg_over_raw_device_time_worst_from_64kib": network.worst_ratio,
-        "device_time_within_3_percent_from_64kib": network.device_ok,
-        "host_overhead_within_1_us_same_rank": network.enqueue_ok,
-        "sizes": summary,
-    });
+    let finite = |v: f64| Some(v).filter(|v| v.is_finite());
+    let merged = AllReduceResult {
+        busbw_within_2_percent_at_64mib_and_above: busbw_ok,
+        command: None,
+        commit: None,
+        device_time_within_3_percent_from_64kib: Some(network.device_ok),
+        first_collective,
+        host_overhead_within_1_us_same_rank: Some(network.enqueue_ok),
+        host_overhead_within_2_us: overhead_ok,
+        host_overhead_within_2_us_same_rank: Some(overhead_same_rank <= 2.0),
+        label: label.to_owned(),
+        machine: None,
+        pg_bookkeeping_us_same_rank_median: finite(bookkeeping),
+        pg_bookkeeping_within_0_3_us: Some(bookkeeping <= 0.3),
+        pg_minus_raw_enqueue_us_median: finite(overhead),
+        pg_minus_raw_enqueue_us_same_rank_median: finite(overhead_same_rank),
+        pg_over_raw_device_time_worst_from_64kib: network.worst_ratio,
+        profile: Some(profile),
+        rust_versions: bench["versions"].clone(),
+        sizes: summary,
+        targets_met: ok,
+        torch_versions: torch.as_ref().map(|t| t["versions"].clone()),
+        world_size: bench["world_size"].as_u64().unwrap_or(0),
+    };
     std::fs::write(dir.join("allreduce.json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
     print!("{md}");
@@ -640,20 +666,24 @@ struct NetworkTargets {
     enqueue_ok: bool,
 }
 
-fn network_targets(summary: &[Value], enqueue_same_rank_median_us: f64) -> NetworkTargets {
-    let from =
-        summary.iter().filter(|s| s["bytes"].as_u64().is_some_and(|b| b >= crate::profile::NETWORK_TARGET_FROM_BYTES));
-    let ratios: Vec<Option<f64>> = from.map(|s| s["pg_over_raw_device_time"].as_f64()).collect();
+fn network_targets(summary: &[AllReduceSize], enqueue_same_rank_median_us: f64) -> NetworkTargets {
+    let from = summary.iter().filter(|s| s.bytes >= crate::profile::NETWORK_TARGET_FROM_BYTES);
+    let ratios: Vec<Option<f64>> = from.map(|s| s.pg_over_raw_device_time).collect();
     let worst_ratio = ratios.iter().flatten().copied().reduce(f64::max);
     let device_ok = !ratios.is_empty() && ratios.iter().all(|r| r.is_some_and(|r| r <= 1.03));
     NetworkTargets { worst_ratio, device_ok, enqueue_ok: enqueue_same_rank_median_us <= 1.0 }
 }
 
-fn row_json(row: &BenchRow) -> Value {
-    json!({
-        "time_us": row.time_us, "busbw_gbps": row.busbw_gbps,
-        "host_enqueue_us": row.enqueue_us, "wait_us": row.wait_us,
-    })
+/// A contestant's figures as the merged result writes them (a figure that is not a number is `null`).
+fn measure(row: &BenchRow) -> Measure {
+    let finite = |v: f64| Some(v).filter(|v| v.is_finite());
+    Measure {
+        algbw_gbps: None,
+        busbw_gbps: finite(row.busbw_gbps),
+        host_enqueue_us: finite(row.enqueue_us),
+        time_us: finite(row.time_us),
+        wait_us: row.wait_us.filter(|v| v.is_finite()),
+    }
 }
 
 /// The median of `values` (NaN when empty).

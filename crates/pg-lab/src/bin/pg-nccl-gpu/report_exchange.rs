@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use pg_lab::bench_exchange::{input_splits, Split, SKEWED_DEFINITION};
-use serde_json::{json, Value};
+use pg_lab::results::{rank_rows, ExchangeResult, ExchangeSize, Measure, RankRow};
+use serde_json::Value;
 
 use crate::bench_exchange::busbw;
 
@@ -55,48 +56,58 @@ impl Row {
         self.bytes as f64 / (self.time_us * 1e-6) / 1e9
     }
 
-    fn json(&self, op: &str, world: usize) -> Value {
-        json!({
-            "time_us": self.time_us, "algbw_gbps": self.algbw(), "busbw_gbps": busbw(op, self.algbw(), world),
-            "host_enqueue_us": self.enqueue_us, "wait_us": self.wait_us,
-        })
+    /// The row's figures as the merged result writes them (a figure that is not a number is `null`).
+    fn measure(&self, op: &str, world: usize) -> Measure {
+        let finite = |v: f64| Some(v).filter(|v| v.is_finite());
+        Measure {
+            algbw_gbps: finite(self.algbw()),
+            busbw_gbps: finite(busbw(op, self.algbw(), world)),
+            host_enqueue_us: finite(self.enqueue_us),
+            time_us: finite(self.time_us),
+            wait_us: self.wait_us.filter(|v| v.is_finite()),
+        }
     }
 }
 
 /// The Rust contestants' rows, each the slowest rank's medians (ranks list their rows in the same order).
-fn rust_rows(ranks: &[Value]) -> Vec<Row> {
-    let first = ranks.first().and_then(|r| r["rows"].as_array().cloned()).unwrap_or_default();
-    first
+fn rust_rows(ranks: &[Value]) -> Result<Vec<Row>, String> {
+    let ranks = rank_rows(ranks)?;
+    let first = ranks.first().cloned().unwrap_or_default();
+    Ok(first
         .iter()
         .enumerate()
         .map(|(index, row)| {
-            let max = |key: &str| {
-                ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+            let max = |get: &dyn Fn(&RankRow) -> Option<f64>| {
+                ranks.iter().map(|r| r.get(index).and_then(get).unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
             };
             Row {
-                contestant: row["contestant"].as_str().unwrap_or("?").to_owned(),
-                split: row["split"].as_str().map(str::to_owned),
-                bytes: row["bytes"].as_u64().unwrap_or(0),
-                time_us: max("time_us"),
-                enqueue_us: max("host_enqueue_us"),
-                wait_us: if row["wait_us"].is_null() { None } else { Some(max("wait_us")) },
+                contestant: row.contestant.clone(),
+                split: row.split.clone(),
+                bytes: row.bytes,
+                time_us: max(&|r| r.time_us),
+                enqueue_us: max(&|r| r.host_enqueue_us),
+                wait_us: row.wait_us.map(|_| max(&|r| r.wait_us)),
             }
         })
-        .collect()
+        .collect())
 }
 
-fn torch_rows(torch: &Value) -> Vec<Row> {
-    let rows = torch["rows"].as_array().cloned().unwrap_or_default();
-    rows.iter()
+fn torch_rows(torch: &Value) -> Result<Vec<Row>, String> {
+    let rows: Vec<RankRow> = match torch.get("rows") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(rows) => serde_json::from_value(rows.clone()).map_err(|e| format!("the PyTorch rows: {e}"))?,
+    };
+    Ok(rows
+        .into_iter()
         .map(|row| Row {
             contestant: "torch".into(),
-            split: row["split"].as_str().map(str::to_owned),
-            bytes: row["bytes"].as_u64().unwrap_or(0),
-            time_us: row["time_us"].as_f64().unwrap_or(f64::NAN),
-            enqueue_us: row["host_enqueue_us"].as_f64().unwrap_or(f64::NAN),
-            wait_us: row["wait_us"].as_f64(),
+            split: row.split,
+            bytes: row.bytes,
+            time_us: row.time_us.unwrap_or(f64::NAN),
+            enqueue_us: row.host_enqueue_us.unwrap_or(f64::NAN),
+            wait_us: row.wait_us,
         })
-        .collect()
+        .collect())
 }
 
 /// The table of a task's own results (`pg-nccl-gpu run --tasks bench-all-to-all`); passes when every rank
@@ -115,7 +126,13 @@ pub fn task(task: &str, ranks: &[Value]) -> (bool, String) {
         "| size | split | contestant | time/op us | algbw GB/s | busbw GB/s | host enqueue us/op | wait() us |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-    let rows = rust_rows(ranks);
+    let rows = match rust_rows(ranks) {
+        Ok(rows) => rows,
+        Err(error) => {
+            let _ = writeln!(md, "\nThe ranks' rows do not read: {error}");
+            return (false, md);
+        }
+    };
     for row in &rows {
         let _ = writeln!(
             md,
@@ -182,9 +199,9 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
         }
     }
     let not_applicable = ranks[0]["not_applicable"].as_str().map(str::to_owned);
-    let mut rows = rust_rows(&ranks);
+    let mut rows = rust_rows(&ranks)?;
     if let Some(torch) = &torch {
-        rows.extend(torch_rows(torch));
+        rows.extend(torch_rows(torch)?);
     }
     let mut keys: Vec<(Option<String>, u64)> = rows.iter().map(|r| (r.split.clone(), r.bytes)).collect();
     keys.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
@@ -251,13 +268,15 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
             f(torch_row, &|r| Some(r.enqueue_us)),
             f(torch_row, &|r| r.wait_us),
         );
-        summary.push(json!({
-            "split": key.0, "bytes": key.1,
-            "raw": raw.map(|r| r.json(op, world)), "pg": pg.map(|r| r.json(op, world)),
-            "torch": torch_row.map(|r| r.json(op, world)),
-            "pg_minus_raw_enqueue_us": raw.zip(pg).map(|(r, p)| p.enqueue_us - r.enqueue_us),
-            "pg_over_raw_time": raw.zip(pg).map(|(r, p)| p.time_us / r.time_us),
-        }));
+        summary.push(ExchangeSize {
+            bytes: key.1,
+            pg: pg.map(|r| r.measure(op, world)),
+            pg_minus_raw_enqueue_us: raw.zip(pg).map(|(r, p)| p.enqueue_us - r.enqueue_us).filter(|v| v.is_finite()),
+            pg_over_raw_time: raw.zip(pg).map(|(r, p)| p.time_us / r.time_us).filter(|v| v.is_finite()),
+            raw: raw.map(|r| r.measure(op, world)),
+            split: key.0.clone(),
+            torch: torch_row.map(|r| r.measure(op, world)),
+        });
     }
     if not_applicable.is_none() && keys.is_empty() {
         complete = false;
@@ -267,13 +286,13 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
     let profile = ranks[0]["profile"].as_str().unwrap_or("nvlink").to_owned();
     let ratios: Vec<Option<f64>> = summary
         .iter()
-        .filter(|s| s["bytes"].as_u64().is_some_and(|b| b >= crate::profile::NETWORK_TARGET_FROM_BYTES))
-        .map(|s| s["pg_over_raw_time"].as_f64().filter(|r| r.is_finite()))
+        .filter(|s| s.bytes >= crate::profile::NETWORK_TARGET_FROM_BYTES)
+        .map(|s| s.pg_over_raw_time)
         .collect();
     let worst_ratio = ratios.iter().flatten().copied().reduce(f64::max);
     let device_ok = !ratios.is_empty() && ratios.iter().all(|r| r.is_some_and(|r| r <= 1.03));
     let enqueue_median = {
-        let mut diffs: Vec<f64> = summary.iter().filter_map(|s| s["pg_minus_raw_enqueue_us"].as_f64()).collect();
+        let mut diffs: Vec<f64> = summary.iter().filter_map(|s| s.pg_minus_raw_enqueue_us).collect();
         crate::bench::median(&mut diffs)
     };
     let enqueue_ok = enqueue_median <= 1.0;
@@ -291,24 +310,27 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
         );
     }
     std::fs::write(dir.join(format!("{op}.md")), &md).map_err(|e| e.to_string())?;
-    let merged = json!({
-        "op": op,
-        "what": describe(op),
-        "label": label,
-        "rust_versions": bench["versions"],
-        "torch_versions": torch.as_ref().map(|t| t["versions"].clone()),
-        "world_size": world,
-        "not_applicable": not_applicable,
-        "self_send_refused": ranks[0]["self_send_refused"],
-        "splits_definition": if op == "all-to-all" { json!(SKEWED_DEFINITION.replace('\n', " ")) } else { Value::Null },
-        "busbw_definition": definition,
-        "profile": profile,
-        "pg_over_raw_time_worst_from_64kib": worst_ratio,
-        "device_time_within_3_percent_from_64kib": device_ok,
-        "pg_minus_raw_enqueue_us_median": if enqueue_median.is_finite() { json!(enqueue_median) } else { Value::Null },
-        "host_overhead_within_1_us": enqueue_ok,
-        "sizes": summary,
-    });
+    let merged = ExchangeResult {
+        busbw_definition: definition.to_owned(),
+        command: None,
+        commit: None,
+        device_time_within_3_percent_from_64kib: Some(device_ok),
+        host_overhead_within_1_us: Some(enqueue_ok),
+        label: label.to_owned(),
+        machine: None,
+        not_applicable,
+        op: op.to_owned(),
+        pg_minus_raw_enqueue_us_median: Some(enqueue_median).filter(|v| v.is_finite()),
+        pg_over_raw_time_worst_from_64kib: worst_ratio,
+        profile: Some(profile),
+        rust_versions: bench["versions"].clone(),
+        self_send_refused: ranks[0]["self_send_refused"].clone(),
+        sizes: summary,
+        splits_definition: (op == "all-to-all").then(|| SKEWED_DEFINITION.replace('\n', " ")),
+        torch_versions: torch.as_ref().map(|t| t["versions"].clone()),
+        what: describe(op).to_owned(),
+        world_size: world as u64,
+    };
     std::fs::write(dir.join(format!("{op}.json")), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
     print!("{md}");
@@ -318,6 +340,7 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use pg_lab::bench_exchange::RING_NOT_APPLICABLE;
+    use serde_json::json;
 
     use super::*;
 
