@@ -298,6 +298,9 @@ fi
 # ===== a lost rank survived: pg beside PyTorch's two paths =====
 if [ "${RECOVERY:-0}" = "1" ]; then
   for W in ${RECOVERY_WORLDS:-4}; do
+    # The reports' label: this world and the libnccl both sides load.
+    PG_RUN_LABEL="$(run_label "$W")"
+    export PG_RUN_LABEL
     rm -f "$OUT"/recovery-pg*.json "$OUT"/recovery-torch-*.json
     "$HERE/pg-xtask" recovery --backend nccl --world-size "$W" --json "$OUT/recovery-pg.json" \
       --md "$OUT/recovery-pg.md" || rc=1

@@ -318,16 +318,23 @@ pub(crate) fn write_dump(path: &Path, dump: &Value) -> Result<()> {
     std::fs::rename(&temporary, path).map_err(|e| failed("rename into", e))
 }
 
-/// The calling thread's number and name, worked out once per thread (a cheap `Arc` clone after that: this runs
-/// on every op's enqueue path while the recorder is on).
+thread_local! {
+    /// The calling thread's number and name, worked out once per thread.
+    static CURRENT_THREAD: (u64, std::sync::Arc<str>) = {
+        let thread = std::thread::current();
+        (thread_number(&thread.id()), std::sync::Arc::from(thread.name().unwrap_or("unnamed")))
+    };
+}
+
+/// The calling thread's number and name (a cheap `Arc` clone after the thread's first call: this runs on the
+/// enqueue path while the recorder is on, when the Work it fills was last made on another thread).
 pub(crate) fn current_thread() -> (u64, std::sync::Arc<str>) {
-    thread_local! {
-        static CURRENT: (u64, std::sync::Arc<str>) = {
-            let thread = std::thread::current();
-            (thread_number(&thread.id()), std::sync::Arc::from(thread.name().unwrap_or("unnamed")))
-        };
-    }
-    CURRENT.with(|(id, name)| (*id, std::sync::Arc::clone(name)))
+    CURRENT_THREAD.with(|(id, name)| (*id, std::sync::Arc::clone(name)))
+}
+
+/// The calling thread's number alone (no counter touched).
+pub(crate) fn current_thread_number() -> u64 {
+    CURRENT_THREAD.with(|(id, _)| *id)
 }
 
 /// A stable number for a thread id (the standard library gives no integer view of it).

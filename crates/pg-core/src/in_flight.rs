@@ -25,11 +25,12 @@ use crate::{Backend, Device as _, Error, OpType};
 const MIN_PRUNE_LEN: usize = 64;
 
 /// The Works the intake holds at most: beyond it, the enqueue path moves the intake onto the list itself.
-pub(crate) const INTAKE_CAPACITY: usize = 1024;
+pub(crate) const INTAKE_CAPACITY: usize = 4096;
 
-/// The intake's length at which the enqueue path wakes a watchdog to take it: a quarter of the capacity, so that
-/// a watchdog woken on a busy host has three quarters of the intake's time left to come.
-pub(crate) const WAKE_AT: usize = INTAKE_CAPACITY / 4;
+/// The intake's length at which the enqueue path wakes a watchdog to take it: half the capacity, so that
+/// a watchdog woken on a busy host has the other half of the intake's time left to come, and a busy group wakes
+/// it once per half an intake of ops.
+pub(crate) const WAKE_AT: usize = INTAKE_CAPACITY / 2;
 
 /// The Works in flight of one group.
 pub(crate) struct InFlight<B: Backend> {

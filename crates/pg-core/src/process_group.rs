@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pg_store::Store;
 
@@ -12,7 +12,7 @@ use crate::cache::{CommCache, CommEntry, CommShared};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
-use crate::flight_recorder::{current_thread, ListSizes};
+use crate::flight_recorder::{current_thread, current_thread_number, ListSizes};
 use crate::lifecycle::{Call, GroupState};
 use crate::locks::lock;
 use crate::op_trace::{Identity, OpInfo, Tracer};
@@ -863,40 +863,95 @@ impl<B: Backend> ProcessGroup<B> {
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
         let (input_size, output_size, lists) = spec.sizes();
-        let thread = self.inner.recorder.is_on().then(current_thread);
-        let new_state = |end_event: Arc<B::Event>| WorkState {
-            entry: Arc::clone(entry),
-            end_event,
-            start_event,
-            fr_id: AtomicU64::new(u64::MAX),
-            retired: AtomicBool::new(false),
-            seq,
-            op: spec.op,
-            input: input_size,
-            output: output_size,
-            lists,
-            start_time,
-            timeout: self.inner.timeout(),
-            blocking_wait: options.blocking_wait,
-            blocking_wait_poll: options.blocking_wait_poll,
-            is_barrier: spec.is_barrier,
-            captured,
-            exception: Mutex::new(None),
-            failed: AtomicBool::new(false),
-            ended: AtomicBool::new(false),
-            stashed: !stash.is_empty(),
-            stash: Mutex::new(stash),
-            waiters: std::sync::OnceLock::new(),
-            thread,
-        };
+        let recorded = self.inner.recorder.is_on();
+        let timeout = self.inner.timeout();
         let state = match source {
             WorkSource::Recycled(mut work) => {
                 let slot = Arc::get_mut(&mut work).expect("a recycled Work is held by nobody else");
-                *slot = new_state(Arc::clone(&slot.end_event));
+                // Overwritten in place, every field named (a new field fails to compile here until it is set). The
+                // communicator entry and the thread's name are kept when they are the same, so that reusing a Work
+                // touches no counter another thread touches.
+                let WorkState {
+                    entry: slot_entry,
+                    end_event: _,
+                    start_event: slot_start_event,
+                    fr_id,
+                    retired,
+                    seq: slot_seq,
+                    op,
+                    input,
+                    output,
+                    lists: slot_lists,
+                    start_time: slot_start_time,
+                    timeout: slot_timeout,
+                    blocking_wait,
+                    blocking_wait_poll,
+                    is_barrier,
+                    captured: slot_captured,
+                    exception,
+                    failed,
+                    ended,
+                    stash: slot_stash,
+                    stashed,
+                    waiters,
+                    thread,
+                } = slot;
+                if !Arc::ptr_eq(slot_entry, entry) {
+                    *slot_entry = Arc::clone(entry);
+                }
+                *slot_start_event = start_event;
+                *fr_id.get_mut() = u64::MAX;
+                *retired.get_mut() = false;
+                *slot_seq = seq;
+                *op = spec.op;
+                *input = input_size;
+                *output = output_size;
+                *slot_lists = lists;
+                *slot_start_time = start_time;
+                *slot_timeout = timeout;
+                *blocking_wait = options.blocking_wait;
+                *blocking_wait_poll = options.blocking_wait_poll;
+                *is_barrier = spec.is_barrier;
+                *slot_captured = captured;
+                *exception.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
+                *failed.get_mut() = false;
+                *ended.get_mut() = false;
+                *stashed = !stash.is_empty();
+                *slot_stash.get_mut().unwrap_or_else(PoisonError::into_inner) = stash;
+                *waiters = std::sync::OnceLock::new();
+                match (recorded, thread.as_ref()) {
+                    (false, _) => *thread = None,
+                    (true, Some((id, _))) if *id == current_thread_number() => {}
+                    (true, _) => *thread = Some(current_thread()),
+                }
                 self.inner.tally.work_reused();
                 work
             }
-            WorkSource::Fresh(end_event) => Arc::new(new_state(end_event)),
+            WorkSource::Fresh(end_event) => Arc::new(WorkState {
+                entry: Arc::clone(entry),
+                end_event,
+                start_event,
+                fr_id: AtomicU64::new(u64::MAX),
+                retired: AtomicBool::new(false),
+                seq,
+                op: spec.op,
+                input: input_size,
+                output: output_size,
+                lists,
+                start_time,
+                timeout,
+                blocking_wait: options.blocking_wait,
+                blocking_wait_poll: options.blocking_wait_poll,
+                is_barrier: spec.is_barrier,
+                captured,
+                exception: Mutex::new(None),
+                failed: AtomicBool::new(false),
+                ended: AtomicBool::new(false),
+                stashed: !stash.is_empty(),
+                stash: Mutex::new(stash),
+                waiters: std::sync::OnceLock::new(),
+                thread: recorded.then(current_thread),
+            }),
         };
         let work = WorkHandle { state, output: held.clone() };
         timer.lap(EnqueueStep::Work);

@@ -10,9 +10,9 @@ use crate::work::WorkState;
 use crate::Backend;
 
 /// The most completed Works kept for reuse per group. The watchdog retires Works whenever the in-flight intake
-/// fills a quarter ([`crate::in_flight::WAKE_AT`]), so a steady stream of ops finds the pool stocked long before
+/// fills half way ([`crate::in_flight::WAKE_AT`]), so a steady stream of ops finds the pool stocked long before
 /// it runs dry; the pool's slots are allocated with the group (16 bytes each).
-const POOL_MAX: usize = 2048;
+const POOL_MAX: usize = 4096;
 
 /// How many pooled Works an op tries before it makes a new one (the others are still held by their callers).
 const TRIES: usize = 4;

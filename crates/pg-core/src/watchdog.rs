@@ -35,8 +35,8 @@ const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 
 /// The watchdog's thread body: it holds the group only weakly while it sleeps.
 ///
-/// A pass every `period` is a full one. The enqueue path also wakes the watchdog when the in-flight intake fills a
-/// quarter ([`crate::in_flight::WAKE_AT`]); such an early pass only takes the intake in and retires the Works
+/// A pass every `period` is a full one. The enqueue path also wakes the watchdog when the in-flight intake fills half
+/// way ([`crate::in_flight::WAKE_AT`]); such an early pass only takes the intake in and retires the Works
 /// that finished (the store is read at most once a period), and the next full pass keeps its time.
 pub(crate) fn watchdog_loop<B: Backend>(
     group: &Weak<Shared<B>>,
@@ -222,6 +222,10 @@ fn note_completed<B: Backend>(group: &Shared<B>, work: &WorkState<B>, completed:
         return;
     }
     let (newer_start, newer_end) = group.errors.note_completed(work.seq, work.op, work.start_event.is_some());
+    if !group.options.desync_debug {
+        // No trace keys to write: nothing to name.
+        return;
+    }
     if newer_start {
         trace_update(group, &trace_start_key(group.rank), work);
     }

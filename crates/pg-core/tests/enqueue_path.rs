@@ -93,8 +93,9 @@ fn a_path_that_locks_is_seen_locking() {
 /// itself, and the flight recorder still lists every op in enqueue order.
 #[test]
 fn a_full_intake_is_moved_by_the_enqueue_path_and_nothing_is_lost() {
-    let (group, buffer) = group(options(false, 5000));
-    let ops = 3000;
+    // More ops than the intake holds (4,096), all of them in the recorder.
+    let (group, buffer) = group(options(false, 10_000));
+    let ops = 9000;
     for _ in 0..ops {
         one_op(&group, &buffer);
     }
