@@ -128,12 +128,7 @@ impl SizeRow for AllReduceSize {
     }
 
     fn contestant(&self, contestant: &str) -> Option<&Measure> {
-        match contestant {
-            "raw" => self.raw.as_ref(),
-            "pg" => self.pg.as_ref(),
-            "torch" => self.torch.as_ref(),
-            _ => None,
-        }
+        pick(contestant, [&self.raw, &self.pg, &self.torch])
     }
 }
 
@@ -229,12 +224,7 @@ impl SizeRow for ExchangeSize {
     }
 
     fn contestant(&self, contestant: &str) -> Option<&Measure> {
-        match contestant {
-            "raw" => self.raw.as_ref(),
-            "pg" => self.pg.as_ref(),
-            "torch" => self.torch.as_ref(),
-            _ => None,
-        }
+        pick(contestant, [&self.raw, &self.pg, &self.torch])
     }
 }
 
@@ -398,6 +388,16 @@ impl SizedResult {
             SizedResult::AllReduce(result) => result.sizes.iter().map(|row| row as &dyn SizeRow).collect(),
             SizedResult::Exchange(result) => result.sizes.iter().map(|row| row as &dyn SizeRow).collect(),
         }
+    }
+}
+
+/// The row's figures of `contestant` ("raw", "pg" or "torch") among `[raw, pg, torch]`.
+fn pick<'a>(contestant: &str, [raw, pg, torch]: [&'a Option<Measure>; 3]) -> Option<&'a Measure> {
+    match contestant {
+        "raw" => raw.as_ref(),
+        "pg" => pg.as_ref(),
+        "torch" => torch.as_ref(),
+        _ => None,
     }
 }
 
