@@ -391,6 +391,16 @@ impl SizedResult {
     }
 }
 
+/// The median of `values` (sorted in place; NaN when empty): the one median of the lab's reports.
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 /// The row's figures of `contestant` ("raw", "pg" or "torch") among `[raw, pg, torch]`.
 fn pick<'a>(contestant: &str, [raw, pg, torch]: [&'a Option<Measure>; 3]) -> Option<&'a Measure> {
     match contestant {

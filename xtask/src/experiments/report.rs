@@ -72,17 +72,12 @@ pub struct Report {
     pub streams: Vec<StreamsRankRow>,
 }
 
+/// The median of `values` to one decimal (0 when empty: a table cell).
 fn median(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return 0.0;
+    match values.is_empty() {
+        true => 0.0,
+        false => (pg_lab::results::median(&mut values) * 10.0).round() / 10.0,
     }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    let m = match values.len() % 2 {
-        1 => values[mid],
-        _ => (values[mid - 1] + values[mid]) / 2.0,
-    };
-    (m * 10.0).round() / 10.0
 }
 
 fn fraction(flags: impl Iterator<Item = bool>) -> f64 {

@@ -23,6 +23,8 @@ use serde_json::{json, Value};
 use crate::util::{all_equal, filled, group, rank_sum, read, Group};
 use crate::Rank;
 
+pub use pg_lab::results::median;
+
 fn e(err: impl std::fmt::Display) -> String {
     err.to_string()
 }
@@ -31,19 +33,6 @@ fn e(err: impl std::fmt::Display) -> String {
 /// (PyTorch needs 30-45 us per op), so that events time the device, not the host.
 pub fn spin_for(ops: usize) -> Duration {
     Duration::from_micros((ops as u64 * 100).max(5_000))
-}
-
-pub fn median(values: &mut [f64]) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[mid]
-    } else {
-        (values[mid - 1] + values[mid]) / 2.0
-    }
 }
 
 struct Sample {

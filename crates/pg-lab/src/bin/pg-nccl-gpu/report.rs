@@ -461,7 +461,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     }
     let median_of = |get: fn(&AllReduceSize) -> Option<f64>| {
         let mut values: Vec<f64> = summary.iter().filter_map(get).collect();
-        crate::bench::median(&mut values)
+        pg_lab::results::median(&mut values)
     };
     let overhead = median_of(|s| s.pg_minus_raw_enqueue_us);
     let overhead_same_rank = median_of(|s| s.pg_minus_raw_enqueue_us_same_rank);
@@ -688,12 +688,7 @@ fn measure(row: &BenchRow) -> Measure {
 
 /// The median of `values` (NaN when empty).
 fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
+    pg_lab::results::median(&mut values)
 }
 
 /// Joins the training example's curve (`train-pg.json`, from `ddp_mlp --json`) and PyTorch DDP's
