@@ -13,11 +13,15 @@ use std::sync::Weak;
 use std::time::Duration;
 
 use crate::failure::{dump_once, end_process, poison_device, record_first_error};
+use crate::liveness::LIVENESS_POLL;
 use crate::shared::Shared;
 use crate::signals::Signals;
+use crate::watchdog::check_dead_ranks;
 use crate::{Backend, Device, Error};
 
-/// The monitor's thread body: it holds the group only weakly while it sleeps.
+/// The monitor's thread body: it holds the group only weakly while it sleeps. With liveness on it also reads the
+/// store for dead ranks every [`LIVENESS_POLL`]: it makes no device call, so the news of a death never waits behind
+/// a watchdog held in a query of a communicator that lost its peer.
 pub(crate) fn monitor_loop<B: Backend>(
     group: &Weak<Shared<B>>,
     device: &B::Device,
@@ -25,16 +29,29 @@ pub(crate) fn monitor_loop<B: Backend>(
     timeout: Duration,
 ) {
     let terminate = &signals.terminate;
-    let Some(mut last_beat) = group.upgrade().map(|g| g.threads.heartbeat.load(Ordering::Relaxed)) else { return };
+    let Some((mut last_beat, liveness)) =
+        group.upgrade().map(|g| (g.threads.heartbeat.load(Ordering::Relaxed), g.store_link.has_liveness()))
+    else {
+        return;
+    };
+    let poll = if liveness { timeout.min(LIVENESS_POLL) } else { timeout };
     let mut last_change = device.now();
+    let mut next_look = last_change.saturating_add(timeout);
     loop {
-        device.sleep(timeout, terminate);
+        device.sleep(poll, terminate);
         if terminate.load(Ordering::SeqCst) {
             return;
         }
         let Some(group) = group.upgrade() else { return };
-        let beat = group.threads.heartbeat.load(Ordering::Relaxed);
+        if liveness {
+            check_dead_ranks(group.as_ref());
+        }
         let now = device.now();
+        if now < next_look {
+            continue;
+        }
+        next_look = now.saturating_add(timeout);
+        let beat = group.threads.heartbeat.load(Ordering::Relaxed);
         // An idle watchdog sleeps longer than its period, by design: that is not a stuck one.
         if beat != last_beat || signals.idle.load(Ordering::SeqCst) {
             (last_beat, last_change) = (beat, now);

@@ -14,7 +14,8 @@ use std::time::Duration;
 use pg_store::liveness::{dead_key, live_key, watched_key, DEATHS_KEY};
 use pg_store::{Store, StoreError};
 
-/// How often a group with liveness reads the store for deaths (its watchdog's period when that is shorter).
+/// How often a group with liveness reads the store for deaths: its heartbeat monitor's poll (its watchdog's period,
+/// when monitoring is off, if that is shorter).
 pub(crate) const LIVENESS_POLL: Duration = Duration::from_millis(10);
 
 /// The timeout of the hold's own connection.

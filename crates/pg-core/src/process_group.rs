@@ -1234,7 +1234,7 @@ fn start_threads<B: Backend>(group: &Arc<Shared<B>>) -> Result<()> {
         Ok(())
     };
     let handles = || (Arc::downgrade(group), group.device.clone(), Arc::clone(&group.signals));
-    let period = match group.store_link.has_liveness() {
+    let period = match crate::watchdog::reads_liveness(group) {
         true => options.watchdog_period.min(crate::liveness::LIVENESS_POLL),
         false => options.watchdog_period,
     };

@@ -78,7 +78,7 @@ pub(crate) fn watchdog_loop<B: Backend>(
 /// A new Work wakes it ([`Shared::track`]); on the simulated backend, an idle watchdog lets the clock jump.
 fn idle_sleep<B: Backend>(group: &Shared<B>, signals: &Signals) -> Option<Duration> {
     let options = &group.options;
-    if options.signals_peers() || group.store_link.has_liveness() {
+    if options.signals_peers() || reads_liveness(group) {
         return None;
     }
     // Announce idleness before looking at the list, so that a Work pushed meanwhile sees it and wakes us.
@@ -90,6 +90,12 @@ fn idle_sleep<B: Backend>(group: &Shared<B>, signals: &Signals) -> Option<Durati
     let dump_request_possible =
         options.dump_on_timeout && !group.errors.dumped() && group.in_flight.last_enqueued().is_some();
     Some(if dump_request_possible { options.watchdog_period.max(COORD_CHECK_PERIOD) } else { IDLE_SLEEP })
+}
+
+/// Whether the watchdog reads the store for dead ranks: with liveness on, unless the heartbeat monitor does (it makes
+/// no device call, so a watchdog held in a query of a communicator that lost its peer does not delay the news).
+pub(crate) fn reads_liveness<B: Backend>(group: &Shared<B>) -> bool {
+    group.store_link.has_liveness() && !group.options.enable_monitoring
 }
 
 /// One watchdog pass over the in-flight Works; a `full` one also reads the store for the peers' signals and the
@@ -112,7 +118,7 @@ pub(crate) fn pass<B: Backend>(group: &Shared<B>, full: bool) {
     if full && options.signals_peers() {
         check_remote_error(group);
     }
-    if full && group.store_link.has_liveness() {
+    if full && reads_liveness(group) {
         check_dead_ranks(group);
     }
     if full && options.dump_on_timeout {
@@ -278,7 +284,7 @@ fn check_remote_error<B: Backend>(group: &Shared<B>) {
 
 /// Reads the store for a rank whose liveness connection closed ([`crate::Options::liveness`]): such a rank is dead,
 /// and the group fails as with a peer's remote error (revoking with `revoke_on_error`).
-fn check_dead_ranks<B: Backend>(group: &Shared<B>) {
+pub(crate) fn check_dead_ranks<B: Backend>(group: &Shared<B>) {
     if group.store_link.broken.load(Ordering::Relaxed) || group.errors.error_type() != ErrorType::Success {
         return;
     }
