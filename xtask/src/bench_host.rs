@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use pg_core::noop::{Noop, NoopDevice};
 use pg_core::store::HashStore;
-use pg_core::{DType, Options, ProcessGroup, ReduceOp};
+use pg_core::{DType, EnqueueStep, Options, ProcessGroup, ReduceOp};
 
 const HELP: &str = "\
 cargo xtask bench host [--ops N] [--watchdog on|off] [--watchdog-period-ms N] [--trace-buffer N] [--out DIR]
@@ -15,7 +15,8 @@ The host time of ProcessGroup::all_reduce plus WorkHandle::wait on a no-op backe
 returns at once): the cost of pg-core's own bookkeeping per op, median of 9 rounds of N ops (default 200000).
 Without a configuration flag it measures four: the watchdog on (passes every 100 ms, and passes that never come),
 the watchdog off, and the watchdog and flight recorder off. Writes host.md and host.json into --out (default
-bench/results). Build with --release for figures worth keeping.
+bench/results). Build with --release for figures worth keeping. With PG_TIME_ENQUEUE=1 it also writes where each
+enqueue's time goes, step by step (the timers' own clock reads included: time the figures without it).
 ";
 
 /// One configuration of the group under measurement.
@@ -66,6 +67,21 @@ fn measure(config: Config, ops: usize) -> std::result::Result<Vec<f64>, String> 
     rounds.sort_by(f64::total_cmp);
     group.shutdown().map_err(|e| e.to_string())?;
     Ok(rounds)
+}
+
+/// With `PG_TIME_ENQUEUE=1`: the enqueue template's steps, ns per op over the `ops` measured since `before` (the
+/// timers' own clock reads included), as a Markdown paragraph; `None` when timing is off.
+fn step_breakdown(before: &[(EnqueueStep, Duration); 7], ops: usize) -> Option<String> {
+    let after = pg_core::enqueue_step_totals();
+    let steps: Vec<String> = after
+        .iter()
+        .zip(before)
+        .map(|((step, total), (_, earlier))| {
+            format!("{} {:.0}", step.name(), total.saturating_sub(*earlier).as_secs_f64() * 1e9 / ops as f64)
+        })
+        .collect();
+    let any = after.iter().zip(before).any(|((_, total), (_, earlier))| total > earlier);
+    any.then(|| format!("enqueue steps, ns per op (`PG_TIME_ENQUEUE=1`, timers included): {}", steps.join(", ")))
 }
 
 /// The machine in one line: CPU model and count.
@@ -138,14 +154,22 @@ pub fn main(args: &[String]) -> std::result::Result<(), String> {
          | configuration | median ns/op | min | max |\n| --- | ---: | ---: | ---: |\n"
     );
     let mut rows = Vec::new();
+    let mut breakdowns = Vec::new();
     for config in configs {
+        let before = pg_core::enqueue_step_totals();
         let rounds = measure(config, ops)?;
+        // The first op (the communicator's creation) is among them: a few microseconds over 1.8 million ops.
+        let steps = step_breakdown(&before, 9 * ops + 1);
         let (median, min, max) = (rounds[4], rounds[0], rounds[8]);
         println!(
             "{}: median {median:.0} ns, min {min:.0} ns, max {max:.0} ns over 9 rounds of {ops} ops",
             config.describe()
         );
         md.push_str(&format!("| {} | {median:.0} | {min:.0} | {max:.0} |\n", config.describe()));
+        if let Some(steps) = &steps {
+            println!("  {steps}");
+            breakdowns.push(format!("- {}: {steps}", config.describe()));
+        }
         rows.push(serde_json::json!({
             "watchdog": config.watchdog,
             "watchdog_period_ms": config.period_ms,
@@ -153,6 +177,12 @@ pub fn main(args: &[String]) -> std::result::Result<(), String> {
             "ns_per_op_rounds": rounds,
             "median_ns": median,
         }));
+    }
+    if !breakdowns.is_empty() {
+        md.push_str(&format!(
+            "\nWhere one enqueue's time goes, step by step (the timers cost two clock reads a step):\n\n{}\n",
+            breakdowns.join("\n")
+        ));
     }
     let json = serde_json::json!({
         "command": command, "machine": machine, "commit": commit, "ops_per_round": ops, "results": rows,
