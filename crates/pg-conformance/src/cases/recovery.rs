@@ -24,6 +24,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(a_rank_killed_mid_all_reduce_is_survived_by_revoke_agree_and_shrink, 2),
         case!(a_rank_killed_mid_all_reduce_is_survived_with_liveness, 2),
         case!(a_dead_rank_is_known_to_every_survivor_at_once_and_the_agreement_waits_for_no_window, 2),
+        case!(without_the_heartbeat_monitor_the_watchdog_reads_dead_ranks_as_soon, 2),
         case!(a_slow_rank_is_never_declared_dead, 2),
         case!(a_store_that_dies_with_its_host_is_a_clear_error, 2),
         case!(a_communicator_error_revokes_the_group_with_revoke_on_error, 2),
@@ -206,6 +207,18 @@ fn alone<B: Backend>(r: &Rank<B>) -> Check<ProcessGroup<B>> {
 fn a_dead_rank_is_known_to_every_survivor_at_once_and_the_agreement_waits_for_no_window<H: Harness>(
     h: &H,
 ) -> Check<Outcome> {
+    // The heartbeat monitor reads the store for deaths (it makes no device call).
+    dead_rank_known_at_once(h, live)
+}
+
+/// With monitoring off, the watchdog reads the store for deaths itself, as soon.
+fn without_the_heartbeat_monitor_the_watchdog_reads_dead_ranks_as_soon<H: Harness>(h: &H) -> Check<Outcome> {
+    dead_rank_known_at_once(h, || live().enable_monitoring(false))
+}
+
+/// A rank killed outside its peers' ops is known dead to every survivor within [`LIVENESS_DETECTION`], with the
+/// group's `options`, and the agreement waits for no window.
+fn dead_rank_known_at_once<H: Harness>(h: &H, options: fn() -> OptionsBuilder) -> Check<Outcome> {
     need!(needs_process_kills(h));
     let clock = need!(clock_of(h));
     let n = h.world_size();
@@ -218,7 +231,7 @@ fn a_dead_rank_is_known_to_every_survivor_at_once_and_the_agreement_waits_for_no
         if !r.caps.inject(Fault::KillProcessAt { rank: victim, op: 1 }) {
             return Err("the fault was refused".into());
         }
-        let group = r.ready_group("0", live())?;
+        let group = r.ready_group("0", options())?;
         if r.rank == victim {
             let solo = alone(r)?;
             let ones = r.filled(1.0, 8)?;
