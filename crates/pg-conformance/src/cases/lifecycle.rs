@@ -447,6 +447,9 @@ fn a_failed_wait_fails_every_unfinished_work_of_its_communicator_in_every_mode<H
     on_each_rank(h, 2, |r| {
         for mode in modes {
             let name = format!("{mode:?}");
+            // The last mode's group is gone, its watchdog joined: the failure it recorded on the device, whenever
+            // its watchdog saw the failed Work, concerns that group only.
+            let _ = r.device.poison().clear();
             // The watchdog's timeout is long: only the failed wait acts.
             let group = r.ready_group(&name, Options::builder().error_handling(mode))?;
             if r.rank == 1 {
@@ -460,8 +463,6 @@ fn a_failed_wait_fails_every_unfinished_work_of_its_communicator_in_every_mode<H
             ensure!(a.wait_timeout(SLEEP).is_err(), "{name}: a wait_timeout of an op no peer joined returned Ok");
             let _ = r.device.synchronize();
             check_never_ran(&b, &format!("{name}: the second Work after the first one's failed wait"))?;
-            // The watchdog saw the failed Work and recorded it on the device; the next mode starts healthy.
-            let _ = r.device.poison().clear();
         }
         Ok(())
     })
