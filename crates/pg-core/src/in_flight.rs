@@ -115,12 +115,17 @@ impl<B: Backend> InFlight<B> {
         *works = kept;
         self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
         let Some(now) = left.first().map(|work| nanos(work.entry.device.now())) else { return };
+        // The completed ones under one lock of the recorder, as a watchdog pass retires them; a failed one keeps
+        // its last state.
+        let mut completed = Vec::with_capacity(left.len());
         for work in &left {
-            if let Some(id) = work.fr_id() {
-                let completed = work.exception().is_none().then_some(now);
-                self.recorder.retire(id, completed);
+            match (work.fr_id(), work.exception().is_none()) {
+                (Some(id), true) => completed.push(id),
+                (Some(id), false) => self.recorder.retire(id, None),
+                (None, _) => {}
             }
         }
+        self.recorder.retire_completed(&completed, now);
         self.pool.put(left);
     }
 
