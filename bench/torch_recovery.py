@@ -9,6 +9,8 @@ loop; the last rank SIGKILLs itself during its sixth op; each survivor measures 
   store they already share (no new rendezvous, no new store).
 
 The ranks are started by this script, not torchrun: torchrun's agent tears the whole job down when one worker dies.
+A path's ranks get `--limit-s` seconds (default 200, `TORCH_RECOVERY_LIMIT_S` in run.sh): a survivor still recovering
+then is killed, and its row keeps its detection and reports the recovery as longer than the limit.
 
     python3 torch_recovery.py --world 4 --out DIR                    # both paths: DIR/recovery-torch-{best,documented}.json
     python3 torch_recovery.py --world 4 --out DIR --path best        # one path
@@ -38,9 +40,11 @@ def free_port():
 
 
 PATHS = ("best", "documented")
+PATH_NAMES = {"best": "new ProcessGroupNCCL on a PrefixStore of the job's store, no destroy",
+              "documented": "shrink_group, else destroy_process_group + init_process_group"}
 
 
-def launch(world, out, path):
+def launch(world, out, path, limit_s):
     port, second = free_port(), free_port()
     procs = []
     for rank in range(world):
@@ -51,22 +55,30 @@ def launch(world, out, path):
                    TORCH_NCCL_ASYNC_ERROR_HANDLING="0")
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", "--out", out, "--path", path], env=env))
     # A rank stuck in PyTorch's recovery (a hung abort or a rendezvous a peer never reaches) is killed and reported.
-    deadline = time.time() + 200
+    started = time.time()
+    deadline = started + limit_s
     codes = []
     for p in procs:
         try:
             codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
         except subprocess.TimeoutExpired:
             p.kill()
-            codes.append("killed after 200 s")
+            codes.append(f"killed after {limit_s:g} s")
     rows = []
     for rank in range(world - 1):
         row_path = os.path.join(out, f"recovery-torch-{path}-rank{rank}.json")
         try:
             with open(row_path) as f:
-                rows.append(json.load(f))
+                row = json.load(f)
         except OSError as e:
             rows.append({"rank": rank, "failure": f"no row: {e} (exit code {codes[rank]})"})
+            continue
+        if row.get("unfinished"):
+            # Killed at the limit while recovering: the recovery took longer than the rest of the limit.
+            row.pop("unfinished")
+            row["recover_more_than_ms"] = (deadline - row.pop("detected_at_ms") / 1e3) * 1e3
+            row["path"] = f"{row['path']}: still recovering when stopped at the {limit_s:g} s limit"
+        rows.append(row)
     import torch
     doc = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())), "world_size": world,
            "path": path, "exit_codes": codes, "rows": rows}
@@ -142,6 +154,10 @@ def worker(out, path_kind):
     survivors = [r for r in range(world) if r != victim]
     new_rank = survivors.index(rank)
     killed_at = float(store.get("killed_at"))
+    # The row so far: what the launcher reports if this rank is still recovering at its limit.
+    with open(os.path.join(out, f"recovery-torch-{path_kind}-rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "new_rank": new_rank, "survivors": survivors, "error": error, "unfinished": True,
+                   "path": PATH_NAMES[path_kind], "detect_ms": detected - killed_at, "detected_at_ms": detected}, f)
     group = None
     path = "destroy_process_group + init_process_group"
     if path_kind == "best":
@@ -216,6 +232,11 @@ def report(out, world):
         d, r = median(rows, "detect_ms"), median(rows, "recover_ms")
         return d, r, (d + r if d is not None and r is not None else None), rows
 
+    def at_least(rows):
+        """The recovery's lower bound where a survivor was stopped at the limit (the smallest such bound)."""
+        bounds = [r["recover_more_than_ms"] for r in rows if "recover_more_than_ms" in r]
+        return min(bounds) if bounds else None
+
     def first_path(doc):
         rows = (doc or {}).get("rows") or [{}]
         return rows[0].get("path", "-")
@@ -239,8 +260,16 @@ def report(out, world):
         d, r, total, rows = totals(doc)
         summary[name] = {"detect_ms": d, "recover_ms": r, "total_ms": total}
         ok = bool(rows) and all(x.get("correct") for x in rows) and len(rows) == world - 1
-        fmt = lambda v: "-" if v is None else f"{v:.1f}"
-        lines.append(f"| {name} | {fmt(d)} | {fmt(r)} | {fmt(total)} | {ok} | {path} |")
+        fmt = lambda v: "-" if v is None else f"{v:,.1f}"
+        recover, whole = fmt(r), fmt(total)
+        bound = at_least(rows)
+        if bound is not None:
+            # Stopped at the limit: the medians are not known, only that they exceed the bound.
+            summary[name].update({"recover_more_than_ms": bound,
+                                  "total_more_than_ms": None if d is None else d + bound})
+            recover, whole = f"> {bound:,.0f}", "-" if d is None else f"> {d + bound:,.0f}"
+            ok = "stopped at the limit"
+        lines.append(f"| {name} | {fmt(d)} | {recover} | {whole} | {ok} | {path} |")
     best_total = (summary.get("PyTorch, best path") or {}).get("total_ms")
     if best_total:
         ratios = [f"{name}: {s['total_ms'] / best_total:.2f}x" for name, s in summary.items()
@@ -269,6 +298,8 @@ if __name__ == "__main__":
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--path", choices=PATHS + ("both",), default="both")
+    parser.add_argument("--limit-s", type=float, default=200.0,
+                        help="seconds a path's ranks get before a survivor still recovering is stopped")
     args = parser.parse_args()
     if args.worker:
         worker(args.out, args.path)
@@ -276,4 +307,4 @@ if __name__ == "__main__":
         report(args.out, args.world)
     else:
         for path in PATHS if args.path == "both" else (args.path,):
-            launch(args.world, args.out, path)
+            launch(args.world, args.out, path, args.limit_s)

@@ -37,7 +37,8 @@
 # RECOVERY=1: at each world of RECOVERY_WORLDS (default "4"), the last rank SIGKILLed during its sixth 64 MiB
 # all_reduce, each survivor timed from the kill to its first correct all_reduce of the shrunk group: pg (pg-xtask
 # recovery, without and with liveness from the store) beside PyTorch's best and documented paths
-# (torch_recovery.py), on one libnccl: OUT_DIR/recovery-nccl-N.{md,json}.
+# (torch_recovery.py), on one libnccl: OUT_DIR/recovery-nccl-N.{md,json}. TORCH_RECOVERY_LIMIT_S (default 200): the
+# seconds each PyTorch path gets; a survivor still recovering then is stopped and reported as slower than the limit.
 # ELASTIC=1: the training example's elastic loop at each world of ELASTIC_WORLDS (default "4"), one process per
 # rank: the last rank dies at step 20, the survivors (liveness on) shrink and train to step 100:
 # OUT_DIR/elastic-mlp-nccl-NtoM.json (M = N - 1).
@@ -307,7 +308,7 @@ if [ "${RECOVERY:-0}" = "1" ]; then
     "$HERE/pg-xtask" recovery --backend nccl --world-size "$W" --liveness --json "$OUT/recovery-pg-liveness.json" \
       --md "$OUT/recovery-pg-liveness.md" || rc=1
     if has_torch; then
-      python3 "$HERE/torch_recovery.py" --world "$W" --out "$OUT" || rc=1
+      python3 "$HERE/torch_recovery.py" --world "$W" --out "$OUT" --limit-s "${TORCH_RECOVERY_LIMIT_S:-200}" || rc=1
     else
       echo "no torch here: PyTorch's recovery paths are skipped"
     fi
