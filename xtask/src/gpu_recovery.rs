@@ -55,6 +55,13 @@ pub struct Row {
     pub correct: bool,
     /// What the first failed op said.
     pub error: String,
+    /// The group's first error: what revoked it (a dead rank seen in the store, a peer's report, the communicator's
+    /// own error).
+    #[serde(default)]
+    pub cause: String,
+    /// From the kill to the first failed op's return, in ms.
+    #[serde(default)]
+    pub op_failed_ms: f64,
 }
 
 /// Runs the task: parses the arguments, launches the ranks, writes the report.
@@ -118,14 +125,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut md = format!(
         "# A lost rank survived on NCCL, world {world}\n\n{layout}; the last rank SIGKILLed during all_reduce {} of \
          64 MiB; group with `revoke_on_error`{}, op timeout 2 s, watchdog period 50 ms; ms of wall-clock time\n\n\
-         | rank | new rank | survivors | detect | recover | of which agree | of which shrink | total | correct |\n\
-         | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
+         | rank | new rank | survivors | detect | recover | of which agree | of which shrink | total | correct | \
+         revoked by |\n\
+         | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n",
         KILL_AT + 1,
         if liveness { " and `liveness`" } else { "" }
     );
     for row in &rows {
         md.push_str(&format!(
-            "| {} | {} | {:?} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            "| {} | {} | {:?} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} |\n",
             row.rank,
             row.new_rank.map_or("-".to_owned(), |r| r.to_string()),
             row.survivors,
@@ -134,7 +142,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
             row.agree_ms,
             row.shrink_ms,
             row.detect_ms + row.recover_ms,
-            row.correct
+            row.correct,
+            row.cause.replace('|', "/")
         ));
     }
     for failure in &failures {
@@ -254,6 +263,7 @@ fn rank_body(
     let buffer = device.alloc(DType::F32, NUMEL).map_err(e)?;
     let current = device.current_stream();
     let mut op = 0;
+    let mut op_failed = 0.0;
     let error = loop {
         device.fill(&buffer, (rank + 1) as f64, &current).map_err(e)?;
         if rank == victim && op == KILL_AT {
@@ -269,6 +279,7 @@ fn rank_body(
         match result {
             Err(error) => {
                 phases.mark("op failed");
+                op_failed = wall_ms();
                 break error.to_string();
             }
             Ok(()) if group.is_revoked() => break "the group was revoked".to_owned(),
@@ -286,6 +297,7 @@ fn rank_body(
     }
     let detected = wall_ms();
     phases.mark("revoked");
+    let cause = group.error().map_or_else(|| "none recorded".to_owned(), |error| error.to_string());
     let agree_start = std::time::Instant::now();
     let survivors = group
         .agree_survivors(&AgreeOptions { timeout: Duration::from_millis(500), ..AgreeOptions::default() })
@@ -317,5 +329,7 @@ fn rank_body(
         shrink_ms,
         correct,
         error,
+        cause,
+        op_failed_ms: op_failed - killed_at,
     })
 }
