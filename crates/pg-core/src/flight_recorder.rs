@@ -432,7 +432,7 @@ mod tests {
         fr.mark_started(b, 50);
         fr.retire(c, Some(90));
         let states = |fr: &FlightRecorder| -> Vec<String> {
-            let dump = dump_of(&fr);
+            let dump = dump_of(fr);
             dump["entries"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap().to_owned()).collect()
         };
         assert_eq!(states(&fr), ["scheduled", "started", "completed"]);
