@@ -308,7 +308,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(path) = trace {
         let ranked: Vec<(usize, Value)> =
             dumps.iter().filter_map(|(file, dump)| rank_of(file, dump).map(|rank| (rank, dump.clone()))).collect();
-        let text = serde_json::to_string(&crate::fr_trace::trace(&ranked, &reports)).map_err(|e| e.to_string())?;
+        let text = crate::fr_trace::trace(&ranked, &reports).to_string();
         std::fs::write(&path, text).map_err(|e| format!("cannot write {path}: {e}"))?;
         println!("wrote {path} (open it in Perfetto or chrome://tracing)");
     }

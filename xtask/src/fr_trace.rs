@@ -5,8 +5,11 @@
 
 use std::collections::BTreeMap;
 
+use pg_conformance::traces::from_serde;
+use pg_core::json::Value as PgValue;
+use pg_core::json_object;
 use pg_core::trace_event::{TraceEvents, Track};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::fr_analyze::{Finding, GroupReport};
 
@@ -15,7 +18,7 @@ const TIME_FIELDS: [&str; 3] = ["time_created_ns", "time_discovered_started_ns",
 
 /// The trace of `dumps` (rank, parsed JSON), with `reports` (the analysis of the same dumps) marking the first
 /// divergence of each group.
-pub fn trace(dumps: &[(usize, Value)], reports: &[GroupReport]) -> Value {
+pub fn trace(dumps: &[(usize, Value)], reports: &[GroupReport]) -> PgValue {
     let mut events = TraceEvents::new();
     let ranks: Vec<usize> = dumps.iter().map(|(rank, _)| *rank).collect();
     for rank in &ranks {
@@ -54,13 +57,13 @@ pub fn add(events: &mut TraceEvents, dumps: &[(usize, Value)], reports: &[GroupR
             let Some(start) = time("time_created_ns").or_else(|| time("time_discovered_started_ns")) else { continue };
             let end = time("time_discovered_completed_ns").or(last).unwrap_or(start).max(start);
             let name = entry.get("profiling_name").and_then(Value::as_str).unwrap_or("?");
-            let field = |f: &str| entry.get(f).cloned().unwrap_or(Value::Null);
-            let args = json!({
+            let field = |f: &str| entry.get(f).map_or(PgValue::Null, from_serde);
+            let args = json_object! {
                 "state": field("state"), "collective_seq_id": field("collective_seq_id"),
                 "p2p_seq_id": field("p2p_seq_id"), "input_sizes": field("input_sizes"),
                 "input_dtypes": field("input_dtypes"), "output_sizes": field("output_sizes"),
                 "output_dtypes": field("output_dtypes"), "completed": time("time_discovered_completed_ns").is_some(),
-            });
+            };
             events.slice(Track::new(pid, tracks[&group_of(entry)]), name, "op", start, end, args);
         }
     }
@@ -69,7 +72,7 @@ pub fn add(events: &mut TraceEvents, dumps: &[(usize, Value)], reports: &[GroupR
         for finding in &report.findings {
             for (rank, name, why) in divergence(finding) {
                 let at = dumps.iter().find(|(r, _)| *r == rank).and_then(|(_, dump)| last_time(dump)).unwrap_or(0);
-                let args = json!({"group": report.name, "why": why});
+                let args = json_object! {"group": &report.name, "why": why};
                 events.process_instant(Track::new(rank as u64, tid), &name, "divergence", at, args);
             }
         }
@@ -120,6 +123,8 @@ fn group_of(entry: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     /// Rank `rank`'s dump of a 4-rank group that ran all_reduces 1..=`last`, each created at `seq` ms and completed
@@ -151,7 +156,7 @@ mod tests {
         let dumps = vec![dump(0, 5, Some(5)), dump(1, 4, None), dump(2, 5, Some(5)), dump(3, 5, Some(5))];
         let named: Vec<(String, Value)> =
             dumps.iter().map(|(rank, dump)| (format!("nccl_trace_rank_{rank}"), dump.clone())).collect();
-        trace(&dumps, &crate::fr_analyze::analyze(&named))
+        pg_conformance::traces::to_serde(&trace(&dumps, &crate::fr_analyze::analyze(&named)))
     }
 
     #[test]

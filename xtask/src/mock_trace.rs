@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use serde_json::Value;
+use pg_core::json::Value;
 
 /// How many timeline records the experiments' worlds keep (a full run of the semantics experiment needs a few
 /// thousand per rank).
@@ -13,8 +13,7 @@ pub const CAPACITY: usize = 1 << 20;
 
 /// Writes `json` to `path`.
 pub fn write(path: &Path, json: &Value) -> Result<(), String> {
-    let text = serde_json::to_string(json).map_err(|e| format!("serialising {}: {e}", path.display()))?;
-    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    std::fs::write(path, json.to_string()).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// `trace` with the flight-recorder dumps in `dumps` (files `nccl_trace_rank_*`, if any) added: each rank's
@@ -24,7 +23,7 @@ pub fn with_flight_recorder(trace: &pg_mock::Trace, dumps: &Path) -> Value {
     let named = crate::fr_analyze::read_dir(dumps, "nccl_trace_rank_").unwrap_or_default();
     if !named.is_empty() {
         let reports = crate::fr_analyze::analyze(&named);
-        let ranked: Vec<(usize, Value)> = named
+        let ranked: Vec<(usize, serde_json::Value)> = named
             .iter()
             .filter_map(|(file, dump)| crate::fr_analyze::rank_of(file, dump).map(|rank| (rank, dump.clone())))
             .collect();

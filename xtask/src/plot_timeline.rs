@@ -167,6 +167,7 @@ fn draw_error<E: std::fmt::Debug>(e: E) -> String {
 
 #[cfg(test)]
 mod tests {
+    use pg_core::json::Object;
     use pg_core::trace_event::{TraceEvents, Track};
     use serde_json::json;
 
@@ -179,11 +180,11 @@ mod tests {
         trace.process(0, "rank 0", 0);
         trace.thread(current, "stream 0 (default)", 1);
         trace.thread(comm, "stream 1", 2);
-        trace.slice(current, "sleep", "stream", 0, 2_000_000, json!({}));
-        trace.slice(comm, "wait_event", "stream", 100_000, 2_000_000, json!({}));
-        trace.slice(comm, "all_reduce", "stream", 2_000_000, 3_000_000, json!({}));
+        trace.slice(current, "sleep", "stream", 0, 2_000_000, Object::new());
+        trace.slice(comm, "wait_event", "stream", 100_000, 2_000_000, Object::new());
+        trace.slice(comm, "all_reduce", "stream", 2_000_000, 3_000_000, Object::new());
         trace.flow("event", "stream", (current, 0), (comm, 100_000));
-        let svg = render(&trace.into_json(), 0, (None, None)).unwrap();
+        let svg = render(&pg_conformance::traces::to_serde(&trace.into_json()), 0, (None, None)).unwrap();
         let texts = crate::plot::tests::texts(&svg);
         for text in ["stream 0 (default)", "stream 1", "stream"] {
             assert!(texts.iter().any(|t| t == text), "{text} missing from {texts:?}");

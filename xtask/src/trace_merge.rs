@@ -91,7 +91,7 @@ pub fn merge_dir(dir: &Path, out: &Path) -> Result<Value, String> {
         }
         documents.push(document);
     }
-    let merged = pg_core::trace_event::merge(&documents)?;
+    let merged = pg_conformance::traces::merge(&documents)?;
     for (group, count, median, largest) in alignment(&merged, files.len()) {
         println!(
             "group {group}: {count} collectives on all {} ranks; device ends apart by {median:.1} us (median), \

@@ -8,6 +8,7 @@
 //! [`Outcome::NotApplicable`] with the reason; it never counts as a pass.
 //!
 //! [`cases`] lists every case; [`run_all`] runs them and [`report`] prints the table and the JSON.
+//! [`traces`] merges per-rank trace documents and carries pg-core's JSON values to and from serde_json's.
 //! [`fault_matrix`] is the fault matrix on the simulated backend (pg-mock's tests and `cargo xtask faults`).
 //! [`mock::MockHarness`] runs the suite on the simulated backend; the NCCL backend's harness is in `pg-lab`.
 #![forbid(unsafe_code)]
@@ -20,6 +21,7 @@ mod harness;
 pub mod mock;
 mod registry;
 pub mod report;
+pub mod traces;
 mod values;
 
 pub use case::{Case, Outcome};

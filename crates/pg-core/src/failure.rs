@@ -138,7 +138,7 @@ pub(crate) fn dump_once<B: Backend>(group: &Shared<B>) {
 }
 
 /// The flight recorder of `group` as JSON.
-pub(crate) fn dump_json<B: Backend>(group: &Shared<B>) -> serde_json::Value {
+pub(crate) fn dump_json<B: Backend>(group: &Shared<B>) -> crate::json::Value {
     // Every Work enqueued so far, recorded: the recorder takes new Works in from the in-flight list's intake.
     group.in_flight.settle();
     let status = group.status();

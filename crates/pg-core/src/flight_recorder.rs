@@ -11,8 +11,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use serde_json::{json, Map, Value};
-
+use crate::json::{Object, Value};
+use crate::json_object;
 use crate::locks::lock;
 use crate::{DType, Error, OpType, Result};
 
@@ -106,14 +106,14 @@ impl Entry {
 
     fn to_json(&self, pg_id: u64, name: &str, desc: &str) -> Value {
         // PyTorch writes one list entry per tensor: one each for a one-buffer op, every buffer of a list op.
-        let sizes = |list: &[(usize, DType)]| json!(list.iter().map(|&(numel, _)| [numel]).collect::<Vec<_>>());
-        let dtypes = |list: &[(usize, DType)]| json!(list.iter().map(|(_, d)| d.torch_name()).collect::<Vec<_>>());
+        let sizes = |list: &[(usize, DType)]| list.iter().map(|&(numel, _)| [numel]).collect::<Value>();
+        let dtypes = |list: &[(usize, DType)]| list.iter().map(|(_, d)| d.torch_name()).collect::<Value>();
         let new = &self.new;
         let (inputs, outputs) = match &new.lists {
             Some(lists) => (lists.inputs.as_slice(), lists.outputs.as_slice()),
             None => (std::slice::from_ref(&new.input), std::slice::from_ref(&new.output)),
         };
-        json!({
+        json_object! {
             "record_id": self.record_id,
             "pg_id": pg_id,
             "process_group": [name, desc],
@@ -133,10 +133,11 @@ impl Entry {
             "timeout_ms": new.timeout_ms,
             "is_p2p": new.op.is_p2p(),
             "captured": new.captured,
-            "frames": [],
+            "frames": Vec::<Value>::new(),
             "thread_id": self.thread_id,
             "thread_name": &*self.thread_name,
-        })
+        }
+        .into()
     }
 }
 
@@ -274,28 +275,29 @@ impl FlightRecorder {
             self.ring().entries.iter().map(|e| e.to_json(header.pg_id, &header.name, &header.desc)).collect();
         let seq = |s: Option<u64>| s.map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
         let ranks: Vec<String> = (0..header.size).map(|r| r.to_string()).collect();
-        let mut pg_config = Map::new();
+        let mut pg_config = Object::new();
         pg_config.insert(
-            header.name.clone(),
-            json!({ "name": header.name, "desc": header.desc, "ranks": format!("[{}]", ranks.join(", ")) }),
+            header.name.as_str(),
+            json_object! { "name": &header.name, "desc": &header.desc, "ranks": format!("[{}]", ranks.join(", ")) },
         );
-        let mut pg_status = Map::new();
+        let mut pg_status = Object::new();
         pg_status.insert(
-            header.name.clone(),
-            json!({
+            header.name.as_str(),
+            json_object! {
                 "last_enqueued_collective": seq(header.last_enqueued),
                 "last_started_collective": seq(header.last_started),
                 "last_completed_collective": seq(header.last_completed),
-            }),
+            },
         );
-        json!({
+        json_object! {
             "version": FR_VERSION,
-            "comm_lib_version": header.comm_lib_version,
+            "comm_lib_version": &header.comm_lib_version,
             "rank": header.rank,
             "pg_config": pg_config,
             "pg_status": pg_status,
             "entries": entries,
-        })
+        }
+        .into()
     }
 }
 
@@ -312,7 +314,7 @@ pub(crate) fn write_dump(path: &Path, dump: &Value) -> Result<()> {
     if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| failed("create the directory of", e))?;
     }
-    let text = serde_json::to_string_pretty(dump).map_err(|e| Error::Backend(format!("flight recorder: {e}")))?;
+    let text = dump.to_pretty_string();
     let temporary = path.with_extension("partial");
     std::fs::write(&temporary, text).map_err(|e| failed("write", e))?;
     std::fs::rename(&temporary, path).map_err(|e| failed("rename into", e))
@@ -353,7 +355,14 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    use serde_json::json;
+
     use super::*;
+
+    /// The dump of `fr` as serde_json reads its text back.
+    fn dump_of(fr: &FlightRecorder) -> serde_json::Value {
+        serde_json::from_str(&fr.dump(&header()).to_pretty_string()).expect("valid JSON")
+    }
 
     fn entry(seq: u64, op: OpType) -> NewEntry {
         NewEntry {
@@ -392,7 +401,7 @@ mod tests {
         for seq in 1..=n {
             fr.record(entry(seq, OpType::AllReduce));
         }
-        let dump = fr.dump(&header());
+        let dump = dump_of(&fr);
         dump["entries"].as_array().unwrap().iter().map(|e| e["record_id"].as_u64().unwrap()).collect()
     }
 
@@ -423,7 +432,7 @@ mod tests {
         fr.mark_started(b, 50);
         fr.retire(c, Some(90));
         let states = |fr: &FlightRecorder| -> Vec<String> {
-            let dump = fr.dump(&header());
+            let dump = dump_of(fr);
             dump["entries"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap().to_owned()).collect()
         };
         assert_eq!(states(&fr), ["scheduled", "started", "completed"]);
@@ -457,7 +466,7 @@ mod tests {
         assert_eq!(Arc::strong_count(&probe), 2);
         fr.retire_completed(&[b, d, 999], 7_000);
         assert_eq!(Arc::strong_count(&probe), 1, "the retired entry no longer holds the event");
-        let dump = fr.dump(&header());
+        let dump = dump_of(&fr);
         let entries = dump["entries"].as_array().unwrap();
         let last = entries.last().unwrap();
         assert_eq!(last["retired"], true);
@@ -473,7 +482,7 @@ mod tests {
         let id = fr.record(entry(1, OpType::AllReduce)).unwrap();
         fr.retire(id, Some(5_000));
         fr.record(entry(1, OpType::Recv)).unwrap();
-        let dump = fr.dump(&header());
+        let dump = dump_of(&fr);
         assert_eq!(dump["version"], "2.10");
         assert_eq!(dump["pg_config"]["0"]["desc"], "default_pg");
         assert_eq!(dump["pg_config"]["0"]["ranks"], "[0, 1]");
@@ -518,6 +527,50 @@ mod tests {
     }
 
     #[test]
+    fn the_dump_is_pytorchs_layout_field_for_field() {
+        let fr = FlightRecorder::new(4);
+        let id = fr.record(entry(1, OpType::AllReduce)).unwrap();
+        fr.mark_started(id, 1_500);
+        let mut list = entry(2, OpType::AllGather);
+        list.lists = Some(Arc::new(ListSizes {
+            inputs: vec![(3, DType::F16)],
+            outputs: vec![(3, DType::F16), (5, DType::I64)],
+        }));
+        list.captured = true;
+        fr.record(list).unwrap();
+        let (thread_id, thread_name) = current_thread();
+        let entry = |record_id: u64, seq: u64, name: &str, sizes: serde_json::Value, started: Option<u64>| {
+            json!({
+                "record_id": record_id, "pg_id": 7, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+                "p2p_seq_id": 0, "op_id": seq, "profiling_name": name, "time_created_ns": seq * 1000,
+                "input_sizes": sizes["in"], "input_dtypes": sizes["in_types"], "output_sizes": sizes["out"],
+                "output_dtypes": sizes["out_types"], "state": if started.is_some() { "started" } else { "scheduled" },
+                "time_discovered_started_ns": started, "time_discovered_completed_ns": null, "retired": false,
+                "timeout_ms": 600_000, "is_p2p": false, "captured": record_id == 1, "frames": [],
+                "thread_id": thread_id, "thread_name": &*thread_name,
+            })
+        };
+        let one = json!({"in": [[16]], "in_types": ["Float"], "out": [[16]], "out_types": ["Float"]});
+        let lists = json!({"in": [[3]], "in_types": ["Half"], "out": [[3], [5]], "out_types": ["Half", "Long"]});
+        let expected = json!({
+            "version": "2.10",
+            "comm_lib_version": "mock",
+            "rank": 1,
+            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "pg_status": {"0": {
+                "last_enqueued_collective": 3, "last_started_collective": -1, "last_completed_collective": 2,
+            }},
+            "entries": [
+                entry(0, 1, "nccl:all_reduce", one, Some(1_500)),
+                entry(1, 2, "nccl:all_gather", lists, None),
+            ],
+        });
+        assert_eq!(dump_of(&fr), expected);
+        let compact: serde_json::Value = serde_json::from_str(&fr.dump(&header()).to_string()).unwrap();
+        assert_eq!(compact, expected);
+    }
+
+    #[test]
     fn dumps_are_written_per_rank() {
         let dir = std::env::temp_dir().join(format!("pg-fr-test-{}", std::process::id()));
         let prefix = format!("{}/trace_rank_", dir.display());
@@ -526,7 +579,7 @@ mod tests {
         let path = dump_path(&prefix, 3);
         assert!(path.ends_with("trace_rank_3"));
         write_dump(&path, &fr.dump(&header())).unwrap();
-        let read: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let read: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(read["entries"].as_array().map(Vec::len), Some(1));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -26,6 +26,7 @@ mod future;
 pub mod half;
 mod heartbeat;
 mod in_flight;
+pub mod json;
 mod kernel_log;
 mod lifecycle;
 mod list_ops;

@@ -38,9 +38,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use crate::flight_recorder::ListSizes;
+use crate::json::{Object, Value};
+use crate::json_object;
 use crate::locks::lock;
 use crate::trace_event::{TraceEvents, Track};
 use crate::{Backend, DType, Device, Error, Event, OpType, Result};
@@ -193,10 +193,10 @@ impl RankFile {
     }
 
     /// The file's text: every kept group in creation order, live ones rendered now.
-    fn text(&mut self) -> Result<String> {
+    fn text(&mut self) -> String {
         let mut parts: Vec<(u64, Rendered)> = Vec::with_capacity(self.live.len());
         for (&slot, log) in &self.live {
-            let rendered = render_group(&lock(log), slot)?;
+            let rendered = render_group(&lock(log), slot);
             self.rendered_ops += rendered.ops as u64;
             parts.push((slot, rendered));
         }
@@ -209,10 +209,7 @@ impl RankFile {
         process.process(world, &format!("rank {world}"), world as i64);
         let mut text = String::from("{\"traceEvents\":[");
         let mut first = true;
-        let process_events = match process.into_json()["traceEvents"].as_array() {
-            Some(events) => events.iter().map(Value::to_string).collect::<Vec<_>>(),
-            None => Vec::new(),
-        };
+        let process_events: Vec<String> = process.into_events().iter().map(Value::to_string).collect();
         for events in groups.iter().map(|(_, r)| r.events.as_str()).chain(process_events.iter().map(String::as_str)) {
             if events.is_empty() {
                 continue;
@@ -223,21 +220,22 @@ impl RankFile {
             first = false;
             text.push_str(events);
         }
-        let other = json!({
+        let other: Value = json_object! {
             "pg_trace": 1,
             "rank": world,
             "clock": "ts in microseconds since the UNIX epoch: each group's wall clock at its reference event, plus \
                       host monotonic time (enqueue tracks) or device time from timing events (stream tracks) since it",
-            "groups": groups.iter().map(|(_, r)| r.summary.clone()).collect::<Vec<_>>(),
+            "groups": groups.iter().map(|(_, r)| r.summary.clone()).collect::<Value>(),
             "groups_released": self.released_groups,
             "ops_released": self.released_ops,
             "keeps_dropped_groups": KEEP_DROPPED_GROUPS,
             "keeps_dropped_ops": KEEP_DROPPED_OPS,
-        });
+        }
+        .into();
         text.push_str("],\"displayTimeUnit\":\"ms\",\"otherData\":");
-        text.push_str(&serde_json::to_string(&other).map_err(|e| Error::Backend(format!("trace JSON: {e}")))?);
+        other.write_compact(&mut text);
         text.push('}');
-        Ok(text)
+        text
     }
 }
 
@@ -420,7 +418,7 @@ impl<B: Backend> Tracer<B> {
         self.settle();
         let mut files = lock(&FILES);
         let file = files.get_or_insert_with(HashMap::new).entry(self.path.clone()).or_default();
-        write_file(&self.path, &file.text()?)?;
+        write_file(&self.path, &file.text())?;
         Ok(self.path.clone())
     }
 
@@ -440,28 +438,26 @@ impl<B: Backend> Drop for Tracer<B> {
         let mut files = lock(&FILES);
         let file = files.get_or_insert_with(HashMap::new).entry(self.path.clone()).or_default();
         file.live.remove(&self.slot);
-        let written = render_group(&lock(&self.log), self.slot).and_then(|rendered| {
-            file.rendered_ops += rendered.ops as u64;
-            file.keep_dropped(self.slot, rendered);
-            write_file(&self.path, &file.text()?)
-        });
-        if let Err(error) = written {
+        let rendered = render_group(&lock(&self.log), self.slot);
+        file.rendered_ops += rendered.ops as u64;
+        file.keep_dropped(self.slot, rendered);
+        if let Err(error) = write_file(&self.path, &file.text()) {
             tracing::warn!(target: "pg", path = %self.path.display(), %error, "writing the trace failed");
         }
     }
 }
 
 /// The sizes and dtypes of one side of an op, as the flight recorder lists them.
-fn sides(info: &OpInfo) -> Value {
-    let list = |each: &[(usize, DType)]| -> (Vec<Value>, Vec<String>) {
-        (each.iter().map(|(n, _)| json!([n])).collect(), each.iter().map(|(_, d)| d.to_string()).collect())
+fn sides(info: &OpInfo) -> Object {
+    let list = |each: &[(usize, DType)]| -> (Value, Value) {
+        (each.iter().map(|&(n, _)| [n]).collect(), each.iter().map(|(_, d)| d.to_string()).collect())
     };
     let ((input_sizes, input_dtypes), (output_sizes, output_dtypes)) = match &info.lists {
         Some(lists) => (list(&lists.inputs), list(&lists.outputs)),
         None => (list(&[info.input]), list(&[info.output])),
     };
-    json!({"input_sizes": input_sizes, "input_dtypes": input_dtypes, "output_sizes": output_sizes,
-           "output_dtypes": output_dtypes})
+    json_object! {"input_sizes": input_sizes, "input_dtypes": input_dtypes, "output_sizes": output_sizes,
+    "output_dtypes": output_dtypes}
 }
 
 /// Nanoseconds since the epoch of a time `offset` ns from `base` (saturating at 0).
@@ -474,7 +470,7 @@ fn at(base: u64, offset: i64) -> u64 {
 
 /// One group's tracks and ops (its slot numbers its tracks and flows apart from the file's other groups), and its
 /// entry in `otherData.groups`.
-fn render_group(log: &GroupLog, slot: u64) -> Result<Rendered> {
+fn render_group(log: &GroupLog, slot: u64) -> Rendered {
     let mut events = TraceEvents::with_first_flow_id(slot << 32);
     let world = log.world_rank as u64;
     let label = format!("{} ({})", log.desc, log.name);
@@ -495,19 +491,19 @@ fn render_group(log: &GroupLog, slot: u64) -> Result<Rendered> {
         let info = &done.info;
         let name = info.op.profiling_name();
         let mut args = sides(info);
-        args["group"] = json!(log.name);
-        args["group_desc"] = json!(log.desc);
-        args["seq"] = json!(info.seq);
-        args["is_p2p"] = json!(info.op.is_p2p());
+        args.insert("group", &log.name);
+        args.insert("group_desc", &log.desc);
+        args.insert("seq", info.seq);
+        args.insert("is_p2p", info.op.is_p2p());
         if let Some(peer) = info.peer {
-            args["peer"] = json!(peer);
+            args.insert("peer", peer);
         }
-        args["side"] = json!("host enqueue");
+        args.insert("side", "host enqueue");
         let host_start = wall_of_host(info.host_start);
         let host_end = wall_of_host(info.host_end);
         let Some((start, end)) = done.device else {
             untimed += 1;
-            args["device"] = json!("not timed: the op had not finished at the flush, or its events failed");
+            args.insert("device", "not timed: the op had not finished at the flush, or its events failed");
             events.slice(host, name, "op", host_start, host_end, args);
             continue;
         };
@@ -529,28 +525,125 @@ fn render_group(log: &GroupLog, slot: u64) -> Result<Rendered> {
         let (start, end) = (at(log.wall_ns, start), at(log.wall_ns, end));
         events.slice(host, name, "op", host_start, host_end, args);
         // The device span names its op; the sizes are on the enqueue it comes from.
-        let device_args = json!({
-            "group": log.name, "seq": info.seq, "is_p2p": info.op.is_p2p(), "side": "device",
+        let device_args = json_object! {
+            "group": &log.name, "seq": info.seq, "is_p2p": info.op.is_p2p(), "side": "device",
             "enqueue_to_start_us": (start as f64 - host_start as f64) / 1e3,
-        });
+        };
         events.slice(stream, name, "op", start, end, device_args);
         events.flow("launch", "op", (host, host_start), (stream, start));
     }
-    let summary = json!({
-        "group": log.name, "desc": log.desc, "pg_id": log.pg_id, "rank": log.rank, "size": log.size,
+    let summary = json_object! {
+        "group": &log.name, "desc": &log.desc, "pg_id": log.pg_id, "rank": log.rank, "size": log.size,
         "reference_wall_us": log.wall_ns as f64 / 1e3,
         "reference_uncertainty_us": log.uncertainty.as_nanos() as f64 / 1e3,
         "ops_timed": timed, "ops_untimed": untimed, "ops_dropped": log.dropped,
-    });
-    let document = events.into_json();
-    let list = document["traceEvents"].as_array().map(Vec::as_slice).unwrap_or_default();
+    }
+    .into();
     let mut text = String::new();
-    for (index, event) in list.iter().enumerate() {
+    for (index, event) in events.into_events().iter().enumerate() {
         if index > 0 {
             text.push(',');
         }
-        text.push_str(&serde_json::to_string(event).map_err(|e| Error::Backend(format!("trace JSON: {e}")))?);
+        event.write_compact(&mut text);
     }
     let ops = usize::try_from(timed + untimed).unwrap_or(usize::MAX);
-    Ok(Rendered { events: text, summary, ops, world_rank: log.world_rank })
+    Rendered { events: text, summary, ops, world_rank: log.world_rank }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn op(seq: u64, op: OpType, peer: Option<usize>, stream: u64, numel: usize, host_us: (u64, u64)) -> OpInfo {
+        OpInfo {
+            seq,
+            op,
+            peer,
+            stream,
+            input: (numel, DType::F32),
+            output: (numel, DType::F32),
+            lists: None,
+            host_start: Duration::from_micros(host_us.0),
+            host_end: Duration::from_micros(host_us.1),
+        }
+    }
+
+    #[test]
+    fn a_rank_file_is_the_trace_event_format_field_for_field() {
+        // The reference at 1 s on the wall clock and 10 us on the host's; an all_reduce timed on the device 15 to
+        // 40 us after the reference, and a send still running at the flush.
+        let log = GroupLog {
+            name: "0".to_owned(),
+            desc: "default_pg".to_owned(),
+            pg_id: 0,
+            rank: 0,
+            size: 2,
+            world_rank: 0,
+            wall_ns: 1_000_000_000,
+            host: Duration::from_micros(10),
+            uncertainty: Duration::from_micros(2),
+            done: VecDeque::from([Done {
+                info: op(1, OpType::AllReduce, None, 5, 4, (20, 30)),
+                device: Some((15_000, 40_000)),
+            }]),
+            unresolved: vec![op(1, OpType::Send, Some(1), 6, 8, (50, 60))],
+            dropped: 0,
+        };
+        let mut file = RankFile::default();
+        file.live.insert(0, Arc::new(Mutex::new(log)));
+        let read: serde_json::Value = serde_json::from_str(&file.text()).expect("valid JSON");
+        let clock = read["otherData"]["clock"].as_str().unwrap_or_default();
+        assert!(clock.starts_with("ts in microseconds since the UNIX epoch"), "{clock}");
+        let sides = |numel: usize| {
+            json!({"input_sizes": [[numel]], "input_dtypes": ["Float"], "output_sizes": [[numel]],
+                   "output_dtypes": ["Float"]})
+        };
+        let mut enqueue = sides(4);
+        enqueue.as_object_mut().unwrap().extend(
+            json!({"group": "0", "group_desc": "default_pg", "seq": 1, "is_p2p": false, "side": "host enqueue"})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        let mut untimed = sides(8);
+        untimed.as_object_mut().unwrap().extend(
+            json!({"group": "0", "group_desc": "default_pg", "seq": 1, "is_p2p": true, "peer": 1,
+                   "side": "host enqueue",
+                   "device": "not timed: the op had not finished at the flush, or its events failed"})
+            .as_object()
+            .unwrap()
+            .clone(),
+        );
+        let expected = json!({
+            "traceEvents": [
+                {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "default_pg (0) enqueue"}},
+                {"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": 1, "args": {"sort_index": 1}},
+                {"ph": "M", "name": "thread_name", "pid": 0, "tid": 2, "args": {"name": "default_pg (0) comm stream"}},
+                {"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": 2, "args": {"sort_index": 2}},
+                {"ph": "X", "name": "nccl:all_reduce", "cat": "op", "pid": 0, "tid": 1, "ts": 1_000_010.0, "dur": 10.0,
+                 "args": enqueue},
+                {"ph": "X", "name": "nccl:all_reduce", "cat": "op", "pid": 0, "tid": 2, "ts": 1_000_015.0, "dur": 25.0,
+                 "args": {"group": "0", "seq": 1, "is_p2p": false, "side": "device", "enqueue_to_start_us": 5.0}},
+                {"ph": "s", "name": "launch", "cat": "op", "id": 1, "pid": 0, "tid": 1, "ts": 1_000_010.0},
+                {"ph": "f", "bp": "e", "name": "launch", "cat": "op", "id": 1, "pid": 0, "tid": 2, "ts": 1_000_015.0},
+                {"ph": "X", "name": "nccl:send", "cat": "op", "pid": 0, "tid": 1, "ts": 1_000_040.0, "dur": 10.0,
+                 "args": untimed},
+                {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "rank 0"}},
+                {"ph": "M", "name": "process_sort_index", "pid": 0, "tid": 0, "args": {"sort_index": 0}},
+            ],
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "pg_trace": 1, "rank": 0, "clock": clock,
+                "groups": [{
+                    "group": "0", "desc": "default_pg", "pg_id": 0, "rank": 0, "size": 2,
+                    "reference_wall_us": 1_000_000.0, "reference_uncertainty_us": 2.0,
+                    "ops_timed": 1, "ops_untimed": 1, "ops_dropped": 0,
+                }],
+                "groups_released": 0, "ops_released": 0, "keeps_dropped_groups": 64, "keeps_dropped_ops": 65_536,
+            },
+        });
+        assert_eq!(read, expected);
+    }
 }

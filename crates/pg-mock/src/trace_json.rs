@@ -6,8 +6,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
+use pg_core::json::{Object, Value};
+use pg_core::json_object;
 use pg_core::trace_event::{TraceEvents, Track};
-use serde_json::{json, Value};
 
 use crate::clock::ns;
 use crate::trace::{KernelKind, SpanKind, StreamSpan, Trace};
@@ -56,7 +57,7 @@ impl Trace {
         for block in &self.blocked {
             let Some(track) = thread_track.get(&block.thread) else { continue };
             let end = block.end.map_or(now, ns);
-            let args = json!({"what": block.what, "unfinished": block.end.is_none()});
+            let args = json_object! {"what": &block.what, "unfinished": block.end.is_none()};
             out.slice(*track, &block.what, "host", ns(block.start), end, args);
         }
 
@@ -88,8 +89,8 @@ impl Trace {
         }
         for hazard in &self.hazards {
             let Some(track) = track_of(hazard.device, hazard.stream) else { continue };
-            let args = json!({"kind": format!("{:?}", hazard.kind), "access": hazard.access,
-                              "earlier access": hazard.earlier, "report": hazard.message});
+            let args = json_object! {"kind": format!("{:?}", hazard.kind), "access": &hazard.access,
+            "earlier access": &hazard.earlier, "report": &hazard.message};
             out.instant(track, &format!("hazard: {:?}", hazard.kind), "hazard", ns(hazard.at), args);
         }
 
@@ -120,7 +121,7 @@ impl Trace {
 }
 
 /// What a stream span's slice says about it.
-fn span_args(span: &StreamSpan) -> Value {
+fn span_args(span: &StreamSpan) -> Object {
     let kind = match span.kind {
         SpanKind::Wait => "wait for an event",
         SpanKind::Kernel(KernelKind::Comm) => "communication kernel",
@@ -128,18 +129,18 @@ fn span_args(span: &StreamSpan) -> Value {
         SpanKind::Kernel(KernelKind::Fill) => "fill kernel",
         SpanKind::Kernel(KernelKind::Copy) => "copy",
     };
-    let mut args = json!({
+    let mut args = json_object! {
         "kind": kind, "stream": span.stream, "enqueued_us": micros(span.enqueued), "start_us": micros(span.start),
         "unfinished": span.end.is_none(),
-    });
+    };
     if let Some(comm) = &span.comm {
-        args["communicator"] = json!(comm.communicator);
-        args["communicator_desc"] = json!(comm.description);
+        args.insert("communicator", comm.communicator);
+        args.insert("communicator_desc", &comm.description);
         if let Some(k) = comm.collective {
-            args["collective"] = json!(k);
+            args.insert("collective", k);
         }
         if let Some((src, dst, n)) = comm.message {
-            args["message"] = json!({"from": src, "to": dst, "index": n});
+            args.insert("message", json_object! {"from": src, "to": dst, "index": n});
         }
     }
     args

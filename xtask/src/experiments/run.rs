@@ -263,7 +263,7 @@ mod tests {
         let config = ExperimentConfig { world_size: 2, cycles: 1, ..ExperimentConfig::default() };
         let (samples, trace) = run_mock_experiment(&config, semantics::run).expect("the semantics experiment");
         assert!(samples.iter().flatten().all(|s| s.correct));
-        trace.to_chrome_json()
+        pg_conformance::traces::to_serde(&trace.to_chrome_json())
     }
 
     #[test]

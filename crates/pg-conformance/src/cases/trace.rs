@@ -279,7 +279,7 @@ fn traced_ranks_line_up_on_one_clock_once_merged<H: Harness>(h: &H) -> Check<Out
             let bytes = r.store.get(&format!("pg_conformance/trace/{rank}")).ctx("reading a rank's trace")?;
             files.push(serde_json::from_slice::<Value>(&bytes).map_err(|e| format!("rank {rank}'s trace: {e}"))?);
         }
-        let merged = pg_core::trace_event::merge(&files)?;
+        let merged = crate::traces::merge(&files)?;
         let events = merged["traceEvents"].as_array().ok_or("the merge has no traceEvents")?;
         let pids: std::collections::BTreeSet<u64> = events.iter().filter_map(|e| e["pid"].as_u64()).collect();
         ensure_eq!(pids, (0..n as u64).collect(), "the processes of the merged trace");

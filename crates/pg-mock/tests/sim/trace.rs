@@ -15,6 +15,11 @@ fn spans<'a>(trace: &'a Trace, device: usize, name: &str) -> Vec<&'a StreamSpan>
     trace.spans.iter().filter(|s| s.device == device && s.name == name).collect()
 }
 
+/// The Chrome form of `trace`, as serde_json reads its text back.
+fn chrome_json(trace: &Trace) -> Value {
+    serde_json::from_str(&trace.to_chrome_json().to_string()).expect("the Chrome form is JSON")
+}
+
 /// Every trace event of `json`, checking the fields every event must have.
 fn events(json: &Value) -> &Vec<Value> {
     let events = json["traceEvents"].as_array().expect("a traceEvents list");
@@ -81,7 +86,7 @@ fn a_wait_is_an_arrow_from_the_marked_kernel_and_the_waiting_stream_starts_after
     assert_eq!(arrow.marked, (sleep.start, sleep_end));
     assert_eq!((arrow.stream, arrow.reached, arrow.ready), (wait.stream, wait.start, sleep_end));
 
-    let json = trace.to_chrome_json();
+    let json = chrome_json(&trace);
     let all = events(&json);
     let flows: Vec<&Value> = all.iter().filter(|e| e["ph"] == "s" || e["ph"] == "f").collect();
     assert_eq!(flows.len(), 2, "{flows:?}");
@@ -146,7 +151,7 @@ fn a_process_group_op_runs_on_the_comm_stream_after_the_input_ready_wait() {
         assert!(trace.blocked.iter().any(|b| b.thread == thread.thread && b.end == op.end), "{:?}", trace.blocked);
     }
     // The communicator's track shows each rank's op from its issue to its end.
-    let json = trace.to_chrome_json();
+    let json = chrome_json(&trace);
     let comm_slices: Vec<&Value> = events(&json).iter().filter(|e| e["ph"] == "X" && e["cat"] == "comm").collect();
     assert_eq!(comm_slices.len(), 2, "{comm_slices:?}");
     assert!(comm_slices.iter().all(|e| e["name"] == "all_reduce #0"));
@@ -178,7 +183,7 @@ fn a_hazard_is_an_instant_naming_both_accesses() {
     );
     assert!(hazard.earlier.contains(&format!("stream {}", fills[0].stream)), "{}", hazard.earlier);
     assert_eq!(hazard.message, world.hazards()[0].message);
-    let json = trace.to_chrome_json();
+    let json = chrome_json(&trace);
     let instants: Vec<&Value> = events(&json).iter().filter(|e| e["ph"] == "i").collect();
     assert_eq!(instants.len(), 1);
     assert_eq!(instants[0]["name"], "hazard: WriteAfterWrite");
@@ -206,7 +211,7 @@ fn a_hung_collective_and_its_waiters_have_no_end() {
         assert_eq!(op[0].end, None, "the hung op has an end");
     }
     // The hung ops last to the end of the trace in the Chrome form.
-    let json = trace.to_chrome_json();
+    let json = chrome_json(&trace);
     let end = trace.now.as_nanos() as f64 / 1000.0;
     let hung: Vec<&Value> = events(&json).iter().filter(|e| e["ph"] == "X" && e["name"] == "all_reduce").collect();
     assert_eq!(hung.len(), 2);
