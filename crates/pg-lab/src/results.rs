@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod checks;
+
 /// One contestant's figures at one size of a merged result (`sizes[i].raw`, `.pg`, `.torch`, ...): the slowest
 /// rank's device time and host medians.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -452,6 +454,59 @@ mod tests {
         for kind in ["allreduce", "all-to-all", "p2p"] {
             assert!(kinds.get(kind).is_some_and(|n| *n > 0), "no committed {kind} result parsed: {kinds:?}");
         }
+    }
+
+    /// `text` parsed as a `T` and written back.
+    fn round_trip<T: serde::de::DeserializeOwned + Serialize>(text: &str) -> Result<serde_json::Value, String> {
+        let typed: T = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        serde_json::to_value(&typed).map_err(|e| e.to_string())
+    }
+
+    /// The typed documents by the start of their file name, each parsed and written back.
+    type RoundTrip = fn(&str) -> Result<serde_json::Value, String>;
+    const DOCUMENTS: [(&str, RoundTrip); 3] = [
+        ("conformance-", round_trip::<checks::ConformanceResult>),
+        ("interop-", round_trip::<checks::InteropResult>),
+        ("mixed-", round_trip::<checks::MixedResult>),
+    ];
+
+    /// Every committed result of a typed document kind parses into its type and writes back exactly the same
+    /// JSON value (every key, `null` and number kind kept).
+    #[test]
+    fn the_committed_documents_parse_into_their_types_and_write_back_exactly() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
+        let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
+        for entry in std::fs::read_dir(dir).expect("bench/results") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            if !name.ends_with(".json") {
+                continue;
+            }
+            let Some((kind, round_trip)) = DOCUMENTS.iter().find(|(prefix, _)| name.starts_with(prefix)) else {
+                continue;
+            };
+            let text = std::fs::read_to_string(&path).expect("read");
+            let written = round_trip(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let original: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+            let difference = first_difference(&written, &original, "");
+            assert!(difference.is_none(), "{name} does not write back the same: {}", difference.unwrap_or_default());
+            *kinds.entry(kind).or_default() += 1;
+        }
+        for (kind, _) in DOCUMENTS {
+            assert!(kinds.get(kind).is_some_and(|n| *n > 0), "no committed {kind}*.json parsed: {kinds:?}");
+        }
+    }
+
+    /// The round trip loses what a type does not declare, so the test above sees a field the types miss.
+    #[test]
+    fn a_field_the_type_does_not_declare_is_a_difference() {
+        let text = r#"{"backend": "nccl", "cases": [], "versions": null, "world_size": 2, "new_field": 1}"#;
+        let written = round_trip::<checks::ConformanceResult>(text).expect("parses");
+        let original: serde_json::Value = serde_json::from_str(text).expect("JSON");
+        assert_eq!(
+            first_difference(&written, &original, ""),
+            Some("/new_field: written None, committed Some(Number(1))".to_owned())
+        );
     }
 
     /// The first place where `written` and `original` differ, as a path and the two values there.

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use std::collections::BTreeMap;
 
+use pg_lab::results::checks::{InteropRank, InteropResult};
 use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, RankRow};
 use serde_json::{json, Value};
 
@@ -18,21 +19,36 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
         // The machine line: date, GPU, driver, how many ranks on how many GPUs, commit, libnccl.
         let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
         let markdown = format!("# Conformance on NCCL, {} rank(s)\n\n{label}\n{markdown}", ranks.len());
-        merged["machine"] = json!(label);
+        merged.machine = Some(label);
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
     if task == "interop" {
-        let (ok, markdown, checks) = crate::interop::merge(ranks);
+        let typed = ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("interop rank {rank}: {e}")))
+            .collect::<Result<Vec<InteropRank>, String>>()?;
+        let (ok, markdown, checks) = crate::interop::merge(&typed);
         print!("{markdown}");
         let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
         let command = format!("pg-nccl-gpu run --tasks interop --nproc {}", ranks.len());
+        let versions = typed.first().and_then(|r| r.versions.clone());
         let markdown = format!(
             "# Interop on NCCL, {} rank(s)\n\n{label}\n\n`{command}`; {}\n{markdown}",
             ranks.len(),
-            ranks[0]["versions"]
+            serde_json::to_string(&versions).map_err(|e| e.to_string())?
         );
-        let merged = json!({ "task": task, "passed": ok, "backend": "nccl", "world_size": ranks.len(), "label": label,
-                             "command": command, "versions": ranks[0]["versions"], "checks": checks });
+        let merged = InteropResult {
+            backend: "nccl".to_owned(),
+            checks,
+            command,
+            label,
+            passed: ok,
+            task: task.to_owned(),
+            versions,
+            world_size: ranks.len() as u64,
+            ..InteropResult::default()
+        };
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
     if task == "first" {
@@ -57,12 +73,17 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
 }
 
 /// Writes `<task>.json` and `<task>.md` into the output directory.
-fn write(settings: &Settings, task: &str, merged: &Value, markdown: &str) -> Result<(), String> {
+fn write(settings: &Settings, task: &str, merged: &impl serde::Serialize, markdown: &str) -> Result<(), String> {
     write_pair(&settings.out, task, merged, markdown)
 }
 
 /// Writes `dir/<stem>.json` (pretty, with a final newline) and `dir/<stem>.md`.
-pub fn write_pair(dir: &std::path::Path, stem: &str, merged: &Value, markdown: &str) -> Result<(), String> {
+pub fn write_pair(
+    dir: &std::path::Path,
+    stem: &str,
+    merged: &impl serde::Serialize,
+    markdown: &str,
+) -> Result<(), String> {
     let json_path = dir.join(format!("{stem}.json"));
     std::fs::write(&json_path, serde_json::to_string_pretty(merged).map_err(|e| e.to_string())? + "\n")
         .map_err(|e| format!("{}: {e}", json_path.display()))?;
