@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod checks;
+pub mod train;
 
 /// One contestant's figures at one size of a merged result (`sizes[i].raw`, `.pg`, `.torch`, ...): the slowest
 /// rank's device time and host medians.
@@ -464,11 +465,21 @@ mod tests {
 
     /// The typed documents by the start of their file name, each parsed and written back.
     type RoundTrip = fn(&str) -> Result<serde_json::Value, String>;
-    const DOCUMENTS: [(&str, RoundTrip); 3] = [
+    const DOCUMENTS: [(&str, RoundTrip); 5] = [
         ("conformance-", round_trip::<checks::ConformanceResult>),
         ("interop-", round_trip::<checks::InteropResult>),
         ("mixed-", round_trip::<checks::MixedResult>),
+        ("train-mlp-", train_round_trip),
+        ("elastic-", round_trip::<train::TrainRun>),
     ];
+
+    /// A training result in whichever of its two forms it is (the per-layout one has `layouts`).
+    fn train_round_trip(text: &str) -> Result<serde_json::Value, String> {
+        match serde_json::from_str::<serde_json::Value>(text).map_err(|e| e.to_string())?.get("layouts") {
+            Some(_) => round_trip::<train::TrainLayoutsResult>(text),
+            None => round_trip::<train::TrainResult>(text),
+        }
+    }
 
     /// Every committed result of a typed document kind parses into its type and writes back exactly the same
     /// JSON value (every key, `null` and number kind kept).
