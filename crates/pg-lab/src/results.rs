@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod checks;
+pub mod first;
 pub mod train;
 
 /// One contestant's figures at one size of a merged result (`sizes[i].raw`, `.pg`, `.torch`, ...): the slowest
@@ -150,9 +151,9 @@ pub struct AllReduceResult {
     /// The network profile's device-time target.
     #[serde(default)]
     pub device_time_within_3_percent_from_64kib: Option<bool>,
-    /// The time to the first all_reduce, lazy and eager, when measured (`first::compare`'s document).
+    /// The time to the first all_reduce, lazy and eager, when measured.
     #[serde(default)]
-    pub first_collective: Option<serde_json::Value>,
+    pub first_collective: Option<first::FirstCollective>,
     /// The network profile's enqueue target.
     #[serde(default)]
     pub host_overhead_within_1_us_same_rank: Option<bool>,

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::collections::BTreeMap;
 
 use pg_lab::results::checks::{InteropRank, InteropResult};
+use pg_lab::results::first::{FirstCollective, FirstResult, TorchFirst};
 use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, RankRow};
 use serde_json::{json, Value};
 
@@ -53,11 +54,17 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
     }
     if task == "first" {
         // One value per launch (a fresh set of rank processes), each with its ranks' results.
-        let (ok, markdown) = crate::first::report(ranks);
+        let launches = crate::first::launches(ranks)?;
+        let (ok, markdown) = crate::first::report(&launches);
         print!("{markdown}");
-        let first_rank = &ranks[0]["ranks"][0];
-        let merged = json!({ "task": task, "passed": ok, "world_size": ranks[0]["ranks"].as_array().map_or(0, Vec::len),
-                             "versions": first_rank["versions"], "launches": ranks });
+        let first_ranks = launches.first().map(|l| l.ranks.as_slice()).unwrap_or_default();
+        let merged = FirstResult {
+            passed: ok,
+            task: task.to_owned(),
+            versions: first_ranks.first().and_then(|r| r.versions.clone()),
+            world_size: first_ranks.len() as u64,
+            launches,
+        };
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
     let (ok, markdown) = match task {
@@ -612,39 +619,20 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     }
     // Time to the first collective (`first.json` from the `first` task, `torch-first.jsonl` from the PyTorch
     // script's `--first` runs), when measured.
-    let first_collective = load("first.json")?.map(|first| {
-        let launches = first["launches"].as_array().cloned().unwrap_or_default();
-        let torch: Vec<Value> = std::fs::read_to_string(dir.join("torch-first.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect();
-        crate::first::compare(&launches, &torch)
-    });
-    if let Some(first) = &first_collective {
-        let ms = |v: &Value| v.as_f64().map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            md,
-            "\nTime to the first all_reduce, from before the group's creation to the op's completion on the device \
-             (fresh processes, slowest rank, median of the trials; target pg <= 0.8x PyTorch):\n"
-        );
-        let _ = writeln!(md, "| init | pg ms | PyTorch ms | pg / PyTorch | within 0.8x |");
-        let _ = writeln!(md, "|---|---|---|---|---|");
-        for (mode, name) in [("lazy", "lazy (no device_id)"), ("eager", "eager (pg eager_init; PyTorch device_id=)")] {
-            let side = &first[mode];
-            let _ = writeln!(
-                md,
-                "| {name} | {} | {} | {} | {} |",
-                ms(&side["pg_ms"]),
-                ms(&side["torch_ms"]),
-                side["pg_over_torch"].as_f64().map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into()),
-                match side["within_0_8"].as_bool() {
-                    Some(true) => "yes",
-                    Some(false) => "NO",
-                    None => "-",
-                }
-            );
+    let first_collective = match std::fs::read_to_string(dir.join("first.json")) {
+        Err(_) => None,
+        Ok(text) => {
+            let first: FirstResult = serde_json::from_str(&text).map_err(|e| format!("first.json: {e}"))?;
+            let torch: Vec<TorchFirst> = std::fs::read_to_string(dir.join("torch-first.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|line| serde_json::from_str(line).ok())
+                .collect();
+            Some(crate::first::compare(&first.launches, &torch))
         }
+    };
+    if let Some(first) = &first_collective {
+        let _ = write!(md, "{}", first_collective_table(first));
     }
     std::fs::write(dir.join("allreduce.md"), &md).map_err(|e| e.to_string())?;
     let finite = |v: f64| Some(v).filter(|v| v.is_finite());
@@ -693,6 +681,36 @@ fn network_targets(summary: &[AllReduceSize], enqueue_same_rank_median_us: f64) 
     let worst_ratio = ratios.iter().flatten().copied().reduce(f64::max);
     let device_ok = !ratios.is_empty() && ratios.iter().all(|r| r.is_some_and(|r| r <= 1.03));
     NetworkTargets { worst_ratio, device_ok, enqueue_ok: enqueue_same_rank_median_us <= 1.0 }
+}
+
+/// The table of the time to the first all_reduce, pg beside PyTorch per mode.
+fn first_collective_table(first: &FirstCollective) -> String {
+    let ms = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "\nTime to the first all_reduce, from before the group's creation to the op's completion on the device \
+         (fresh processes, slowest rank, median of the trials; target pg <= 0.8x PyTorch):\n"
+    );
+    let _ = writeln!(md, "| init | pg ms | PyTorch ms | pg / PyTorch | within 0.8x |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for (side, name) in
+        [(&first.lazy, "lazy (no device_id)"), (&first.eager, "eager (pg eager_init; PyTorch device_id=)")]
+    {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} |",
+            ms(side.pg_ms),
+            ms(side.torch_ms),
+            side.pg_over_torch.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into()),
+            match side.within_0_8 {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "-",
+            }
+        );
+    }
+    md
 }
 
 /// A contestant's figures as the merged result writes them (a figure that is not a number is `null`).
@@ -855,6 +873,29 @@ mod tests {
         std::fs::write(dir.join("bench.json"), bench(21_000.0).to_string()).unwrap();
         assert!(!merge_bench(&dir, "test").unwrap(), "5% slower at 16 MiB misses the target");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The first-collective table of every committed all_reduce result that has one, rendered from its JSON
+    /// alone, is in the committed .md.
+    #[test]
+    fn the_committed_first_collective_tables_render_from_the_committed_json() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).expect("bench/results") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            if !(name.starts_with("allreduce-") && name.ends_with(".json")) {
+                continue;
+            }
+            let result: AllReduceResult =
+                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("an all_reduce result");
+            let Some(first) = &result.first_collective else { continue };
+            let md = std::fs::read_to_string(path.with_extension("md")).expect("its .md");
+            let table = first_collective_table(first);
+            assert!(md.contains(&table), "{name}: the rendered table\n{table}\nis not in its .md");
+            seen += 1;
+        }
+        assert!(seen > 0, "no committed all_reduce result with a first-collective time");
     }
 
     #[test]
