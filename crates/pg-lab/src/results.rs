@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod checks;
+pub mod experiments;
 pub mod first;
 pub mod train;
 

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::collections::BTreeMap;
 
 use pg_lab::results::checks::{InteropRank, InteropResult};
+use pg_lab::results::experiments::ExperimentsRank;
 use pg_lab::results::first::{FirstCollective, FirstResult, TorchFirst};
 use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, RankRow};
 use serde_json::{json, Value};
@@ -68,7 +69,14 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
     let (ok, markdown) = match task {
-        "experiments" => experiments(ranks),
+        "experiments" => {
+            let typed = ranks
+                .iter()
+                .enumerate()
+                .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("experiments rank {rank}: {e}")))
+                .collect::<Result<Vec<ExperimentsRank>, String>>()?;
+            experiments(&typed)
+        }
         "bench" => bench(ranks),
         other if crate::report_exchange::op_of(other).is_some() => crate::report_exchange::task(other, ranks),
         other => return Err(format!("no report for task {other}")),
@@ -98,12 +106,13 @@ pub fn write_pair(
     std::fs::write(&md_path, markdown).map_err(|e| format!("{}: {e}", md_path.display()))
 }
 
-fn experiments(ranks: &[Value]) -> (bool, String) {
+/// The experiments' tables over the ranks, and whether every check of each held.
+fn experiments(ranks: &[ExperimentsRank]) -> (bool, String) {
     let world = ranks.len() as u64;
-    let sum = |f: &dyn Fn(&Value) -> u64| ranks.iter().map(f).sum::<u64>();
-    let creations = sum(&|r| r["cache"]["comm_creations"].as_u64().unwrap_or(0));
-    let correct = sum(&|r| r["cache"]["correct_ops"].as_u64().unwrap_or(0));
-    let after_first = sum(&|r| r["cache"]["creations_after_first_op"].as_u64().unwrap_or(0));
+    let sum = |f: &dyn Fn(&ExperimentsRank) -> u64| ranks.iter().map(f).sum::<u64>();
+    let creations = sum(&|r| r.cache.comm_creations);
+    let correct = sum(&|r| r.cache.correct_ops);
+    let after_first = sum(&|r| r.cache.creations_after_first_op);
     let mut ok = creations == 3 * world && correct == 9 * world && after_first == 0;
     let mut md = String::new();
     let _ = writeln!(md, "\n### Experiment 1: communicator cache (3 groups of identical membership x {world} ranks)\n");
@@ -116,7 +125,7 @@ fn experiments(ranks: &[Value]) -> (bool, String) {
         9 * world
     );
 
-    let sleep_ms = ranks[0]["semantics"]["sleep_ms_nominal"].as_f64().unwrap_or(f64::NAN);
+    let sleep_ms = ranks.first().and_then(|r| r.semantics.sleep_ms_nominal).unwrap_or(f64::NAN);
     let _ = writeln!(
         md,
         "\n### Experiment 2: completion semantics (80M-cycle sleep = {sleep_ms:.1} ms nominal, 16 MiB all_reduce)\n"
@@ -124,46 +133,37 @@ fn experiments(ranks: &[Value]) -> (bool, String) {
     let _ = writeln!(md, "| config | host time of the action (per rank) | completed after action | Future.done() after enqueue | correct |");
     let _ = writeln!(md, "|---|---|---|---|---|");
     let expected_completed = [0, 0, 1, 0];
-    let rows = ranks[0]["semantics"]["rows"].as_array().cloned().unwrap_or_default();
+    let rows = ranks.first().map(|r| r.semantics.rows.as_slice()).unwrap_or_default();
     for (index, row) in rows.iter().enumerate() {
         let mut times = Vec::new();
         let mut completed = Vec::new();
         let mut done = true;
         let mut right = true;
         for rank in ranks {
-            let this = &rank["semantics"]["rows"][index];
-            let us = this["host_action_us"].as_f64().unwrap_or(f64::NAN);
+            let this = rank.semantics.rows.get(index).cloned().unwrap_or_default();
+            let us = this.host_action_us.unwrap_or(f64::NAN);
             times.push(if us >= 1000.0 { format!("{:.1} ms", us / 1e3) } else { format!("{us:.1} us") });
-            let c = this["completed_after_action"].as_u64().unwrap_or(9);
+            // A rank without this row counts as a wrong completion.
+            let c = rank.semantics.rows.get(index).map_or(9, |r| r.completed_after_action);
             completed.push(c.to_string());
             ok &= c == expected_completed.get(index).copied().unwrap_or(9);
-            done &= this["future_done_after_enqueue"] == json!(true);
-            right &= this["correct"] == json!(true);
+            done &= this.future_done_after_enqueue;
+            right &= this.correct;
         }
         ok &= done && right;
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} |",
-            row["config"].as_str().unwrap_or("?"),
-            times.join(", "),
-            completed.join(", "),
-            done,
-            right
-        );
+        let _ =
+            writeln!(md, "| {} | {} | {} | {} | {} |", row.config, times.join(", "), completed.join(", "), done, right);
     }
 
     let _ = writeln!(md, "\n### Experiment 3: streams\n");
     let _ = writeln!(md, "| rank | current stream | comm stream | comm kernel streams | on another stream |");
     let _ = writeln!(md, "|---|---|---|---|---|");
     for (rank, value) in ranks.iter().enumerate() {
-        let s = &value["streams"];
-        let other = s["comm_kernels_on_other_stream"] == json!(true);
+        let s = &value.streams;
+        let other = s.comm_kernels_on_other_stream;
         ok &= other;
-        let _ = writeln!(
-            md,
-            "| {rank} | {} | {} | {} | {other} |",
-            s["current_stream"], s["comm_stream"], s["comm_kernel_streams"]
-        );
+        let streams = s.comm_kernel_streams.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        let _ = writeln!(md, "| {rank} | {} | {} | [{streams}] | {other} |", s.current_stream, s.comm_stream);
     }
     (ok, md)
 }
@@ -896,6 +896,46 @@ mod tests {
             seen += 1;
         }
         assert!(seen > 0, "no committed all_reduce result with a first-collective time");
+    }
+
+    /// The experiments pass when every rank's cache, semantics and streams checks hold; one rank whose comm
+    /// kernel ran on the current stream, or a missing semantics row, fails them, and the tables show the ranks.
+    #[test]
+    fn the_experiments_report_checks_every_rank() {
+        use pg_lab::results::experiments::{CacheExperiment, SemanticsRow, StreamsExperiment};
+        let rank = |on_other: bool, rows: usize| {
+            let row = |c: u64| SemanticsRow {
+                completed_after_action: c,
+                config: format!("config {c}"),
+                correct: true,
+                future_done_after_enqueue: true,
+                host_action_us: Some(1500.0),
+            };
+            let value = serde_json::to_value(ExperimentsRank {
+                cache: CacheExperiment { comm_creations: 3, correct_ops: 9, ..CacheExperiment::default() },
+                semantics: pg_lab::results::experiments::SemanticsExperiment {
+                    rows: [0, 0, 1, 0].into_iter().take(rows).map(row).collect(),
+                    sleep_ms_nominal: Some(40.4),
+                    ..Default::default()
+                },
+                streams: StreamsExperiment {
+                    comm_kernel_streams: vec![7, 7],
+                    comm_kernels_on_other_stream: on_other,
+                    comm_stream: 7,
+                    current_stream: 0,
+                },
+                ..ExperimentsRank::default()
+            })
+            .unwrap();
+            serde_json::from_value::<ExperimentsRank>(value).unwrap()
+        };
+        let (ok, md) = experiments(&[rank(true, 4), rank(true, 4)]);
+        assert!(ok, "{md}");
+        assert!(md.contains("| 6 (expect 6) | 18 (expect 18) | 0 (expect 0) |"), "{md}");
+        assert!(md.contains("| config 1 | 1.5 ms, 1.5 ms | 1, 1 | true | true |"), "{md}");
+        assert!(md.contains("| 1 | 0 | 7 | [7,7] | true |"), "{md}");
+        assert!(!experiments(&[rank(true, 4), rank(false, 4)]).0, "rank 1's comm kernels ran on the current stream");
+        assert!(!experiments(&[rank(true, 4), rank(true, 3)]).0, "rank 1 has no fourth semantics row");
     }
 
     #[test]
