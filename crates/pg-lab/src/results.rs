@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod bench;
 pub mod checks;
 pub mod experiments;
 pub mod first;

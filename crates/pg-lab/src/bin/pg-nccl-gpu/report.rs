@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use std::collections::BTreeMap;
 
+use pg_lab::results::bench::{BenchRank, BenchRankRow, BenchResult};
 use pg_lab::results::checks::{InteropRank, InteropResult};
 use pg_lab::results::experiments::ExperimentsRank;
 use pg_lab::results::first::{FirstCollective, FirstResult, TorchFirst};
@@ -77,7 +78,14 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
                 .collect::<Result<Vec<ExperimentsRank>, String>>()?;
             experiments(&typed)
         }
-        "bench" => bench(ranks),
+        "bench" => {
+            let typed = ranks
+                .iter()
+                .enumerate()
+                .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("bench rank {rank}: {e}")))
+                .collect::<Result<Vec<BenchRank>, String>>()?;
+            bench(&typed)?
+        }
         other if crate::report_exchange::op_of(other).is_some() => crate::report_exchange::task(other, ranks),
         other => return Err(format!("no report for task {other}")),
     };
@@ -168,7 +176,8 @@ fn experiments(ranks: &[ExperimentsRank]) -> (bool, String) {
     (ok, md)
 }
 
-fn bench(ranks: &[Value]) -> (bool, String) {
+/// The per-rank table of the `bench` task: every contestant at every size over the ranks.
+fn bench(ranks: &[BenchRank]) -> Result<(bool, String), String> {
     let mut md = String::new();
     let world = ranks.len();
     let _ = writeln!(
@@ -177,54 +186,54 @@ fn bench(ranks: &[Value]) -> (bool, String) {
     );
     let _ = writeln!(md, "| size | contestant | time/op us | GPU ahead | busbw GB/s | host enqueue us/op | wait() us | inside ncclAllReduce us | own host us | host kops/s |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
-    let rows = ranks[0]["rows"].as_array().cloned().unwrap_or_default();
+    let rows = ranks.first().map(|r| r.rows.as_slice()).unwrap_or_default();
     for (index, row) in rows.iter().enumerate() {
-        let max = |key: &str| {
-            ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+        let at = |r: &BenchRank| r.rows.get(index).cloned().unwrap_or_default();
+        let max = |get: fn(&BenchRankRow) -> Option<f64>| {
+            ranks.iter().map(|r| get(&at(r)).unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
         };
-        let bytes = row["bytes"].as_u64().unwrap_or(0);
-        let time = slowest_device_time(ranks.iter().map(|r| r["rows"][index]["time_us"].as_f64()));
+        let bytes = row.bytes;
+        let time = slowest_device_time(ranks.iter().map(|r| at(r).time_us));
         let busbw = bytes as f64 / (time * 1e-6) / 1e9 * 2.0 * (world as f64 - 1.0) / world as f64;
-        let optional = |key: &str| if row[key].is_null() { "-".to_owned() } else { format!("{:.2}", max(key)) };
+        let optional = |get: fn(&BenchRankRow) -> Option<f64>| match get(row) {
+            None => "-".to_owned(),
+            Some(_) => format!("{:.2}", max(get)),
+        };
         let trials_ahead: Vec<String> = ranks
             .iter()
             .map(|r| {
-                let trials = r["rows"][index]["gpu_ahead_trials"].as_array().cloned().unwrap_or_default();
-                let ahead = trials.iter().filter(|t| t.as_bool() == Some(true)).count();
-                format!("{ahead}/{}", trials.len())
+                let trials = at(r).gpu_ahead_trials;
+                format!("{}/{}", trials.iter().filter(|ahead| **ahead).count(), trials.len())
             })
             .collect();
-        let slowest_rate = ranks.iter().filter_map(|r| r["rows"][index]["host_ops_per_s"].as_f64()).reduce(f64::min);
+        let slowest_rate = ranks.iter().filter_map(|r| at(r).host_ops_per_s).reduce(f64::min);
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {busbw:.1} | {:.2} | {} | {} | {} | {} |",
             human(bytes),
-            row["contestant"].as_str().unwrap_or("?"),
+            row.contestant,
             device_cell(time),
             trials_ahead.join(", "),
-            max("host_enqueue_us"),
-            optional("wait_us"),
-            optional("nccl_call_us"),
-            optional("own_host_us"),
+            max(|r| r.host_enqueue_us),
+            optional(|r| r.wait_us),
+            optional(|r| r.nccl_call_us),
+            optional(|r| r.own_host_us),
             slowest_rate.map(|v| format!("{:.1}", v / 1e3)).unwrap_or_else(|| "-".into()),
         );
     }
     for (rank, value) in ranks.iter().enumerate() {
-        let _ = writeln!(md, "\nrank {rank} host cost of primitives (median us): {}", value["host_costs_us"]);
+        let costs = serde_json::to_string(&value.host_costs_us).map_err(|e| e.to_string())?;
+        let _ = writeln!(md, "\nrank {rank} host cost of primitives (median us): {costs}");
     }
     // With PG_TIME_ENQUEUE=1: where each process-group contestant's enqueue time goes, step by step.
     for (rank, value) in ranks.iter().enumerate() {
-        for row in value["rows"].as_array().into_iter().flatten().filter(|row| !row["steps_us"].is_null()) {
-            let _ = writeln!(
-                md,
-                "\nrank {rank} {} {} steps (median us): {}",
-                human(row["bytes"].as_u64().unwrap_or(0)),
-                row["contestant"].as_str().unwrap_or("?"),
-                row["steps_us"]
-            );
+        for row in &value.rows {
+            let Some(steps) = &row.steps_us else { continue };
+            let steps = serde_json::to_string(steps).map_err(|e| e.to_string())?;
+            let _ = writeln!(md, "\nrank {rank} {} {} steps (median us): {steps}", human(row.bytes), row.contestant);
         }
     }
-    (!rows.is_empty(), md)
+    Ok((!rows.is_empty(), md))
 }
 
 pub fn human(bytes: u64) -> String {
@@ -265,16 +274,17 @@ fn device_cell(time_us: f64) -> String {
     }
 }
 
-fn rust_rows(bench: &Value) -> Result<Vec<BenchRow>, String> {
-    let ranks = pg_lab::results::rank_rows(bench["ranks"].as_array().map(Vec::as_slice).unwrap_or_default())?;
+/// The Rust contestants' rows over the ranks of `bench.json`: the slowest rank's figures per row.
+fn rust_rows(bench: &BenchResult) -> Vec<BenchRow> {
+    let ranks: Vec<&[BenchRankRow]> = bench.ranks.iter().map(|r| r.rows.as_slice()).collect();
     let world = ranks.len().max(1) as f64;
-    let first = ranks.first().cloned().unwrap_or_default();
-    Ok(first
+    let first = ranks.first().copied().unwrap_or_default();
+    first
         .iter()
         .enumerate()
         .map(|(index, row)| {
-            let at = |r: &Vec<RankRow>| r.get(index).cloned().unwrap_or_default();
-            let max = |get: &dyn Fn(&RankRow) -> Option<f64>| {
+            let at = |r: &&[BenchRankRow]| r.get(index).cloned().unwrap_or_default();
+            let max = |get: &dyn Fn(&BenchRankRow) -> Option<f64>| {
                 ranks.iter().map(|r| get(&at(r)).unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
             };
             let bytes = row.bytes;
@@ -295,19 +305,17 @@ fn rust_rows(bench: &Value) -> Result<Vec<BenchRow>, String> {
                     .and_then(|all| all.into_iter().reduce(f64::min)),
             }
         })
-        .collect())
+        .collect()
 }
 
 /// The host enqueue time of `contestant` minus that of `baseline` on the same rank, at `bytes`: the worst rank's
 /// difference (a paired comparison, unlike the slowest-rank medians, which may come from different ranks).
-fn same_rank_difference(bench: &Value, contestant: &str, baseline: &str, bytes: u64) -> Option<f64> {
-    let ranks = bench["ranks"].as_array()?;
-    let enqueue = |rank: &Value, who: &str| {
-        rank["rows"].as_array()?.iter().find(|row| row["contestant"] == who && row["bytes"] == bytes)?
-            ["host_enqueue_us"]
-            .as_f64()
+fn same_rank_difference(bench: &BenchResult, contestant: &str, baseline: &str, bytes: u64) -> Option<f64> {
+    let enqueue = |rank: &BenchRank, who: &str| {
+        rank.rows.iter().find(|row| row.contestant == who && row.bytes == bytes)?.host_enqueue_us
     };
-    ranks
+    bench
+        .ranks
         .iter()
         .map(|rank| Some(enqueue(rank, contestant)? - enqueue(rank, baseline)?))
         .collect::<Option<Vec<f64>>>()
@@ -347,9 +355,12 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             Err(_) => Ok(None),
         }
     };
-    let bench = load("bench.json")?.ok_or("no bench.json: run the bench task first")?;
+    let bench: BenchResult = match std::fs::read_to_string(dir.join("bench.json")) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("bench.json: {e}"))?,
+        Err(_) => return Err("no bench.json: run the bench task first".into()),
+    };
     let torch = load("torch.json")?;
-    let mut rows = rust_rows(&bench)?;
+    let mut rows = rust_rows(&bench);
     if let Some(torch) = &torch {
         rows.extend(torch_rows(torch)?);
     }
@@ -360,11 +371,12 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     let mut md = String::new();
     let _ = writeln!(md, "# all_reduce: raw NCCL loop vs pg's process group vs PyTorch\n");
     let _ = writeln!(md, "{label}\n");
-    let _ = writeln!(md, "Rust: {}", bench["versions"]);
+    let rust_versions = serde_json::to_value(&bench.versions).map_err(|e| e.to_string())?;
+    let _ = writeln!(md, "Rust: {rust_versions}");
     if let Some(torch) = &torch {
         let _ = writeln!(md, "\nPyTorch: {}", torch["versions"]);
     }
-    let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of the trials in which the GPU was still spinning when the host had enqueued every op, slowest rank; `host-bound` when no trial was); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()). GPU ahead: every trial of raw, pg, torch had the GPU ahead of the host. Host ops/s: K ops back to back with no spin, in thousands per second of host time (slowest rank). pg bookkeeping: pg's enqueue minus `raw-with-events`', rank by rank (the worst rank).\n", bench["world_size"]);
+    let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of the trials in which the GPU was still spinning when the host had enqueued every op, slowest rank; `host-bound` when no trial was); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()). GPU ahead: every trial of raw, pg, torch had the GPU ahead of the host. Host ops/s: K ops back to back with no spin, in thousands per second of host time (slowest rank). pg bookkeeping: pg's enqueue minus `raw-with-events`', rank by rank (the worst rank).\n", bench.world_size);
     let _ = writeln!(md, "| size | raw us | pg us | torch us | GPU ahead | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | pg enqueue us (pool stream current) | torch enqueue us | torch wait us | pg bookkeeping us | raw kops/s | pg kops/s | torch kops/s |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut busbw_ok = true;
@@ -497,13 +509,13 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     let yes = |met: bool| if met { "yes" } else { "NO" };
     // The network profile (ranks sharing a GPU over NCCL's socket transport) has targets of its own: pg's device
     // time per op within 3% of the raw loop's from 64 KiB up, and its host enqueue within 1 us of raw's.
-    let profile = bench["ranks"][0]["profile"].as_str().unwrap_or("nvlink").to_owned();
+    let profile = bench.ranks.first().and_then(|r| r.profile.clone()).unwrap_or_else(|| "nvlink".to_owned());
     let network = network_targets(&summary, overhead_same_rank);
     let ok = match profile.as_str() {
         "network" => network.device_ok && network.enqueue_ok,
         _ => busbw_ok && overhead_ok,
     };
-    if bench["world_size"].as_u64().is_some_and(|n| n < 2) {
+    if bench.world_size < 2 {
         let _ = writeln!(
             md,
             "\nA world of 1 communicates nothing (NCCL returns at once and launches no kernel), so busbw is 0 and \
@@ -555,8 +567,8 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
              over sizes); with tracing off (`pg`) the enqueue path checks one `Option` and records nothing."
         );
     }
-    for (rank, value) in bench["ranks"].as_array().into_iter().flatten().enumerate() {
-        if let Some(error) = value["graph_error"].as_str() {
+    for (rank, value) in bench.ranks.iter().enumerate() {
+        if let Some(error) = &value.graph_error {
             let _ = writeln!(md, "\nRank {rank}: the Rust graph contestants failed: {error}");
         }
     }
@@ -653,11 +665,11 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         pg_minus_raw_enqueue_us_same_rank_median: finite(overhead_same_rank),
         pg_over_raw_device_time_worst_from_64kib: network.worst_ratio,
         profile: Some(profile),
-        rust_versions: bench["versions"].clone(),
+        rust_versions,
         sizes: summary,
         targets_met: ok,
         torch_versions: torch.as_ref().map(|t| t["versions"].clone()),
-        world_size: bench["world_size"].as_u64().unwrap_or(0),
+        world_size: bench.world_size,
     };
     std::fs::write(dir.join("allreduce.json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
@@ -737,10 +749,11 @@ mod tests {
     fn same_rank_differences_pair_each_rank_with_itself_and_keep_the_worst() {
         let enqueue = |c: &str, us: f64| json!({ "contestant": c, "bytes": 8, "host_enqueue_us": us });
         // Slowest-rank medians would give 13.0 - 12.0 = 1.0; rank by rank the differences are 3.0 and 1.0.
-        let bench = json!({ "ranks": [
+        let bench: BenchResult = serde_json::from_value(json!({ "world_size": 2, "ranks": [
             rank(json!([enqueue("raw", 9.0), enqueue("pg", 12.0)])),
             rank(json!([enqueue("raw", 12.0), enqueue("pg", 13.0)])),
-        ] });
+        ] }))
+        .unwrap();
         assert_eq!(same_rank_difference(&bench, "pg", "raw", 8), Some(3.0));
         assert_eq!(same_rank_difference(&bench, "pg", "raw", 64), None, "no such size");
         assert_eq!(same_rank_difference(&bench, "pg", "raw-with-events", 8), None, "a contestant missing");
@@ -936,6 +949,30 @@ mod tests {
         assert!(md.contains("| 1 | 0 | 7 | [7,7] | true |"), "{md}");
         assert!(!experiments(&[rank(true, 4), rank(false, 4)]).0, "rank 1's comm kernels ran on the current stream");
         assert!(!experiments(&[rank(true, 4), rank(true, 3)]).0, "rank 1 has no fourth semantics row");
+    }
+
+    /// The per-rank table takes the slowest rank's figures and shows each rank's trials ahead and host costs.
+    #[test]
+    fn the_bench_table_shows_the_slowest_rank() {
+        let rank = |time: f64, enqueue: f64, ahead: Vec<bool>| BenchRank {
+            host_costs_us: Some(pg_lab::results::bench::HostCosts { timer: 0.02, ..Default::default() }),
+            rows: vec![BenchRankRow {
+                bytes: 1 << 20,
+                contestant: "pg".into(),
+                gpu_ahead_trials: ahead,
+                host_enqueue_us: Some(enqueue),
+                host_ops_per_s: Some(enqueue * 1e4),
+                time_us: Some(time),
+                wait_us: Some(0.5),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let (ok, md) = bench(&[rank(100.0, 8.0, vec![true, true]), rank(120.0, 7.0, vec![true, false])]).unwrap();
+        assert!(ok);
+        assert!(md.contains("| 1 MiB | pg | 120.00 | 2/2, 1/2 | 8.7 | 8.00 | 0.50 | - | - | 70.0 |"), "{md}");
+        assert!(md.contains("rank 1 host cost of primitives (median us): {\"current_stream\":0.0,"), "{md}");
+        assert!(!bench(&[]).unwrap().0, "no rows");
     }
 
     #[test]
