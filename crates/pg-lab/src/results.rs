@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod bench;
 pub mod checks;
+pub mod exchange;
 pub mod experiments;
 pub mod first;
 pub mod train;
@@ -289,8 +290,8 @@ pub struct ExchangeResult {
     pub world_size: u64,
 }
 
-/// A rank's row of a benchmark's per-rank results (`bench.json` and the exchange tasks' `ranks[r].rows`, and the
-/// PyTorch scripts' `rows`), as the merges read it: one contestant at one size (and split), this rank's medians.
+/// A row of the PyTorch scripts' results (`torch.json`'s `rows` and `graph_rows`, `torch-<op>.json`'s `rows`), as
+/// the merges read it: one contestant at one size (and split), the slowest rank's medians.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankRow {
     /// The contestant (`raw`, `pg`, `raw-with-events`, ...; the PyTorch scripts leave it out).
@@ -319,18 +320,6 @@ pub struct RankRow {
     /// Back-to-back ops per second of host time.
     #[serde(default)]
     pub host_ops_per_s: Option<f64>,
-}
-
-/// Each rank's rows (`ranks[r].rows`) of a benchmark's per-rank results, typed (a rank without rows has none).
-pub fn rank_rows(ranks: &[serde_json::Value]) -> Result<Vec<Vec<RankRow>>, String> {
-    ranks
-        .iter()
-        .enumerate()
-        .map(|(rank, r)| match r.get("rows") {
-            None | Some(serde_json::Value::Null) => Ok(Vec::new()),
-            Some(rows) => serde_json::from_value(rows.clone()).map_err(|e| format!("rank {rank}'s rows: {e}")),
-        })
-        .collect()
 }
 
 /// The result kinds with rows by size, by the start of their file name.
