@@ -322,6 +322,26 @@ pub struct RankRow {
     pub host_ops_per_s: Option<f64>,
 }
 
+/// A task's merged result that keeps every rank's own result (`bench.json`, `bench-<op>.json`,
+/// `experiments.json`): whether the task's checks passed, and the ranks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskRanks<R> {
+    /// Whether the task's checks passed.
+    #[serde(default)]
+    pub passed: bool,
+    /// Every rank's result, in rank order.
+    pub ranks: Vec<R>,
+    /// The task.
+    #[serde(default)]
+    pub task: String,
+    /// Rank 0's versions.
+    #[serde(default)]
+    pub versions: Option<checks::Versions>,
+    /// The ranks.
+    #[serde(default)]
+    pub world_size: u64,
+}
+
 /// The result kinds with rows by size, by the start of their file name.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SizedResult {

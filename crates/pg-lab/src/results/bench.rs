@@ -128,22 +128,7 @@ pub struct BenchRank {
 }
 
 /// The `bench` task's merged result (`bench.json`): every rank's result.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct BenchResult {
-    /// Whether any row was measured.
-    #[serde(default)]
-    pub passed: bool,
-    /// Every rank's result, in rank order.
-    pub ranks: Vec<BenchRank>,
-    /// `bench`.
-    #[serde(default)]
-    pub task: String,
-    /// Rank 0's versions.
-    #[serde(default)]
-    pub versions: Option<Versions>,
-    /// The ranks.
-    pub world_size: u64,
-}
+pub type BenchResult = crate::results::TaskRanks<BenchRank>;
 
 #[cfg(test)]
 mod tests {

@@ -72,23 +72,7 @@ pub struct ExchangeRank {
 }
 
 /// The task's merged result (`bench-all-to-all.json`, `bench-p2p.json`): every rank's result.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ExchangeBench {
-    /// Whether every rank produced rows or said why none apply.
-    #[serde(default)]
-    pub passed: bool,
-    /// Every rank's result, in rank order.
-    pub ranks: Vec<ExchangeRank>,
-    /// The task.
-    #[serde(default)]
-    pub task: String,
-    /// Rank 0's versions.
-    #[serde(default)]
-    pub versions: Option<Versions>,
-    /// The ranks.
-    #[serde(default)]
-    pub world_size: u64,
-}
+pub type ExchangeBench = crate::results::TaskRanks<ExchangeRank>;
 
 /// The skewed splits PyTorch's script cut, for the merge to check against the Rust contestants'.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -5,11 +5,12 @@ use std::fmt::Write as _;
 use std::collections::BTreeMap;
 
 use pg_lab::results::bench::{BenchRank, BenchRankRow, BenchResult};
-use pg_lab::results::checks::{InteropRank, InteropResult};
+use pg_lab::results::checks::{InteropRank, InteropResult, Versions};
+use pg_lab::results::exchange::ExchangeRank;
 use pg_lab::results::experiments::ExperimentsRank;
 use pg_lab::results::first::{FirstCollective, FirstResult, TorchFirst};
-use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, RankRow};
-use serde_json::{json, Value};
+use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, RankRow, TaskRanks};
+use serde_json::Value;
 
 use crate::Settings;
 
@@ -69,30 +70,52 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
         };
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
-    let (ok, markdown) = match task {
+    let versions: Option<Versions> = match ranks.first().map(|r| &r["versions"]) {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value(v.clone()).map_err(|e| format!("rank 0's versions: {e}"))?),
+    };
+    match task {
         "experiments" => {
-            let typed = ranks
-                .iter()
-                .enumerate()
-                .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("experiments rank {rank}: {e}")))
-                .collect::<Result<Vec<ExperimentsRank>, String>>()?;
-            experiments(&typed)
+            let typed: Vec<ExperimentsRank> = typed_ranks(task, ranks)?;
+            let (ok, markdown) = experiments(&typed);
+            finish(settings, task, ok, typed, versions, &markdown)
         }
         "bench" => {
-            let typed = ranks
-                .iter()
-                .enumerate()
-                .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("bench rank {rank}: {e}")))
-                .collect::<Result<Vec<BenchRank>, String>>()?;
-            bench(&typed)?
+            let typed: Vec<BenchRank> = typed_ranks(task, ranks)?;
+            let (ok, markdown) = bench(&typed)?;
+            finish(settings, task, ok, typed, versions, &markdown)
         }
-        other if crate::report_exchange::op_of(other).is_some() => crate::report_exchange::task(other, ranks),
-        other => return Err(format!("no report for task {other}")),
-    };
+        other if crate::report_exchange::op_of(other).is_some() => {
+            let (ok, markdown) = crate::report_exchange::task(other, ranks);
+            let typed: Vec<ExchangeRank> = typed_ranks(task, ranks)?;
+            finish(settings, task, ok, typed, versions, &markdown)
+        }
+        other => Err(format!("no report for task {other}")),
+    }
+}
+
+/// Every rank's result of `task` as an `R`.
+fn typed_ranks<R: serde::de::DeserializeOwned>(task: &str, ranks: &[Value]) -> Result<Vec<R>, String> {
+    ranks
+        .iter()
+        .enumerate()
+        .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("{task} rank {rank}: {e}")))
+        .collect()
+}
+
+/// Prints the task's markdown and writes it with the merged result (every rank's own result); returns `passed`.
+fn finish<R: serde::Serialize>(
+    settings: &Settings,
+    task: &str,
+    passed: bool,
+    ranks: Vec<R>,
+    versions: Option<Versions>,
+    markdown: &str,
+) -> Result<bool, String> {
     print!("{markdown}");
-    let merged = json!({ "task": task, "passed": ok, "world_size": ranks.len(), "versions": ranks[0]["versions"], "ranks": ranks });
-    write(settings, task, &merged, &markdown)?;
-    Ok(ok)
+    let world_size = ranks.len() as u64;
+    let merged = TaskRanks { passed, ranks, task: task.to_owned(), versions, world_size };
+    write(settings, task, &merged, markdown).map(|()| passed)
 }
 
 /// Writes `<task>.json` and `<task>.md` into the output directory.
@@ -739,6 +762,8 @@ fn measure(row: &BenchRow) -> Measure {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn rank(rows: Value) -> Value {
@@ -973,6 +998,37 @@ mod tests {
         assert!(md.contains("| 1 MiB | pg | 120.00 | 2/2, 1/2 | 8.7 | 8.00 | 0.50 | - | - | 70.0 |"), "{md}");
         assert!(md.contains("rank 1 host cost of primitives (median us): {\"current_stream\":0.0,"), "{md}");
         assert!(!bench(&[]).unwrap().0, "no rows");
+    }
+
+    /// A rank's result as the launcher collects it (the task's result plus its rank, world size and versions)
+    /// reads into its type and writes back the same, so the merged result keeps every rank's result whole.
+    #[test]
+    fn the_ranks_results_keep_every_key_through_their_types() {
+        fn through<R: serde::de::DeserializeOwned + serde::Serialize>(task: &str, mut rank: Value) {
+            rank["rank"] = json!(1);
+            rank["world_size"] = json!(2);
+            rank["versions"] = json!({ "nccl": "2.28.9" });
+            let typed: Vec<R> = typed_ranks(task, std::slice::from_ref(&rank)).unwrap();
+            assert_eq!(serde_json::to_value(&typed[0]).unwrap(), rank, "{task}");
+        }
+        let bench = BenchRank {
+            host_costs_us: Some(Default::default()),
+            profile: Some("nvlink".into()),
+            rows: vec![BenchRankRow { contestant: "pg".into(), bytes: 8, ..Default::default() }],
+            task: "bench".into(),
+            trace: Some(pg_lab::results::bench::TraceSummary::Unread { error: "gone".into(), file: "f".into() }),
+            ..Default::default()
+        };
+        through::<BenchRank>("bench", serde_json::to_value(bench).unwrap());
+        let p2p = ExchangeRank {
+            not_applicable: Some("no ring".into()),
+            self_send_refused: Some("refused".into()),
+            task: "bench-p2p".into(),
+            ..Default::default()
+        };
+        through::<ExchangeRank>("bench-p2p", serde_json::to_value(p2p).unwrap());
+        let experiments = ExperimentsRank { backend: "nccl".into(), task: "experiments".into(), ..Default::default() };
+        through::<ExperimentsRank>("experiments", serde_json::to_value(experiments).unwrap());
     }
 
     #[test]
