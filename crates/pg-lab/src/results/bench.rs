@@ -1,5 +1,6 @@
 //! The all_reduce benchmark's per-rank results as types: a rank's rows (one contestant at one size), its host
-//! costs and trace summary (`bench-rank{r}.json`), and the `bench` task's `bench.json` that `merge_bench` reads.
+//! costs and trace summary (`bench-rank{r}.json`), the `bench` task's `bench.json` that `merge_bench` reads, and
+//! what it reads of PyTorch's `torch.json`.
 //! Field names are the JSON's; fields are declared in the JSON's (alphabetical) key order. A figure that is not a
 //! number (a host-bound device time) is `None` and written `null`.
 
@@ -129,6 +130,23 @@ pub struct BenchRank {
 
 /// The `bench` task's merged result (`bench.json`): every rank's result.
 pub type BenchResult = crate::results::TaskRanks<BenchRank>;
+
+/// What the merge reads of PyTorch's all_reduce result (`torch.json`, written by `bench/torch_allreduce.py`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TorchBench {
+    /// Why the graph contestant failed, if it did.
+    #[serde(default)]
+    pub graph_error: Option<String>,
+    /// The graph contestant's rows (the slowest rank's figures), when the script ran it.
+    #[serde(default)]
+    pub graph_rows: Option<Vec<crate::results::RankRow>>,
+    /// The eager rows (the slowest rank's figures).
+    #[serde(default)]
+    pub rows: Option<Vec<crate::results::RankRow>>,
+    /// PyTorch's versions, as the script names them.
+    #[serde(default)]
+    pub versions: serde_json::Value,
+}
 
 #[cfg(test)]
 mod tests {

@@ -4,12 +4,12 @@ use std::fmt::Write as _;
 
 use std::collections::BTreeMap;
 
-use pg_lab::results::bench::{BenchRank, BenchRankRow, BenchResult};
+use pg_lab::results::bench::{BenchRank, BenchRankRow, BenchResult, TorchBench};
 use pg_lab::results::checks::{InteropRank, InteropResult, Versions};
 use pg_lab::results::exchange::ExchangeRank;
 use pg_lab::results::experiments::ExperimentsRank;
 use pg_lab::results::first::{FirstCollective, FirstResult, TorchFirst};
-use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, RankRow, TaskRanks};
+use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, TaskRanks};
 use serde_json::Value;
 
 use crate::Settings;
@@ -345,17 +345,11 @@ fn same_rank_difference(bench: &BenchResult, contestant: &str, baseline: &str, b
         .and_then(|diffs| diffs.into_iter().reduce(f64::max))
 }
 
-fn torch_rows(torch: &Value) -> Result<Vec<BenchRow>, String> {
-    let rows = |key: &str| -> Result<Vec<RankRow>, String> {
-        match torch.get(key) {
-            None | Some(Value::Null) => Ok(Vec::new()),
-            Some(rows) => serde_json::from_value(rows.clone()).map_err(|e| format!("torch.json {key}: {e}")),
-        }
-    };
-    let eager = rows("rows")?.into_iter().map(|row| ("torch", row));
-    // `torch.cuda.graph` around K all_reduces, replayed (`graph_rows`, when the script ran them).
-    let graph = rows("graph_rows")?.into_iter().map(|row| ("torch-graph", row));
-    Ok(eager
+/// PyTorch's rows, eager and (`torch.cuda.graph` around K all_reduces, replayed) graph.
+fn torch_rows(torch: &TorchBench) -> Vec<BenchRow> {
+    let eager = torch.rows.iter().flatten().map(|row| ("torch", row));
+    let graph = torch.graph_rows.iter().flatten().map(|row| ("torch-graph", row));
+    eager
         .chain(graph)
         .map(|(contestant, row)| BenchRow {
             contestant: contestant.into(),
@@ -367,25 +361,22 @@ fn torch_rows(torch: &Value) -> Result<Vec<BenchRow>, String> {
             gpu_ahead: row.gpu_ahead,
             host_ops_per_s: row.host_ops_per_s,
         })
-        .collect())
+        .collect()
 }
 
 /// Joins `bench.json` (raw, pg) and `torch.json` (if present) in `dir` into `allreduce.md`/`allreduce.json`.
 pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
-    let load = |name: &str| -> Result<Option<Value>, String> {
-        match std::fs::read_to_string(dir.join(name)) {
-            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
-            Err(_) => Ok(None),
-        }
-    };
     let bench: BenchResult = match std::fs::read_to_string(dir.join("bench.json")) {
         Ok(text) => serde_json::from_str(&text).map_err(|e| format!("bench.json: {e}"))?,
         Err(_) => return Err("no bench.json: run the bench task first".into()),
     };
-    let torch = load("torch.json")?;
+    let torch: Option<TorchBench> = match std::fs::read_to_string(dir.join("torch.json")) {
+        Ok(text) => Some(serde_json::from_str(&text).map_err(|e| format!("torch.json: {e}"))?),
+        Err(_) => None,
+    };
     let mut rows = rust_rows(&bench);
     if let Some(torch) = &torch {
-        rows.extend(torch_rows(torch)?);
+        rows.extend(torch_rows(torch));
     }
     let mut sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
     sizes.sort_unstable();
@@ -397,7 +388,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     let rust_versions = serde_json::to_value(&bench.versions).map_err(|e| e.to_string())?;
     let _ = writeln!(md, "Rust: {rust_versions}");
     if let Some(torch) = &torch {
-        let _ = writeln!(md, "\nPyTorch: {}", torch["versions"]);
+        let _ = writeln!(md, "\nPyTorch: {}", torch.versions);
     }
     let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of the trials in which the GPU was still spinning when the host had enqueued every op, slowest rank; `host-bound` when no trial was); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()). GPU ahead: every trial of raw, pg, torch had the GPU ahead of the host. Host ops/s: K ops back to back with no spin, in thousands per second of host time (slowest rank). pg bookkeeping: pg's enqueue minus `raw-with-events`', rank by rank (the worst rank).\n", bench.world_size);
     let _ = writeln!(md, "| size | raw us | pg us | torch us | GPU ahead | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | pg enqueue us (pool stream current) | torch enqueue us | torch wait us | pg bookkeeping us | raw kops/s | pg kops/s | torch kops/s |");
@@ -595,7 +586,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             let _ = writeln!(md, "\nRank {rank}: the Rust graph contestants failed: {error}");
         }
     }
-    if let Some(error) = torch.as_ref().and_then(|t| t["graph_error"].as_str()) {
+    if let Some(error) = torch.as_ref().and_then(|t| t.graph_error.as_deref()) {
         let _ = writeln!(md, "\nThe PyTorch graph contestant failed: {error}");
     }
     // CUDA graphs: K all_reduces captured once, replayed.
@@ -691,7 +682,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         rust_versions,
         sizes: summary,
         targets_met: ok,
-        torch_versions: torch.as_ref().map(|t| t["versions"].clone()),
+        torch_versions: torch.map(|t| t.versions),
         world_size: bench.world_size,
     };
     std::fs::write(dir.join("allreduce.json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
