@@ -190,7 +190,7 @@ pub struct AllReduceResult {
     pub profile: Option<String>,
     /// The Rust side's versions (NCCL, driver, device).
     #[serde(default)]
-    pub rust_versions: serde_json::Value,
+    pub rust_versions: Option<checks::Versions>,
     /// The rows by size.
     pub sizes: Vec<AllReduceSize>,
     /// Whether the targets of the profile were met.
@@ -273,10 +273,10 @@ pub struct ExchangeResult {
     pub profile: Option<String>,
     /// The Rust side's versions.
     #[serde(default)]
-    pub rust_versions: serde_json::Value,
-    /// Whether the group refuses a send to the sender itself (as the ranks reported).
+    pub rust_versions: Option<checks::Versions>,
+    /// The process group's refusal of a send to the sender itself, as rank 0 reported it (world size 1).
     #[serde(default)]
-    pub self_send_refused: serde_json::Value,
+    pub self_send_refused: Option<String>,
     /// The rows by size and split.
     pub sizes: Vec<ExchangeSize>,
     /// The all-to-all's splits, defined.
@@ -382,10 +382,10 @@ impl SizedResult {
     }
 
     /// The Rust side's versions.
-    pub fn rust_versions(&self) -> &serde_json::Value {
+    pub fn rust_versions(&self) -> Option<&checks::Versions> {
         match self {
-            SizedResult::AllReduce(result) => &result.rust_versions,
-            SizedResult::Exchange(result) => &result.rust_versions,
+            SizedResult::AllReduce(result) => result.rust_versions.as_ref(),
+            SizedResult::Exchange(result) => result.rust_versions.as_ref(),
         }
     }
 

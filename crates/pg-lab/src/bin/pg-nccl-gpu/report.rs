@@ -385,8 +385,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     let mut md = String::new();
     let _ = writeln!(md, "# all_reduce: raw NCCL loop vs pg's process group vs PyTorch\n");
     let _ = writeln!(md, "{label}\n");
-    let rust_versions = serde_json::to_value(&bench.versions).map_err(|e| e.to_string())?;
-    let _ = writeln!(md, "Rust: {rust_versions}");
+    let _ = writeln!(md, "Rust: {}", serde_json::to_string(&bench.versions).map_err(|e| e.to_string())?);
     if let Some(torch) = &torch {
         let _ = writeln!(md, "\nPyTorch: {}", torch.versions);
     }
@@ -679,7 +678,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         pg_minus_raw_enqueue_us_same_rank_median: finite(overhead_same_rank),
         pg_over_raw_device_time_worst_from_64kib: network.worst_ratio,
         profile: Some(profile),
-        rust_versions,
+        rust_versions: bench.versions.clone(),
         sizes: summary,
         targets_met: ok,
         torch_versions: torch.map(|t| t.versions),

@@ -224,8 +224,7 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
     let mut md = String::new();
     let _ = writeln!(md, "# {op}: raw NCCL loop vs pg's process group vs PyTorch\n");
     let _ = writeln!(md, "{label}\n");
-    let rust_versions = serde_json::to_value(&bench.versions).map_err(|e| e.to_string())?;
-    let _ = writeln!(md, "Rust: {rust_versions}");
+    let _ = writeln!(md, "Rust: {}", serde_json::to_string(&bench.versions).map_err(|e| e.to_string())?);
     if let Some(torch) = &torch {
         let _ = writeln!(md, "\nPyTorch: {}", torch.versions);
     }
@@ -334,8 +333,8 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
         pg_minus_raw_enqueue_us_median: Some(enqueue_median).filter(|v| v.is_finite()),
         pg_over_raw_time_worst_from_64kib: worst_ratio,
         profile: Some(profile),
-        rust_versions,
-        self_send_refused: serde_json::to_value(&ranks[0].self_send_refused).map_err(|e| e.to_string())?,
+        rust_versions: bench.versions.clone(),
+        self_send_refused: ranks[0].self_send_refused.clone(),
         sizes: summary,
         splits_definition: (op == "all-to-all").then(|| SKEWED_DEFINITION.replace('\n', " ")),
         torch_versions: torch.map(|t| t.versions),
