@@ -12,6 +12,7 @@ pub mod bench;
 pub mod checks;
 pub mod exchange;
 pub mod experiments;
+pub mod faults;
 pub mod first;
 pub mod train;
 
@@ -477,12 +478,14 @@ mod tests {
 
     /// The typed documents by the start of their file name, each parsed and written back.
     type RoundTrip = fn(&str) -> Result<serde_json::Value, String>;
-    const DOCUMENTS: [(&str, RoundTrip); 5] = [
+    const DOCUMENTS: [(&str, RoundTrip); 7] = [
         ("conformance-", round_trip::<checks::ConformanceResult>),
         ("interop-", round_trip::<checks::InteropResult>),
         ("mixed-", round_trip::<checks::MixedResult>),
         ("train-mlp-", train_round_trip),
         ("elastic-", round_trip::<train::TrainRun>),
+        ("faults-mock", round_trip::<faults::MockFaults>),
+        ("faults-nccl-", round_trip::<faults::NcclFaults>),
     ];
 
     /// A training result in whichever of its two forms it is (the per-layout one has `layouts`).
