@@ -14,6 +14,7 @@ pub mod exchange;
 pub mod experiments;
 pub mod faults;
 pub mod first;
+pub mod host;
 pub mod train;
 
 /// One contestant's figures at one size of a merged result (`sizes[i].raw`, `.pg`, `.torch`, ...): the slowest
@@ -478,7 +479,7 @@ mod tests {
 
     /// The typed documents by the start of their file name, each parsed and written back.
     type RoundTrip = fn(&str) -> Result<serde_json::Value, String>;
-    const DOCUMENTS: [(&str, RoundTrip); 7] = [
+    const DOCUMENTS: [(&str, RoundTrip); 8] = [
         ("conformance-", round_trip::<checks::ConformanceResult>),
         ("interop-", round_trip::<checks::InteropResult>),
         ("mixed-", round_trip::<checks::MixedResult>),
@@ -486,6 +487,7 @@ mod tests {
         ("elastic-", round_trip::<train::TrainRun>),
         ("faults-mock", round_trip::<faults::MockFaults>),
         ("faults-nccl-", round_trip::<faults::NcclFaults>),
+        ("host.json", round_trip::<host::HostResult>),
     ];
 
     /// A training result in whichever of its two forms it is (the per-layout one has `layouts`).
