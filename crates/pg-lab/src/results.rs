@@ -15,6 +15,7 @@ pub mod experiments;
 pub mod faults;
 pub mod first;
 pub mod host;
+pub mod store;
 pub mod train;
 
 /// One contestant's figures at one size of a merged result (`sizes[i].raw`, `.pg`, `.torch`, ...): the slowest
@@ -479,7 +480,7 @@ mod tests {
 
     /// The typed documents by the start of their file name, each parsed and written back.
     type RoundTrip = fn(&str) -> Result<serde_json::Value, String>;
-    const DOCUMENTS: [(&str, RoundTrip); 8] = [
+    const DOCUMENTS: [(&str, RoundTrip); 9] = [
         ("conformance-", round_trip::<checks::ConformanceResult>),
         ("interop-", round_trip::<checks::InteropResult>),
         ("mixed-", round_trip::<checks::MixedResult>),
@@ -488,6 +489,7 @@ mod tests {
         ("faults-mock", round_trip::<faults::MockFaults>),
         ("faults-nccl-", round_trip::<faults::NcclFaults>),
         ("host.json", round_trip::<host::HostResult>),
+        ("store-hostile.json", round_trip::<store::StoreHostileResult>),
     ];
 
     /// A training result in whichever of its two forms it is (the per-layout one has `layouts`).
