@@ -1,8 +1,10 @@
-//! The rows of the benchmark results as types: what the GPU binary's merges write to `bench/results/*.json` (the
-//! all_reduce result and the all-to-all and point-to-point results) and what `cargo xtask plot` and the
-//! `bench/*.py` scripts read. Field names are the JSON's; fields are declared in the JSON's (alphabetical) key
-//! order, so a merged file reads as before. A figure that could not be measured (a host-bound device time, a
-//! ratio of nothing) is `None` and written `null`.
+//! The results as types: here the rows by size of the benchmark results (the all_reduce result and the
+//! all-to-all and point-to-point results) that the GPU binary's merges write to `bench/results/*.json` and
+//! `cargo xtask plot` and the `bench/*.py` scripts read, and a task's merged ranks ([`TaskRanks`]); in the
+//! submodules every other kind the lab and xtask write or read. Field names are the JSON's; fields are declared in
+//! the JSON's (alphabetical) key order, so a merged file reads as before. A figure that could not be measured (a
+//! host-bound device time, a ratio of nothing) is `None` and written `null`. The tests parse every committed result
+//! of a typed kind and write it back.
 
 use std::collections::BTreeMap;
 
