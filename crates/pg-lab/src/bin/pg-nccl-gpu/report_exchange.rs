@@ -118,13 +118,12 @@ pub fn task(task: &str, ranks: &[Value]) -> (bool, String) {
         .enumerate()
         .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("rank {rank}: {e}")))
         .collect();
-    table(task, typed)
+    table(task, ranks.len(), typed)
 }
 
-/// The task's table over its ranks' results (`Err`: they do not read).
-fn table(task: &str, ranks: Result<Vec<ExchangeRank>, String>) -> (bool, String) {
+/// The task's table over its `world` ranks' results (`Err`: they do not read).
+fn table(task: &str, world: usize, ranks: Result<Vec<ExchangeRank>, String>) -> (bool, String) {
     let op = op_of(task).unwrap_or("?");
-    let world = ranks.as_ref().map_or(0, Vec::len);
     let mut md = String::new();
     let _ = writeln!(md, "\n### {op}: {}, {world} ranks (slowest rank's medians)\n", describe(op));
     if let Some(why) = ranks.as_ref().ok().and_then(|r| r.first()).and_then(|r| r.not_applicable.as_deref()) {
@@ -373,6 +372,15 @@ mod tests {
     fn splits_check(world: usize) -> Value {
         let splits: Vec<Vec<usize>> = (0..world).map(|r| input_splits(Split::Skewed, 1000, world, r)).collect();
         json!({ "numel": 1000, "input_splits": splits })
+    }
+
+    /// Ranks whose results do not read fail the task's table, which still names the world and says why.
+    #[test]
+    fn ranks_that_do_not_read_fail_the_table() {
+        let (ok, md) = task("bench-p2p", &[json!({ "rows": "not rows" }), json!({ "rows": [] })]);
+        assert!(!ok);
+        assert!(md.contains("2 ranks"), "{md}");
+        assert!(md.contains("The ranks' rows do not read: rank 0:"), "{md}");
     }
 
     #[test]
