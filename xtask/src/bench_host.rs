@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use pg_core::noop::{Noop, NoopDevice};
 use pg_core::store::HashStore;
 use pg_core::{DType, EnqueueStep, Options, ProcessGroup, ReduceOp};
+use pg_lab::results::host::{HostResult, HostRow};
 
 const HELP: &str = "\
 cargo xtask bench host [--ops N] [--watchdog on|off] [--watchdog-period-ms N] [--trace-buffer N] [--out DIR]
@@ -170,13 +171,13 @@ pub fn main(args: &[String]) -> std::result::Result<(), String> {
             println!("  {steps}");
             breakdowns.push(format!("- {}: {steps}", config.describe()));
         }
-        rows.push(serde_json::json!({
-            "watchdog": config.watchdog,
-            "watchdog_period_ms": config.period_ms,
-            "trace_buffer": config.trace_buffer,
-            "ns_per_op_rounds": rounds,
-            "median_ns": median,
-        }));
+        rows.push(HostRow {
+            median_ns: median,
+            ns_per_op_rounds: rounds,
+            trace_buffer: config.trace_buffer as u64,
+            watchdog: config.watchdog,
+            watchdog_period_ms: config.period_ms,
+        });
     }
     if !breakdowns.is_empty() {
         md.push_str(&format!(
@@ -184,11 +185,10 @@ pub fn main(args: &[String]) -> std::result::Result<(), String> {
             breakdowns.join("\n")
         ));
     }
-    let json = serde_json::json!({
-        "command": command, "machine": machine, "commit": commit, "ops_per_round": ops, "results": rows,
-    });
+    let result = HostResult { command, commit, machine, ops_per_round: ops as u64, results: rows };
+    let json = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    for (name, text) in [("host.md", md), ("host.json", format!("{json:#}\n"))] {
+    for (name, text) in [("host.md", md), ("host.json", format!("{json}\n"))] {
         let path = out.join(name);
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
         println!("wrote {}", path.display());

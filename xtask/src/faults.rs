@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use pg_lab::results::faults::{MockFaultRow, MockFaults, NcclFaults};
 
 use pg_conformance::fault_matrix as matrix;
 
@@ -115,27 +115,28 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 println!("    wrote {}", path.display());
             }
         }
-        rows.push(json!({
-            "id": scenario.id,
-            "scenario": scenario.name,
-            "expected": scenario.expected,
-            "observed": outcome.observed,
-            "detection_latency_ms": outcome.latency.map(|l| l.as_secs_f64() * 1e3),
-            "pass": outcome.pass(),
-            "not_applicable": outcome.not_applicable,
-            "failures": outcome.failures,
-            "wall_s": wall.as_secs_f64(),
-        }));
+        rows.push(MockFaultRow {
+            detection_latency_ms: outcome.latency.map(|l| l.as_secs_f64() * 1e3),
+            expected: scenario.expected.to_owned(),
+            failures: outcome.failures.clone(),
+            id: scenario.id.to_owned(),
+            not_applicable: outcome.not_applicable,
+            observed: outcome.observed.clone(),
+            pass: outcome.pass(),
+            scenario: scenario.name.to_owned(),
+            wall_s: wall.as_secs_f64(),
+        });
     }
     analyse_scenario_1(&dumps.join("scenario-1"));
     if let Some(path) = json_path {
-        let doc = json!({
-            "backend": backend,
-            "timeout_ms": matrix::TIMEOUT.as_millis() as u64,
-            "watchdog_period_ms": matrix::PERIOD.as_millis() as u64,
-            "unwaited_ops": unwaited_ops,
-            "rows": rows,
-        });
+        let doc = MockFaults {
+            backend: backend.clone(),
+            rows,
+            timeout_ms: matrix::TIMEOUT.as_millis() as u64,
+            unwaited_ops: Some(unwaited_ops as u64),
+            watchdog_period_ms: matrix::PERIOD.as_millis() as u64,
+            ..MockFaults::default()
+        };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         println!("wrote {}", path.display());
@@ -167,8 +168,15 @@ fn run_nccl(dumps: &Path, json_path: Option<&Path>, world: usize) -> Result<(), 
     }
     analyse_scenario_1(&dumps.join("scenario-1"));
     if let Some(path) = json_path {
-        let doc = json!({ "backend": "nccl", "world_size": world, "layout": layout, "timeout_ms": 2000,
-                          "watchdog_period_ms": 100, "rows": rows });
+        let doc = NcclFaults {
+            backend: "nccl".to_owned(),
+            layout: Some(layout),
+            rows: rows.clone(),
+            timeout_ms: 2000,
+            watchdog_period_ms: 100,
+            world_size: Some(world as u64),
+            ..NcclFaults::default()
+        };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         println!("wrote {}", path.display());

@@ -15,21 +15,7 @@ use serde::{Deserialize, Serialize};
 pub const RANK_TASK: &str = "__faults-rank";
 
 /// One row of the matrix, as one rank saw it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Row {
-    /// The scenario's number in the issue.
-    pub scenario: String,
-    /// The rank that observed it.
-    pub rank: usize,
-    /// What should happen.
-    pub expected: String,
-    /// What happened.
-    pub observed: String,
-    /// From the fault (or the op's start) to the error reaching the caller, in ms.
-    pub detection_ms: Option<f64>,
-    /// Whether the observation meets the expectation.
-    pub pass: bool,
-}
+pub type Row = pg_lab::results::faults::NcclFaultRow;
 
 /// What the rank processes run.
 #[derive(Debug, Clone, Serialize, Deserialize)]

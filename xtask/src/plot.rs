@@ -138,8 +138,9 @@ pub fn chart(name: &str, result: &SizedResult) -> Result<Option<String>, String>
     }
     let op = result.op();
     let world = result.world_size();
-    let device = result.rust_versions().get("device").and_then(Value::as_str).unwrap_or("GPU");
-    let nccl = result.rust_versions().get("nccl").and_then(Value::as_str).unwrap_or("?");
+    let version = |name: &str| result.rust_versions().and_then(|v| v.get(name)).map(String::as_str);
+    let device = version("device").unwrap_or("GPU");
+    let nccl = version("nccl").unwrap_or("?");
     let mut title = format!("{op}, world {world} on {device} (NCCL {nccl}; {name}.json)");
     if panels.iter().all(|(title, _, _)| !title.starts_with("bus")) {
         title.push_str(": bus bandwidth 0 at this world size");

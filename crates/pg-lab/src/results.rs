@@ -1,12 +1,24 @@
-//! The rows of the benchmark results as types: what the GPU binary's merges write to `bench/results/*.json` (the
-//! all_reduce result and the all-to-all and point-to-point results) and what `cargo xtask plot` and the
-//! `bench/*.py` scripts read. Field names are the JSON's; fields are declared in the JSON's (alphabetical) key
-//! order, so a merged file reads as before. A figure that could not be measured (a host-bound device time, a
-//! ratio of nothing) is `None` and written `null`.
+//! The results as types: here the rows by size of the benchmark results (the all_reduce result and the
+//! all-to-all and point-to-point results) that the GPU binary's merges write to `bench/results/*.json` and
+//! `cargo xtask plot` and the `bench/*.py` scripts read, and a task's merged ranks ([`TaskRanks`]); in the
+//! submodules every other kind the lab and xtask write or read. Field names are the JSON's; fields are declared in
+//! the JSON's (alphabetical) key order, so a merged file reads as before. A figure that could not be measured (a
+//! host-bound device time, a ratio of nothing) is `None` and written `null`. The tests parse every committed result
+//! of a typed kind and write it back.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+pub mod bench;
+pub mod checks;
+pub mod exchange;
+pub mod experiments;
+pub mod faults;
+pub mod first;
+pub mod host;
+pub mod store;
+pub mod train;
 
 /// One contestant's figures at one size of a merged result (`sizes[i].raw`, `.pg`, `.torch`, ...): the slowest
 /// rank's device time and host medians.
@@ -147,9 +159,9 @@ pub struct AllReduceResult {
     /// The network profile's device-time target.
     #[serde(default)]
     pub device_time_within_3_percent_from_64kib: Option<bool>,
-    /// The time to the first all_reduce, lazy and eager, when measured (`first::compare`'s document).
+    /// The time to the first all_reduce, lazy and eager, when measured.
     #[serde(default)]
-    pub first_collective: Option<serde_json::Value>,
+    pub first_collective: Option<first::FirstCollective>,
     /// The network profile's enqueue target.
     #[serde(default)]
     pub host_overhead_within_1_us_same_rank: Option<bool>,
@@ -183,7 +195,7 @@ pub struct AllReduceResult {
     pub profile: Option<String>,
     /// The Rust side's versions (NCCL, driver, device).
     #[serde(default)]
-    pub rust_versions: serde_json::Value,
+    pub rust_versions: Option<checks::Versions>,
     /// The rows by size.
     pub sizes: Vec<AllReduceSize>,
     /// Whether the targets of the profile were met.
@@ -266,10 +278,10 @@ pub struct ExchangeResult {
     pub profile: Option<String>,
     /// The Rust side's versions.
     #[serde(default)]
-    pub rust_versions: serde_json::Value,
-    /// Whether the group refuses a send to the sender itself (as the ranks reported).
+    pub rust_versions: Option<checks::Versions>,
+    /// The process group's refusal of a send to the sender itself, as rank 0 reported it (world size 1).
     #[serde(default)]
-    pub self_send_refused: serde_json::Value,
+    pub self_send_refused: Option<String>,
     /// The rows by size and split.
     pub sizes: Vec<ExchangeSize>,
     /// The all-to-all's splits, defined.
@@ -283,8 +295,8 @@ pub struct ExchangeResult {
     pub world_size: u64,
 }
 
-/// A rank's row of a benchmark's per-rank results (`bench.json` and the exchange tasks' `ranks[r].rows`, and the
-/// PyTorch scripts' `rows`), as the merges read it: one contestant at one size (and split), this rank's medians.
+/// A row of the PyTorch scripts' results (`torch.json`'s `rows` and `graph_rows`, `torch-<op>.json`'s `rows`), as
+/// the merges read it: one contestant at one size (and split), the slowest rank's medians.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankRow {
     /// The contestant (`raw`, `pg`, `raw-with-events`, ...; the PyTorch scripts leave it out).
@@ -315,16 +327,24 @@ pub struct RankRow {
     pub host_ops_per_s: Option<f64>,
 }
 
-/// Each rank's rows (`ranks[r].rows`) of a benchmark's per-rank results, typed (a rank without rows has none).
-pub fn rank_rows(ranks: &[serde_json::Value]) -> Result<Vec<Vec<RankRow>>, String> {
-    ranks
-        .iter()
-        .enumerate()
-        .map(|(rank, r)| match r.get("rows") {
-            None | Some(serde_json::Value::Null) => Ok(Vec::new()),
-            Some(rows) => serde_json::from_value(rows.clone()).map_err(|e| format!("rank {rank}'s rows: {e}")),
-        })
-        .collect()
+/// A task's merged result that keeps every rank's own result (`bench.json`, `bench-<op>.json`,
+/// `experiments.json`): whether the task's checks passed, and the ranks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskRanks<R> {
+    /// Whether the task's checks passed.
+    #[serde(default)]
+    pub passed: bool,
+    /// Every rank's result, in rank order.
+    pub ranks: Vec<R>,
+    /// The task.
+    #[serde(default)]
+    pub task: String,
+    /// Rank 0's versions.
+    #[serde(default)]
+    pub versions: Option<checks::Versions>,
+    /// The ranks.
+    #[serde(default)]
+    pub world_size: u64,
 }
 
 /// The result kinds with rows by size, by the start of their file name.
@@ -367,10 +387,10 @@ impl SizedResult {
     }
 
     /// The Rust side's versions.
-    pub fn rust_versions(&self) -> &serde_json::Value {
+    pub fn rust_versions(&self) -> Option<&checks::Versions> {
         match self {
-            SizedResult::AllReduce(result) => &result.rust_versions,
-            SizedResult::Exchange(result) => &result.rust_versions,
+            SizedResult::AllReduce(result) => result.rust_versions.as_ref(),
+            SizedResult::Exchange(result) => result.rust_versions.as_ref(),
         }
     }
 
@@ -452,6 +472,73 @@ mod tests {
         for kind in ["allreduce", "all-to-all", "p2p"] {
             assert!(kinds.get(kind).is_some_and(|n| *n > 0), "no committed {kind} result parsed: {kinds:?}");
         }
+    }
+
+    /// `text` parsed as a `T` and written back.
+    fn round_trip<T: serde::de::DeserializeOwned + Serialize>(text: &str) -> Result<serde_json::Value, String> {
+        let typed: T = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        serde_json::to_value(&typed).map_err(|e| e.to_string())
+    }
+
+    /// The typed documents by the start of their file name, each parsed and written back.
+    type RoundTrip = fn(&str) -> Result<serde_json::Value, String>;
+    const DOCUMENTS: [(&str, RoundTrip); 9] = [
+        ("conformance-", round_trip::<checks::ConformanceResult>),
+        ("interop-", round_trip::<checks::InteropResult>),
+        ("mixed-", round_trip::<checks::MixedResult>),
+        ("train-mlp-", train_round_trip),
+        ("elastic-", round_trip::<train::TrainRun>),
+        ("faults-mock", round_trip::<faults::MockFaults>),
+        ("faults-nccl-", round_trip::<faults::NcclFaults>),
+        ("host.json", round_trip::<host::HostResult>),
+        ("store-hostile.json", round_trip::<store::StoreHostileResult>),
+    ];
+
+    /// A training result in whichever of its two forms it is (the per-layout one has `layouts`).
+    fn train_round_trip(text: &str) -> Result<serde_json::Value, String> {
+        match serde_json::from_str::<serde_json::Value>(text).map_err(|e| e.to_string())?.get("layouts") {
+            Some(_) => round_trip::<train::TrainLayoutsResult>(text),
+            None => round_trip::<train::TrainResult>(text),
+        }
+    }
+
+    /// Every committed result of a typed document kind parses into its type and writes back exactly the same
+    /// JSON value (every key, `null` and number kind kept).
+    #[test]
+    fn the_committed_documents_parse_into_their_types_and_write_back_exactly() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
+        let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
+        for entry in std::fs::read_dir(dir).expect("bench/results") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            if !name.ends_with(".json") {
+                continue;
+            }
+            let Some((kind, round_trip)) = DOCUMENTS.iter().find(|(prefix, _)| name.starts_with(prefix)) else {
+                continue;
+            };
+            let text = std::fs::read_to_string(&path).expect("read");
+            let written = round_trip(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let original: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+            let difference = first_difference(&written, &original, "");
+            assert!(difference.is_none(), "{name} does not write back the same: {}", difference.unwrap_or_default());
+            *kinds.entry(kind).or_default() += 1;
+        }
+        for (kind, _) in DOCUMENTS {
+            assert!(kinds.get(kind).is_some_and(|n| *n > 0), "no committed {kind}*.json parsed: {kinds:?}");
+        }
+    }
+
+    /// The round trip loses what a type does not declare, so the test above sees a field the types miss.
+    #[test]
+    fn a_field_the_type_does_not_declare_is_a_difference() {
+        let text = r#"{"backend": "nccl", "cases": [], "versions": null, "world_size": 2, "new_field": 1}"#;
+        let written = round_trip::<checks::ConformanceResult>(text).expect("parses");
+        let original: serde_json::Value = serde_json::from_str(text).expect("JSON");
+        assert_eq!(
+            first_difference(&written, &original, ""),
+            Some("/new_field: written None, committed Some(Number(1))".to_owned())
+        );
     }
 
     /// The first place where `written` and `original` differ, as a path and the two values there.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pg_lab::results::store::{MultiGet, StoreHostileResult, WaitCleanup};
 use pg_store::wire::{encode_request, Request, VALIDATION_MAGIC};
 use pg_store::{Store, TcpStore};
 
@@ -145,21 +146,21 @@ pub fn run(pgstore: &Path, options: &Options) -> Result<(), String> {
         "cargo xtask bench store-hostile --waits {} --readers {} --keys {}",
         options.waits, options.readers, options.keys
     );
-    let json = serde_json::json!({
-        "command": command,
-        "date": date,
-        "commit": commit,
-        "machine": machine,
-        "wait_cleanup": {"waits": options.waits, "longest_ping_ms": stall * 1e3},
-        "multi_get": {
-            "readers": options.readers,
-            "keys_per_request": options.keys,
-            "value_bytes": VALUE,
-            "rss_before_bytes": before,
-            "rss_peak_bytes": peak,
+    let result = StoreHostileResult {
+        command: command.clone(),
+        commit: commit.clone(),
+        date: date.clone(),
+        machine: machine.clone(),
+        multi_get: MultiGet {
+            keys_per_request: options.keys as u64,
+            readers: options.readers as u64,
+            rss_before_bytes: before,
+            rss_peak_bytes: peak,
+            value_bytes: VALUE as u64,
         },
-    });
-    let json = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())? + "\n";
+        wait_cleanup: WaitCleanup { longest_ping_ms: stall * 1e3, waits: options.waits as u64 },
+    };
+    let json = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())? + "\n";
     let md = format!(
         "# TCP store under hostile clients\n\n\
          - Command: `{command}`\n- Date: {date}; commit {commit}\n- Machine: {machine}\n\n\

@@ -13,12 +13,14 @@
 //! sets), beside `pg` in the same run; its rank files go to `PG_BENCH_TRACE_DIR` (default
 //! `$TMPDIR/pg-bench-allreduce-trace`), and the results say what they hold (`trace`).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use pg_core::{DType, Device as _, Event as _, Options, OptionsBuilder, ReduceOp, Stream as _, StreamGuard};
+use pg_lab::results::bench::{BenchRank, BenchRankRow, HostCosts, TraceSummary};
 use pg_nccl::raw::RawComm;
 use pg_nccl::{Buffer, Nccl, Stream};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::util::{all_equal, filled, group, rank_sum, read, Group};
 use crate::Rank;
@@ -340,37 +342,40 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
                 .flat_map(|s| s.enqueue_us.iter().zip(&s.nccl_us).map(|(total, inside)| total - inside))
                 .collect();
             // The median of each step of the template over every op (with `PG_TIME_ENQUEUE=1`).
-            let steps: serde_json::Map<String, Value> = pg_core::EnqueueStep::ALL
+            let steps: BTreeMap<String, f64> = pg_core::EnqueueStep::ALL
                 .iter()
                 .enumerate()
                 .filter_map(|(i, step)| {
                     let mut values: Vec<f64> =
                         samples.iter().flat_map(|s| s.steps_us.iter().map(move |op| op[i])).collect();
-                    (!values.is_empty()).then(|| (step.name().to_owned(), json!(median(&mut values))))
+                    (!values.is_empty()).then(|| (step.name().to_owned(), median(&mut values)))
                 })
                 .collect();
             // NaN (null in the JSON) when no trial had the GPU ahead: the events timed the host.
             let time_us = device_time_us(&trials).unwrap_or(f64::NAN);
             let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
             let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
-            rows.push(json!({
-                "contestant": who.name(),
-                "bytes": bytes,
-                "ops_per_trial": ops,
-                "trials": ctx.settings.bench_trials,
-                "time_us": time_us,
-                "algbw_gbps": algbw,
-                "busbw_gbps": busbw,
-                "host_enqueue_us": median(&mut enqueue),
-                "wait_us": if wait.is_empty() { Value::Null } else { json!(median(&mut wait)) },
-                "nccl_call_us": if nccl.is_empty() { Value::Null } else { json!(median(&mut nccl)) },
-                "own_host_us": if own.is_empty() { Value::Null } else { json!(median(&mut own)) },
-                "steps_us": if steps.is_empty() { Value::Null } else { Value::Object(steps) },
-                "device_us_trials": device_us,
-                "gpu_ahead_trials": gpu_ahead,
-                "gpu_ahead": gpu_ahead.iter().all(|ahead| *ahead),
-                "host_ops_per_s": host_ops_per_s,
-            }));
+            let median_of = |values: &mut Vec<f64>| (!values.is_empty()).then(|| median(values));
+            rows.push(BenchRankRow {
+                algbw_gbps: Some(algbw),
+                busbw_gbps: Some(busbw),
+                bytes: bytes as u64,
+                contestant: who.name().to_owned(),
+                device_us_trials: device_us,
+                gpu_ahead: Some(gpu_ahead.iter().all(|ahead| *ahead)),
+                gpu_ahead_trials: gpu_ahead,
+                graph_launch_us: None,
+                graph_nodes: None,
+                host_enqueue_us: Some(median(&mut enqueue)),
+                host_ops_per_s: Some(host_ops_per_s),
+                nccl_call_us: median_of(&mut nccl),
+                ops_per_trial: ops as u64,
+                own_host_us: median_of(&mut own),
+                steps_us: (!steps.is_empty()).then_some(steps),
+                time_us: Some(time_us),
+                trials: ctx.settings.bench_trials as u64,
+                wait_us: median_of(&mut wait),
+            });
         }
         println!("  rank {} {bytes} B done", ctx.rank);
     }
@@ -403,8 +408,16 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         one_event.shutdown().map_err(e)?;
     }
     drop(raw);
-    Ok(json!({ "task": "bench", "profile": profile.name(), "rows": rows, "host_costs_us": host_costs,
-               "graph_error": graph_error, "trace": trace }))
+    let result = BenchRank {
+        graph_error,
+        host_costs_us: Some(host_costs),
+        profile: Some(profile.name().to_owned()),
+        rows,
+        task: "bench".to_owned(),
+        trace: Some(trace),
+        ..BenchRank::default()
+    };
+    serde_json::to_value(result).map_err(e)
 }
 
 /// The contestant with the op timeline on.
@@ -431,16 +444,17 @@ fn traced_group(ctx: &Rank, name: &str, dir: &std::path::Path) -> Result<Group, 
 
 /// What this rank's trace file holds once `pg-traced` shut down: its path and size, and per group the ops with
 /// device times, without them, and dropped (the newest 65,536 are kept).
-fn trace_summary(dir: &std::path::Path, rank: usize) -> Value {
+fn trace_summary(dir: &std::path::Path, rank: usize) -> TraceSummary {
     let path = dir.join(format!("rank{rank}.json"));
     let read =
         std::fs::read_to_string(&path).map_err(e).and_then(|text| serde_json::from_str::<Value>(&text).map_err(e));
     match read {
-        Ok(trace) => json!({
-            "file": path, "bytes": std::fs::metadata(&path).map(|m| m.len()).ok(),
-            "groups": trace["otherData"]["groups"],
-        }),
-        Err(error) => json!({ "file": path, "error": error }),
+        Ok(trace) => TraceSummary::Read {
+            bytes: std::fs::metadata(&path).map(|m| m.len()).ok(),
+            file: path.display().to_string(),
+            groups: trace["otherData"]["groups"].clone(),
+        },
+        Err(error) => TraceSummary::Unread { error, file: path.display().to_string() },
     }
 }
 
@@ -483,7 +497,7 @@ fn graph_rows(
     pg: &Group,
     user_stream: &Stream,
     tiny: &Buffer,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<BenchRankRow>, String> {
     let device = &ctx.device;
     let world = ctx.world;
     let _guard = StreamGuard::<Nccl>::new(device, user_stream);
@@ -555,27 +569,27 @@ fn graph_rows(
             let time_us = device_time_us(&trials).unwrap_or(f64::NAN);
             let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
             let gpu_ahead: Vec<bool> = trials.iter().map(|(_, ahead)| *ahead).collect();
-            rows.push(json!({
-                "contestant": who.name,
-                "bytes": bytes,
-                "ops_per_trial": ops,
-                "trials": ctx.settings.bench_trials,
-                "time_us": time_us,
-                "algbw_gbps": algbw,
-                "busbw_gbps": algbw * 2.0 * (world as f64 - 1.0) / world as f64,
+            rows.push(BenchRankRow {
+                algbw_gbps: Some(algbw),
+                busbw_gbps: Some(algbw * 2.0 * (world as f64 - 1.0) / world as f64),
+                bytes: bytes as u64,
+                contestant: who.name.to_owned(),
+                device_us_trials: trials.iter().map(|(us, _)| *us).collect(),
+                gpu_ahead: Some(gpu_ahead.iter().all(|ahead| *ahead)),
+                gpu_ahead_trials: gpu_ahead,
+                graph_launch_us: Some(launch),
+                graph_nodes: Some(pg_core::Graph::node_count(&graph) as u64),
                 // The host cost of one replayed op: the graph's launch over its ops.
-                "host_enqueue_us": launch / ops as f64,
-                "graph_launch_us": launch,
-                "graph_nodes": pg_core::Graph::node_count(&graph),
-                "wait_us": Value::Null,
-                "nccl_call_us": Value::Null,
-                "own_host_us": Value::Null,
-                "steps_us": Value::Null,
-                "device_us_trials": trials.iter().map(|(us, _)| *us).collect::<Vec<f64>>(),
-                "gpu_ahead_trials": gpu_ahead,
-                "gpu_ahead": gpu_ahead.iter().all(|ahead| *ahead),
-                "host_ops_per_s": ops as f64 / (launch * 1e-6),
-            }));
+                host_enqueue_us: Some(launch / ops as f64),
+                host_ops_per_s: Some(ops as f64 / (launch * 1e-6)),
+                nccl_call_us: None,
+                ops_per_trial: ops as u64,
+                own_host_us: None,
+                steps_us: None,
+                time_us: Some(time_us),
+                trials: ctx.settings.bench_trials as u64,
+                wait_us: None,
+            });
         }
         println!("  rank {} {bytes} B graphs done", ctx.rank);
     }
@@ -584,7 +598,7 @@ fn graph_rows(
 }
 
 /// Medians of the host cost of the primitives the process group calls per op (20,000 calls each).
-fn host_costs(ctx: &Rank, pg: &Group) -> Result<Value, String> {
+fn host_costs(ctx: &Rank, pg: &Group) -> Result<HostCosts, String> {
     const N: usize = 20_000;
     let device = &ctx.device;
     let current = device.current_stream();
@@ -613,14 +627,14 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<Value, String> {
         Ok(())
     })?;
     device.synchronize().map_err(e)?;
-    Ok(json!({
-        "timer": timer,
-        "event_create_record_drop_on_default_stream": record_default,
-        "event_create_record_drop_on_pool_stream": record_pool,
-        "stream_wait_event": wait,
-        "record_stream": record_stream,
-        "current_stream": current_stream,
-    }))
+    Ok(HostCosts {
+        current_stream,
+        event_create_record_drop_on_default_stream: record_default,
+        event_create_record_drop_on_pool_stream: record_pool,
+        record_stream,
+        stream_wait_event: wait,
+        timer,
+    })
 }
 
 #[cfg(test)]

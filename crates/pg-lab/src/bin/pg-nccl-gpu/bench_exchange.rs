@@ -12,9 +12,10 @@ use std::time::Instant;
 
 use pg_core::{DType, Device as _, Options, P2POp, ReduceOp};
 use pg_lab::bench_exchange::{pg_loop, AllToAll, Exchange as _, Ring, Split, RING_NOT_APPLICABLE};
+use pg_lab::results::exchange::{ExchangeRank, ExchangeRankRow};
 use pg_nccl::raw::RawComm;
 use pg_nccl::{Buffer, Nccl, Stream};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::bench::{median, spin_for};
 use crate::util::{filled, group, Group};
@@ -145,8 +146,8 @@ fn measure(
     op: Exchange<'_>,
     tiny: &Buffer,
     bytes: usize,
-    fields: &Value,
-) -> Result<Vec<Value>, String> {
+    fields: &ExchangeRankRow,
+) -> Result<Vec<ExchangeRankRow>, String> {
     let ops = ctx.settings.bench_profile.ops_per_trial(bytes);
     for &who in contestants {
         check(ctx, who, op)?;
@@ -161,7 +162,10 @@ fn measure(
             samples[index].push(trial(ctx, who, op, tiny, ops)?);
         }
     }
-    let name = fields["op"].as_str().unwrap_or("?").to_owned();
+    let name = match op {
+        Exchange::AllToAll(_) => "all-to-all",
+        Exchange::Ring(_) => "p2p",
+    };
     let mut rows = Vec::new();
     for (who, samples) in contestants.iter().zip(samples) {
         let mut device_us: Vec<f64> = samples.iter().map(|s| s.device_us).collect();
@@ -169,22 +173,19 @@ fn measure(
         let mut wait: Vec<f64> = samples.iter().flat_map(|s| s.wait_us.iter().copied()).collect();
         let time_us = median(&mut device_us);
         let algbw = bytes as f64 / (time_us * 1e-6) / 1e9;
-        let mut row = json!({
-            "contestant": who.name(),
-            "bytes": bytes,
-            "ops_per_trial": ops,
-            "trials": ctx.settings.bench_trials,
-            "time_us": time_us,
-            "algbw_gbps": algbw,
-            "busbw_gbps": busbw(&name, algbw, ctx.world),
-            "host_enqueue_us": median(&mut enqueue),
-            "wait_us": if wait.is_empty() { Value::Null } else { json!(median(&mut wait)) },
-            "device_us_trials": device_us,
+        rows.push(ExchangeRankRow {
+            algbw_gbps: Some(algbw),
+            busbw_gbps: Some(busbw(name, algbw, ctx.world)),
+            bytes: bytes as u64,
+            contestant: who.name().to_owned(),
+            device_us_trials: device_us,
+            host_enqueue_us: Some(median(&mut enqueue)),
+            ops_per_trial: ops as u64,
+            time_us: Some(time_us),
+            trials: ctx.settings.bench_trials as u64,
+            wait_us: (!wait.is_empty()).then(|| median(&mut wait)),
+            ..fields.clone()
         });
-        if let (Some(row), Some(fields)) = (row.as_object_mut(), fields.as_object()) {
-            row.extend(fields.iter().filter(|(k, _)| *k != "op").map(|(k, v)| (k.clone(), v.clone())));
-        }
-        rows.push(row);
     }
     Ok(rows)
 }
@@ -215,7 +216,11 @@ pub fn run_all_to_all(ctx: &Rank) -> Result<Value, String> {
     for bytes in ctx.settings.bench_profile.exchange_sizes(ctx.settings.bench_max_bytes) {
         for split in Split::ALL {
             let case = AllToAll::<Nccl>::new(device, split, bytes, ctx.rank, ctx.world).map_err(e)?;
-            let fields = json!({ "op": "all-to-all", "split": split.name(), "input_splits": case.input_splits });
+            let fields = ExchangeRankRow {
+                input_splits: Some(case.input_splits.iter().map(|&n| n as u64).collect()),
+                split: Some(split.name().to_owned()),
+                ..ExchangeRankRow::default()
+            };
             let bytes = case.bytes();
             rows.extend(measure(ctx, &contestants, Exchange::AllToAll(&case), &tiny, bytes, &fields)?);
             device.synchronize().map_err(e)?;
@@ -225,7 +230,7 @@ pub fn run_all_to_all(ctx: &Rank) -> Result<Value, String> {
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
     drop(raw);
-    Ok(json!({ "task": "bench-all-to-all", "profile": ctx.settings.bench_profile.name(), "rows": rows }))
+    rank_value("bench-all-to-all", Some(ctx.settings.bench_profile.name()), rows, None, None)
 }
 
 /// Task `bench-p2p`: the batched send/recv ring at every size, raw and pg; at world size 1 no ring exists, and
@@ -241,9 +246,7 @@ pub fn run_p2p(ctx: &Rank) -> Result<Value, String> {
             Err(err) => err.to_string(),
         };
         pg.shutdown().map_err(e)?;
-        return Ok(json!({
-            "task": "bench-p2p", "rows": [], "not_applicable": RING_NOT_APPLICABLE, "self_send_refused": refused,
-        }));
+        return rank_value("bench-p2p", None, Vec::new(), Some(RING_NOT_APPLICABLE), Some(refused));
     }
     let raw = raw_comm(ctx, "bench-p2p-raw-id")?;
     let raw_stream = device.stream_from_pool(false).map_err(e)?;
@@ -251,7 +254,7 @@ pub fn run_p2p(ctx: &Rank) -> Result<Value, String> {
     let mut rows = Vec::new();
     for bytes in ctx.settings.bench_profile.exchange_sizes(ctx.settings.bench_max_bytes) {
         let ring = Ring::<Nccl>::new(device, bytes, ctx.rank, ctx.world).map_err(e)?;
-        let fields = json!({ "op": "p2p" });
+        let fields = ExchangeRankRow::default();
         let bytes = ring.bytes();
         rows.extend(measure(ctx, &contestants, Exchange::Ring(&ring), &tiny, bytes, &fields)?);
         device.synchronize().map_err(e)?;
@@ -260,5 +263,24 @@ pub fn run_p2p(ctx: &Rank) -> Result<Value, String> {
     device.synchronize().map_err(e)?;
     pg.shutdown().map_err(e)?;
     drop(raw);
-    Ok(json!({ "task": "bench-p2p", "profile": ctx.settings.bench_profile.name(), "rows": rows }))
+    rank_value("bench-p2p", Some(ctx.settings.bench_profile.name()), rows, None, None)
+}
+
+/// This rank's result of `task` as the JSON the launcher collects.
+fn rank_value(
+    task: &str,
+    profile: Option<&str>,
+    rows: Vec<ExchangeRankRow>,
+    not_applicable: Option<&str>,
+    self_send_refused: Option<String>,
+) -> Result<Value, String> {
+    let rank = ExchangeRank {
+        not_applicable: not_applicable.map(str::to_owned),
+        profile: profile.map(str::to_owned),
+        rows,
+        self_send_refused,
+        task: task.to_owned(),
+        ..ExchangeRank::default()
+    };
+    serde_json::to_value(rank).map_err(e)
 }

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use pg_conformance::{report, CaseReport};
 use pg_lab::conformance::NcclHarness;
+use pg_lab::results::checks::{ConformanceResult, Outcome};
 use serde_json::{json, Value};
 
 use crate::{Rank, Settings};
@@ -178,8 +179,8 @@ fn read_progress(file: &Path, versions: &mut Value) -> Vec<CaseReport> {
     report::from_json(&value).unwrap_or_default()
 }
 
-/// Merges the ranks' reports into one: the table (markdown) and the suite's JSON, and whether no case failed.
-pub fn merge(ranks: &[Value]) -> Result<(bool, String, Value), String> {
+/// Merges the ranks' reports into one: the table (markdown) and the merged result, and whether no case failed.
+pub fn merge(ranks: &[Value]) -> Result<(bool, String, ConformanceResult), String> {
     let per_rank = ranks.iter().map(report::from_json).collect::<Result<Vec<_>, _>>()?;
     let mut merged = report::merge(&per_rank);
     // The ranks column is each case's minimum, from the registry.
@@ -190,8 +191,53 @@ pub fn merge(ranks: &[Value]) -> Result<(bool, String, Value), String> {
         }
     }
     let (_, failed, _) = report::counts(&merged);
-    let mut json = report::json("nccl", ranks.len(), &merged);
-    json["versions"] = ranks.first().map(|r| r["versions"].clone()).unwrap_or_default();
+    let versions = match ranks.first().map(|r| &r["versions"]) {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value(v.clone()).map_err(|e| format!("rank 0's versions: {e}"))?),
+    };
+    let result = ConformanceResult {
+        backend: "nccl".to_owned(),
+        cases: merged
+            .iter()
+            .map(|r| Outcome {
+                detail: r.outcome.detail().to_owned(),
+                name: r.name.clone(),
+                result: r.outcome.word().to_owned(),
+            })
+            .collect(),
+        versions,
+        world_size: ranks.len() as u64,
+        ..ConformanceResult::default()
+    };
     let table = format!("\n```text\n{}```\n", report::table(&merged));
-    Ok((failed == 0 && !merged.is_empty(), table, json))
+    Ok((failed == 0 && !merged.is_empty(), table, result))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The merged result names every case once with its merged outcome (a failure on any rank fails it), rank
+    /// 0's versions and the world size, and keys of the suite's form.
+    #[test]
+    fn merge_fails_a_case_that_failed_on_any_rank_and_keeps_rank_0s_versions() {
+        let rank = |second: &str, detail: &str, nccl: &str| {
+            json!({ "backend": "nccl", "world_size": 2, "versions": { "nccl": nccl }, "cases": [
+                { "name": "a", "result": "pass", "detail": "" },
+                { "name": "b", "result": second, "detail": detail },
+            ] })
+        };
+        let (ok, table, merged) = merge(&[rank("pass", "", "2.28.9"), rank("fail", "bad", "2.28.8")]).unwrap();
+        assert!(!ok);
+        assert!(table.contains("fail"), "{table}");
+        let words: Vec<(&str, &str)> = merged.cases.iter().map(|c| (c.name.as_str(), c.result.as_str())).collect();
+        assert_eq!(words, [("a", "pass"), ("b", "fail")]);
+        assert!(merged.cases[1].detail.contains("bad"), "{:?}", merged.cases[1]);
+        assert_eq!(merged.versions.as_ref().and_then(|v| v.get("nccl")).map(String::as_str), Some("2.28.9"));
+        assert_eq!(merged.world_size, 2);
+        let value = serde_json::to_value(&merged).unwrap();
+        let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["backend", "cases", "versions", "world_size"]);
+        assert!(merge(&[rank("pass", "", "2.28.9")]).unwrap().0);
+    }
 }

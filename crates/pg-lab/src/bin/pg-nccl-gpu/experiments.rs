@@ -4,8 +4,11 @@
 use std::time::Instant;
 
 use pg_core::{DType, Device as _, Options, ReduceOp, Stream as _};
+use pg_lab::results::experiments::{
+    CacheExperiment, CacheOp, ExperimentsRank, SemanticsExperiment, SemanticsRow, StreamsExperiment,
+};
 use pg_nccl::launches::{self, KernelKind};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::util::{all_equal, filled, group, rank_sum, read};
 use crate::Rank;
@@ -23,11 +26,19 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let cache = cache_experiment(ctx)?;
     let semantics = semantics_experiment(ctx)?;
     let streams = streams_experiment(ctx)?;
-    Ok(json!({ "task": "experiments", "backend": "nccl", "cache": cache, "semantics": semantics, "streams": streams }))
+    let rank = ExperimentsRank {
+        backend: "nccl".to_owned(),
+        cache,
+        semantics,
+        streams,
+        task: "experiments".to_owned(),
+        ..ExperimentsRank::default()
+    };
+    serde_json::to_value(rank).map_err(e)
 }
 
 /// Experiment 1 (communicator cache): the world group and two clones of the same membership, three all_reduces each.
-fn cache_experiment(ctx: &Rank) -> Result<Value, String> {
+fn cache_experiment(ctx: &Rank) -> Result<CacheExperiment, String> {
     let want = rank_sum(ctx.world);
     let me = (ctx.rank + 1) as f64;
     let mut groups = Vec::new();
@@ -48,24 +59,24 @@ fn cache_experiment(ctx: &Rank) -> Result<Value, String> {
             if op > 0 {
                 creations_after_first += created;
             }
-            rows.push(json!({ "group": name, "op": op, "created": created, "correct": ok }));
+            rows.push(CacheOp { correct: ok, created, group: (*name).to_owned(), op });
         }
     }
     for (_, pg) in &groups {
         pg.shutdown().map_err(e)?;
     }
-    Ok(json!({
-        "groups": 3,
-        "ops_per_group": 3,
-        "comm_creations": creations,
-        "correct_ops": correct,
-        "creations_after_first_op": creations_after_first,
-        "rows": rows,
-    }))
+    Ok(CacheExperiment {
+        comm_creations: creations,
+        correct_ops: correct,
+        creations_after_first_op: creations_after_first,
+        groups: 3,
+        ops_per_group: 3,
+        rows,
+    })
 }
 
 /// Experiment 2 (completion semantics): a long sleep on the current stream, then a 16 MiB all_reduce; four ways to wait.
-fn semantics_experiment(ctx: &Rank) -> Result<Value, String> {
+fn semantics_experiment(ctx: &Rank) -> Result<SemanticsExperiment, String> {
     let device = &ctx.device;
     let want = rank_sum(ctx.world);
     let me = (ctx.rank + 1) as f64;
@@ -98,22 +109,22 @@ fn semantics_experiment(ctx: &Rank) -> Result<Value, String> {
         let completed_after_action = work.is_completed();
         device.synchronize().map_err(e)?;
         let correct = all_equal(&read(ctx, &buffer)?, want).is_ok();
-        rows.push(json!({
-            "config": config,
-            "host_action_us": action_us,
-            "completed_after_action": u8::from(completed_after_action),
-            "future_done_after_enqueue": future_done_after_enqueue,
-            "correct": correct,
-        }));
+        rows.push(SemanticsRow {
+            completed_after_action: u64::from(completed_after_action),
+            config: config.to_owned(),
+            correct,
+            future_done_after_enqueue,
+            host_action_us: Some(action_us),
+        });
     }
     plain.shutdown().map_err(e)?;
     blocking.shutdown().map_err(e)?;
     let sleep_ms = SLEEP_CYCLES as f64 / device.cuda().clock_rate_khz() as f64;
-    Ok(json!({ "sleep_cycles": SLEEP_CYCLES, "sleep_ms_nominal": sleep_ms, "numel": NUMEL, "rows": rows }))
+    Ok(SemanticsExperiment { numel: NUMEL as u64, rows, sleep_cycles: SLEEP_CYCLES, sleep_ms_nominal: Some(sleep_ms) })
 }
 
 /// Experiment 3 (streams): on which stream the comm kernels run, against the caller's current stream.
-fn streams_experiment(ctx: &Rank) -> Result<Value, String> {
+fn streams_experiment(ctx: &Rank) -> Result<StreamsExperiment, String> {
     let device = &ctx.device;
     let pg = group(ctx, "exp-streams", Options::builder())?;
     launches::set_enabled(true);
@@ -132,10 +143,10 @@ fn streams_experiment(ctx: &Rank) -> Result<Value, String> {
         .collect();
     let on_other = !comm.is_empty() && comm.iter().all(|&s| s != current);
     pg.shutdown().map_err(e)?;
-    Ok(json!({
-        "current_stream": current,
-        "comm_stream": work.comm_stream().id(),
-        "comm_kernel_streams": comm,
-        "comm_kernels_on_other_stream": on_other,
-    }))
+    Ok(StreamsExperiment {
+        comm_kernel_streams: comm,
+        comm_kernels_on_other_stream: on_other,
+        comm_stream: work.comm_stream().id(),
+        current_stream: current,
+    })
 }

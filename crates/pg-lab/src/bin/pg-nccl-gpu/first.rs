@@ -12,7 +12,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use pg_core::{DType, Options, ReduceOp};
-use serde_json::{json, Value};
+use pg_lab::results::first::{FirstCollective, FirstLaunch, FirstRank, FirstSide, TorchFirst};
+use serde_json::Value;
 
 use crate::util::{all_equal, filled, group, read};
 use crate::{Rank, Settings};
@@ -42,15 +43,17 @@ pub fn run(ctx: &Rank, eager: bool) -> Result<Value, String> {
     let first = started.elapsed();
     all_equal(&read(ctx, &tiny)?, ctx.world as f64)?;
     pg.shutdown().map_err(e)?;
-    Ok(json!({
-        "task": if eager { "first-eager" } else { "first-lazy" },
-        "eager": eager,
-        "group_creation_ms": created.as_secs_f64() * 1e3,
-        "first_collective_ms": first.as_secs_f64() * 1e3,
-    }))
+    let rank = FirstRank {
+        eager: Some(eager),
+        first_collective_ms: Some(first.as_secs_f64() * 1e3),
+        group_creation_ms: Some(created.as_secs_f64() * 1e3),
+        task: Some(if eager { "first-eager" } else { "first-lazy" }.to_owned()),
+        ..FirstRank::default()
+    };
+    serde_json::to_value(rank).map_err(e)
 }
 
-/// Runs `trials` fresh launches of each mode, alternating; returns one merged value per launch.
+/// Runs `trials` fresh launches of each mode, alternating; returns one launch (its mode and ranks) per launch.
 pub fn launch(
     settings: &Settings,
     nproc: usize,
@@ -59,30 +62,42 @@ pub fn launch(
     let mut launches = Vec::new();
     for _ in 0..settings.bench_trials {
         for (task, eager) in MODES {
-            let ranks = launch_task(settings, task, nproc)?;
-            launches.push(json!({ "eager": eager, "ranks": ranks }));
+            let ranks = launch_task(settings, task, nproc)?
+                .into_iter()
+                .map(|rank| serde_json::from_value::<FirstRank>(rank).map_err(|err| format!("{task}: {err}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            launches.push(serde_json::to_value(FirstLaunch { eager, ranks }).map_err(e)?);
         }
     }
     Ok(launches)
 }
 
-/// The slowest rank's time to the first collective of each launch, in ms, per mode (lazy, eager).
-pub fn times(launches: &[Value]) -> [Vec<f64>; 2] {
+/// The launches of the `first` task, typed.
+pub fn launches(values: &[Value]) -> Result<Vec<FirstLaunch>, String> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| serde_json::from_value(v.clone()).map_err(|err| format!("launch {i}: {err}")))
+        .collect()
+}
+
+/// The slowest rank's time to the first collective of each launch, in ms, per mode (lazy, eager): the largest
+/// time among the ranks that have one, minus infinity for a launch where none has.
+pub fn times(launches: &[FirstLaunch]) -> [Vec<f64>; 2] {
     let mut out = [Vec::new(), Vec::new()];
     for launch in launches {
-        let slowest = launch["ranks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|rank| rank["first_collective_ms"].as_f64().unwrap_or(f64::NAN))
+        let slowest = launch
+            .ranks
+            .iter()
+            .map(|rank| rank.first_collective_ms.unwrap_or(f64::NAN))
             .fold(f64::NEG_INFINITY, f64::max);
-        out[usize::from(launch["eager"] == json!(true))].push(slowest);
+        out[usize::from(launch.eager)].push(slowest);
     }
     out
 }
 
 /// The markdown of the launches: medians per mode and every trial.
-pub fn report(launches: &[Value]) -> (bool, String) {
+pub fn report(launches: &[FirstLaunch]) -> (bool, String) {
     let [lazy, eager] = times(launches);
     let mut md = String::new();
     let _ = writeln!(md, "\n### Time to the first all_reduce (fresh processes, slowest rank, ms)\n");
@@ -98,30 +113,35 @@ pub fn report(launches: &[Value]) -> (bool, String) {
 }
 
 /// pg's and PyTorch's first-collective medians side by side: `first` is `first.json`'s launches, `torch` the
-/// PyTorch script's lines (`{"mode": "lazy"|"eager", "first_collective_ms": ...}`, the slowest rank's).
-pub fn compare(first: &[Value], torch: &[Value]) -> Value {
+/// PyTorch script's lines (the slowest rank's time of each of its launches).
+pub fn compare(first: &[FirstLaunch], torch: &[TorchFirst]) -> FirstCollective {
     let [lazy, eager] = times(first);
     let torch_mode = |mode: &str| -> Vec<f64> {
-        torch.iter().filter(|t| t["mode"] == mode).filter_map(|t| t["first_collective_ms"].as_f64()).collect()
+        torch.iter().filter(|t| t.mode == mode).filter_map(|t| t.first_collective_ms).collect()
     };
     let median = |mut values: Vec<f64>| (!values.is_empty()).then(|| crate::bench::median(&mut values));
     let side = |pg: Vec<f64>, torch: Vec<f64>| {
         let (pg_ms, torch_ms) = (median(pg.clone()), median(torch.clone()));
         let ratio = pg_ms.zip(torch_ms).map(|(p, t)| p / t);
-        json!({
-            "pg_ms": pg_ms, "torch_ms": torch_ms, "pg_over_torch": ratio,
-            "within_0_8": ratio.map(|r| r <= 0.8), "pg_trials_ms": pg, "torch_trials_ms": torch,
-        })
+        FirstSide {
+            pg_ms: pg_ms.filter(|v| v.is_finite()),
+            pg_over_torch: ratio.filter(|v| v.is_finite()),
+            pg_trials_ms: pg.into_iter().map(|v| Some(v).filter(|v| v.is_finite())).collect(),
+            torch_ms,
+            torch_trials_ms: torch,
+            within_0_8: ratio.map(|r| r <= 0.8),
+        }
     };
-    json!({ "lazy": side(lazy, torch_mode("lazy")), "eager": side(eager, torch_mode("eager")) })
+    FirstCollective { eager: side(eager, torch_mode("eager")), lazy: side(lazy, torch_mode("lazy")) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn launch(eager: bool, ms: [f64; 2]) -> Value {
-        json!({ "eager": eager, "ranks": [{ "first_collective_ms": ms[0] }, { "first_collective_ms": ms[1] }] })
+    fn launch(eager: bool, ms: [f64; 2]) -> FirstLaunch {
+        let rank = |ms: f64| FirstRank { first_collective_ms: Some(ms), ..FirstRank::default() };
+        FirstLaunch { eager, ranks: vec![rank(ms[0]), rank(ms[1])] }
     }
 
     #[test]
@@ -134,21 +154,37 @@ mod tests {
     fn compare_puts_pg_beside_torch_per_mode_with_the_target() {
         let first = [launch(false, [800.0, 790.0]), launch(true, [600.0, 610.0])];
         let torch = [
-            json!({ "mode": "lazy", "first_collective_ms": 1000.0 }),
-            json!({ "mode": "eager", "first_collective_ms": 700.0 }),
+            TorchFirst { first_collective_ms: Some(1000.0), mode: "lazy".into() },
+            TorchFirst { first_collective_ms: Some(700.0), mode: "eager".into() },
         ];
         let compared = compare(&first, &torch);
-        assert_eq!(compared["lazy"]["pg_over_torch"], json!(0.8));
-        assert_eq!(compared["lazy"]["within_0_8"], json!(true));
-        assert_eq!(compared["eager"]["within_0_8"], json!(false), "610 / 700 is above 0.8");
+        assert_eq!(compared.lazy.pg_over_torch, Some(0.8));
+        assert_eq!(compared.lazy.within_0_8, Some(true));
+        assert_eq!(compared.eager.within_0_8, Some(false), "610 / 700 is above 0.8");
         let no_torch = compare(&first, &[]);
-        assert_eq!(no_torch["eager"]["pg_over_torch"], Value::Null);
-        assert_eq!(no_torch["eager"]["pg_ms"], json!(610.0));
+        assert_eq!(no_torch.eager.pg_over_torch, None);
+        assert_eq!(no_torch.eager.pg_ms, Some(610.0));
+        let written = serde_json::to_value(&no_torch).unwrap();
+        assert_eq!(written["eager"]["torch_ms"], Value::Null, "an unmeasured side is written null");
+        assert_eq!(written["lazy"]["pg_trials_ms"], serde_json::json!([800.0]));
     }
 
     #[test]
     fn a_report_without_both_modes_fails() {
         assert!(!report(&[launch(false, [1.0, 2.0])]).0);
         assert!(report(&[launch(false, [1.0, 2.0]), launch(true, [1.0, 2.0])]).0);
+    }
+
+    /// What the launcher gives back reads as launches again, a failed rank's result included.
+    #[test]
+    fn launches_read_back_what_the_launcher_writes() {
+        let failed = FirstRank { error: Some("no GPU".into()), rank: Some(1), ..FirstRank::default() };
+        let written = FirstLaunch { eager: true, ranks: vec![launch(true, [5.0, 6.0]).ranks[0].clone(), failed] };
+        let value = serde_json::to_value(&written).unwrap();
+        assert_eq!(value["ranks"][1], serde_json::json!({ "error": "no GPU", "rank": 1 }));
+        assert_eq!(launches(&[value]).unwrap(), std::slice::from_ref(&written));
+        assert_eq!(times(&[written])[1], [5.0], "the rank with a time is the launch's slowest");
+        let none = FirstLaunch { eager: false, ranks: vec![FirstRank::default()] };
+        assert_eq!(times(&[none])[0], [f64::NEG_INFINITY], "no rank has a time");
     }
 }

@@ -12,10 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pg_core::{Buffer as _, ErrorKind, Options, ReduceOp, StreamGuard};
+#[cfg(test)]
+use pg_lab::results::checks::InteropResult;
+use pg_lab::results::checks::{self, InteropCheck, InteropRank};
 use pg_nccl::interop_probe as probe;
 use pg_nccl::pg_cuda::cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use pg_nccl::{Buffer, Nccl};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::util::{self, Group};
 use crate::Rank;
@@ -61,10 +64,10 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
             Ok(Outcome::NotApplicable(detail)) => ("not_applicable", detail),
         };
         eprintln!("rank {}: {name} {result}: {detail}", ctx.rank);
-        results.push(json!({ "name": name, "result": result, "detail": detail }));
+        results.push(checks::Outcome { detail, name: name.to_owned(), result: result.to_owned() });
     }
     group.shutdown().map_err(|e| e.to_string())?;
-    Ok(json!({ "checks": results }))
+    serde_json::to_value(InteropRank { checks: results, versions: None }).map_err(|e| e.to_string())
 }
 
 /// `numel` f32 values `value` in cudarc memory, copied on `stream`.
@@ -302,31 +305,91 @@ fn bad_device(ctx: &Rank) -> Checked {
     }
 }
 
-/// The ranks' checks as one table: a check passes if it passed on every rank.
-pub fn merge(ranks: &[Value]) -> (bool, String, Value) {
+/// The ranks' checks merged (a check passes if it passed on every rank, and does not apply if it applied on
+/// none), as the table and the merged checks, and whether none failed.
+pub fn merge(ranks: &[InteropRank]) -> (bool, String, Vec<InteropCheck>) {
+    let names: Vec<&str> =
+        ranks.first().map(|r| r.checks.iter().map(|c| c.name.as_str()).collect()).unwrap_or_default();
+    let merged: Vec<InteropCheck> = names
+        .iter()
+        .map(|&name| {
+            let results: Vec<checks::Outcome> =
+                ranks.iter().filter_map(|r| r.checks.iter().find(|c| c.name == name)).cloned().collect();
+            let result = if results.len() != ranks.len() || results.iter().any(|c| c.result == checks::FAIL) {
+                checks::FAIL
+            } else if results.iter().all(|c| c.result == checks::NOT_APPLICABLE) {
+                checks::NOT_APPLICABLE
+            } else {
+                checks::PASS
+            };
+            InteropCheck { name: name.to_owned(), ranks: results, result: result.to_owned() }
+        })
+        .collect();
+    let ok = !merged.is_empty() && merged.iter().all(|c| c.result != checks::FAIL);
+    (ok, table(&merged), merged)
+}
+
+/// The merged checks as a markdown table, with the first reporting rank's detail.
+pub fn table(merged: &[InteropCheck]) -> String {
     use std::fmt::Write as _;
     let mut md = String::from("\n| check | result | detail (rank 0) |\n|---|---|---|\n");
-    let mut ok = true;
-    let mut merged = Vec::new();
-    let names: Vec<String> = ranks[0]["checks"]
-        .as_array()
-        .map(|c| c.iter().filter_map(|c| c["name"].as_str().map(str::to_owned)).collect())
-        .unwrap_or_default();
-    for name in &names {
-        let results: Vec<&Value> =
-            ranks.iter().filter_map(|r| r["checks"].as_array()?.iter().find(|c| c["name"] == name.as_str())).collect();
-        let result = if results.len() != ranks.len() || results.iter().any(|c| c["result"] == "fail") {
-            "fail"
-        } else if results.iter().all(|c| c["result"] == "not_applicable") {
-            "not_applicable"
-        } else {
-            "pass"
-        };
-        ok &= result != "fail";
-        let detail = results.first().and_then(|c| c["detail"].as_str()).unwrap_or("");
-        let _ = writeln!(md, "| {name} | {result} | {} |", detail.replace('|', "/"));
-        merged.push(json!({ "name": name, "result": result, "ranks": results }));
+    for check in merged {
+        let detail = check.ranks.first().map_or("", |c| c.detail.as_str());
+        let _ = writeln!(md, "| {} | {} | {} |", check.name, check.result, detail.replace('|', "/"));
     }
-    ok &= !names.is_empty();
-    (ok, md, json!(merged))
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A check fails when a rank failed it or did not report it, and does not apply only where it applied on no
+    /// rank.
+    #[test]
+    fn a_check_passes_only_where_every_rank_passed_it() {
+        let outcome = |name: &str, result: &str| checks::Outcome {
+            detail: format!("{name} {result}"),
+            name: name.to_owned(),
+            result: result.to_owned(),
+        };
+        let rank = |checks: Vec<checks::Outcome>| InteropRank { checks, versions: None };
+        let ranks = [
+            rank(vec![
+                outcome("a", "pass"),
+                outcome("b", "pass"),
+                outcome("c", "not_applicable"),
+                outcome("d", "pass"),
+            ]),
+            rank(vec![outcome("a", "pass"), outcome("b", "fail"), outcome("c", "not_applicable")]),
+        ];
+        let (ok, md, merged) = merge(&ranks);
+        assert!(!ok);
+        let words: Vec<(&str, &str)> = merged.iter().map(|c| (c.name.as_str(), c.result.as_str())).collect();
+        assert_eq!(words, [("a", "pass"), ("b", "fail"), ("c", "not_applicable"), ("d", "fail")]);
+        assert_eq!(merged[3].ranks.len(), 1, "rank 1 did not report d");
+        assert!(md.contains("| b | fail | b pass |"), "{md}");
+        assert!(merge(&ranks[..1]).0, "rank 0 alone passed or did not apply everywhere");
+    }
+
+    /// The table of every committed interop result, rendered from its JSON alone, is the committed table.
+    #[test]
+    fn the_committed_tables_render_from_the_committed_json() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).expect("bench/results") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            if !(name.starts_with("interop-") && name.ends_with(".json")) {
+                continue;
+            }
+            let result: InteropResult =
+                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("an interop result");
+            let md = std::fs::read_to_string(path.with_extension("md")).expect("its .md");
+            let rendered = table(&result.checks);
+            assert!(md.contains(&rendered), "{name}: the rendered table\n{rendered}\nis not in its .md");
+            seen += 1;
+        }
+        assert!(seen > 0, "no committed interop result");
+    }
 }

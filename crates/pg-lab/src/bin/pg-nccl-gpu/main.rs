@@ -25,6 +25,7 @@ mod procs;
 mod profile;
 mod report;
 mod report_exchange;
+mod report_train;
 mod util;
 
 use std::path::{Path, PathBuf};
@@ -168,8 +169,8 @@ fn main() -> ExitCode {
         "merge-train" => {
             let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
             let merged = match settings.train_buckets.is_empty() {
-                true => report::merge_train(&settings.out, &label),
-                false => report::merge_train_layouts(&settings.out, &label, &settings.train_buckets),
+                true => report_train::merge_train(&settings.out, &label),
+                false => report_train::merge_train_layouts(&settings.out, &label, &settings.train_buckets),
             };
             merged.and_then(|passed| match passed {
                 true => Ok(()),

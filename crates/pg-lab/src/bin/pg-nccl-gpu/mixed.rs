@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pg_core::{Backend, DType, Device as _, ProcessGroup, ReduceOp};
-use serde_json::{json, Value};
+use pg_lab::results::checks::{MixedCheck, MixedRank, MixedResult, MixedRun};
 
 /// The ops, in the order every rank runs them; PyTorch's script runs the same list.
 pub const OPS: [&str; 7] = [
@@ -62,12 +62,12 @@ pub fn message_value(from: usize, to: usize) -> f32 {
 }
 
 /// One check's outcome on this rank.
-fn check(op: &str, started: Instant, outcome: Result<String, String>) -> Value {
+fn check(op: &str, started: Instant, outcome: Result<String, String>) -> MixedCheck {
     let (result, detail) = match outcome {
         Ok(detail) => ("pass", detail),
         Err(detail) => ("fail", detail),
     };
-    json!({ "op": op, "result": result, "detail": detail, "seconds": started.elapsed().as_secs_f64() })
+    MixedCheck { detail, op: op.to_owned(), result: result.to_owned(), seconds: started.elapsed().as_secs_f64() }
 }
 
 /// Whether every f32 of `bytes` is `want`; else where the first one that is not is.
@@ -91,7 +91,7 @@ pub fn run_ops<B: Backend>(
     world: usize,
     pg_rank: usize,
     sizes: Sizes,
-) -> Vec<Value> {
+) -> Vec<MixedCheck> {
     let src = source(pg_rank);
     let stream = device.current_stream();
     let e = |err: pg_core::Error| err.to_string();
@@ -176,15 +176,19 @@ pub fn run_nccl(out: &Path, rank: usize, gpu: usize) -> Result<(), String> {
     let checks = join_and_run(&addr, port, rank, world, gpu, sizes);
     let checks = match checks {
         Ok(checks) => checks,
-        Err(why) => {
-            vec![json!({ "op": "join", "result": "fail", "detail": why, "seconds": started.elapsed().as_secs_f64() })]
-        }
+        Err(why) => vec![check("join", started, Err(why))],
     };
-    let passed = checks.len() == OPS.len() && checks.iter().all(|c| c["result"] == "pass");
-    let value = json!({
-        "side": "pg", "rank": rank, "world_size": world, "pg_rank": rank, "passed": passed, "checks": checks,
-        "seconds": started.elapsed().as_secs_f64(),
-    });
+    let passed = checks.len() == OPS.len() && checks.iter().all(|c| c.result == "pass");
+    let value = MixedRank {
+        checks: Some(checks),
+        passed: Some(passed),
+        pg_rank: Some(rank as u64),
+        rank: rank as u64,
+        seconds: Some(started.elapsed().as_secs_f64()),
+        side: Some("pg".to_owned()),
+        world_size: Some(world as u64),
+        ..MixedRank::default()
+    };
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let path = out.join(format!("mixed-rank{rank}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?)
@@ -204,7 +208,7 @@ fn join_and_run(
     world: usize,
     gpu: usize,
     sizes: Sizes,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<MixedCheck>, String> {
     use pg_core::store::{Store, TcpStore};
     use pg_core::{join_torch_default_group, Options, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT};
 
@@ -268,15 +272,7 @@ pub fn merge(dir: &Path, label: &str) -> Result<bool, String> {
         );
         let mut json_runs = Vec::new();
         for (_, pg_rank, path) in runs.iter().filter(|r| r.0 == world) {
-            let ranks: Vec<Value> = (0..world)
-                .map(|r| {
-                    let file = path.join(format!("mixed-rank{r}.json"));
-                    std::fs::read_to_string(&file)
-                        .ok()
-                        .and_then(|text| serde_json::from_str(&text).ok())
-                        .unwrap_or_else(|| json!({ "rank": r, "missing": format!("no {}", file.display()) }))
-                })
-                .collect();
+            let ranks: Vec<MixedRank> = (0..world).map(|r| read_rank(path, r)).collect();
             let (passed, table) = run_table(&ranks, *pg_rank);
             all_passed &= passed;
             let _ = writeln!(
@@ -286,19 +282,35 @@ pub fn merge(dir: &Path, label: &str) -> Result<bool, String> {
                 if passed { "every check passed" } else { "FAILED" }
             );
             md.push_str(&table);
-            json_runs.push(json!({ "world_size": world, "pg_rank": pg_rank, "passed": passed, "ranks": ranks }));
+            json_runs.push(MixedRun { passed, pg_rank: *pg_rank as u64, ranks, world_size: world as u64 });
         }
-        let passed = json_runs.iter().all(|r| r["passed"] == true);
-        let merged = json!({ "task": "mixed", "label": label, "world_size": world, "passed": passed, "ops": OPS, "runs": json_runs });
+        let merged = MixedResult {
+            label: label.to_owned(),
+            ops: OPS.iter().map(|op| (*op).to_owned()).collect(),
+            passed: json_runs.iter().all(|r| r.passed),
+            runs: json_runs,
+            task: "mixed".to_owned(),
+            world_size: world as u64,
+        };
         crate::report::write_pair(dir, &format!("mixed-nccl-{world}"), &merged, &md)?;
         print!("{md}");
     }
     Ok(all_passed)
 }
 
+/// Rank `rank`'s file in the run directory `run`, or a rank that says why there is none.
+fn read_rank(run: &Path, rank: usize) -> MixedRank {
+    let file = run.join(format!("mixed-rank{rank}.json"));
+    let missing = |why: String| MixedRank { missing: Some(why), rank: rank as u64, ..MixedRank::default() };
+    match std::fs::read_to_string(&file) {
+        Err(_) => missing(format!("no {}", file.display())),
+        Ok(text) => serde_json::from_str(&text).unwrap_or_else(|e| missing(format!("{}: {e}", file.display()))),
+    }
+}
+
 /// One run's table: a row per op and a column per rank (side), each cell the result and seconds; whether every
 /// rank ran every op and passed.
-fn run_table(ranks: &[Value], pg_rank: usize) -> (bool, String) {
+fn run_table(ranks: &[MixedRank], pg_rank: usize) -> (bool, String) {
     let mut md = String::new();
     let side = |r: usize| if r == pg_rank { "pg" } else { "torch" };
     let header: Vec<String> = (0..ranks.len()).map(|r| format!("rank {r} ({})", side(r))).collect();
@@ -309,18 +321,19 @@ fn run_table(ranks: &[Value], pg_rank: usize) -> (bool, String) {
         let cells: Vec<String> = ranks
             .iter()
             .map(|rank| {
-                let found = rank["checks"].as_array().and_then(|c| c.iter().find(|c| c["op"] == op));
-                match found {
-                    Some(c) if c["result"] == "pass" => format!("pass ({:.2} s)", c["seconds"].as_f64().unwrap_or(0.0)),
+                let checks = rank.checks.as_deref().unwrap_or_default();
+                match checks.iter().find(|c| c.op == op) {
+                    Some(c) if c.result == "pass" => format!("pass ({:.2} s)", c.seconds),
                     Some(c) => {
                         passed = false;
-                        format!("FAIL: {}", c["detail"].as_str().unwrap_or("?"))
+                        format!("FAIL: {}", c.detail)
                     }
                     None => {
                         passed = false;
-                        let why = rank["missing"].as_str().or_else(|| {
-                            rank["checks"].as_array()?.last().filter(|c| c["result"] != "pass")?["detail"].as_str()
-                        });
+                        let why = rank
+                            .missing
+                            .as_deref()
+                            .or_else(|| checks.last().filter(|c| c.result != "pass").map(|c| c.detail.as_str()));
                         format!("not run{}", why.map(|w| format!(" ({w})")).unwrap_or_default())
                     }
                 }
@@ -329,9 +342,9 @@ fn run_table(ranks: &[Value], pg_rank: usize) -> (bool, String) {
         let _ = writeln!(md, "| {op} | {} |", cells.join(" | ").replace('\n', " "));
     }
     for (r, rank) in ranks.iter().enumerate() {
-        if rank["side"].as_str().is_some_and(|s| s != side(r)) {
+        if let Some(said) = rank.side.as_deref().filter(|s| *s != side(r)) {
             passed = false;
-            let _ = writeln!(md, "\nrank {r} says it is {}, not {}", rank["side"], side(r));
+            let _ = writeln!(md, "\nrank {r} says it is {said:?}, not {}", side(r));
         }
     }
     md.push('\n');
@@ -342,6 +355,7 @@ fn run_table(ranks: &[Value], pg_rank: usize) -> (bool, String) {
 mod tests {
     use pg_core::{join_torch_default_group, Options, TorchStoreOrigin, TORCH_DEFAULT_RANKS_PER_ROOT};
     use pg_mock::{Mock, World, WorldConfig};
+    use serde_json::{json, Value};
 
     use super::*;
 
@@ -373,7 +387,7 @@ mod tests {
             for (rank, checks) in results.iter().enumerate() {
                 assert_eq!(checks.len(), OPS.len(), "world {world} rank {rank}: {checks:?}");
                 for c in checks {
-                    assert_eq!(c["result"], "pass", "world {world}, pg at {pg_rank}, rank {rank}: {c}");
+                    assert_eq!(c.result, "pass", "world {world}, pg at {pg_rank}, rank {rank}: {c:?}");
                 }
             }
         }
@@ -425,12 +439,53 @@ mod tests {
         assert!(md2.contains("| barrier | pass (0.50 s) | pass (0.50 s) |"), "{md2}");
         let md3 = std::fs::read_to_string(dir.join("mixed-nccl-3.md")).unwrap();
         assert!(md3.contains("| all_gather | pass (0.50 s) | pass (0.50 s) | FAIL: element 3"), "{md3}");
-        let json3: Value =
+        let json3: MixedResult =
             serde_json::from_str(&std::fs::read_to_string(dir.join("mixed-nccl-3.json")).unwrap()).unwrap();
-        assert_eq!(json3["passed"], false);
-        let json2: Value =
+        assert!(!json3.passed);
+        assert_eq!(json3.runs[0].ranks[2].checks.as_ref().map(Vec::len), Some(OPS.len()));
+        let json2: MixedResult =
             serde_json::from_str(&std::fs::read_to_string(dir.join("mixed-nccl-2.json")).unwrap()).unwrap();
-        assert_eq!(json2["passed"], true);
+        assert!(json2.passed);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A rank that left no file, or one that is not a rank's result, is a column of "not run" with the reason.
+    #[test]
+    fn a_missing_or_unreadable_rank_file_is_not_run() {
+        let dir = std::env::temp_dir().join(format!("pg-mixed-missing-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("mixed-rank1.json"), "{\"side\": \"torch\"}").unwrap();
+        let ranks = [read_rank(&dir, 0), read_rank(&dir, 1)];
+        assert!(ranks[0].missing.as_deref().is_some_and(|m| m.starts_with("no ")), "{:?}", ranks[0]);
+        assert!(ranks[1].missing.as_deref().is_some_and(|m| m.contains("rank")), "{:?}", ranks[1]);
+        let (passed, table) = run_table(&ranks, 0);
+        assert!(!passed);
+        assert!(table.contains("| barrier | not run (no "), "{table}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Every run's table of every committed mixed result, rendered from its JSON alone, is in the committed .md.
+    #[test]
+    fn the_committed_tables_render_from_the_committed_json() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).expect("bench/results") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            if !(name.starts_with("mixed-") && name.ends_with(".json")) {
+                continue;
+            }
+            let result: MixedResult =
+                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("a mixed result");
+            let md = std::fs::read_to_string(path.with_extension("md")).expect("its .md");
+            for run in &result.runs {
+                let (passed, table) = run_table(&run.ranks, run.pg_rank as usize);
+                assert_eq!(passed, run.passed, "{name}: pg at {}", run.pg_rank);
+                assert!(md.contains(&table), "{name}: the rendered table\n{table}\nis not in its .md");
+                seen += 1;
+            }
+        }
+        assert!(seen > 0, "no committed mixed run");
     }
 }

@@ -4,8 +4,13 @@ use std::fmt::Write as _;
 
 use std::collections::BTreeMap;
 
-use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, RankRow};
-use serde_json::{json, Value};
+use pg_lab::results::bench::{BenchRank, BenchRankRow, BenchResult, TorchBench};
+use pg_lab::results::checks::{InteropRank, InteropResult, Versions};
+use pg_lab::results::exchange::ExchangeRank;
+use pg_lab::results::experiments::ExperimentsRank;
+use pg_lab::results::first::{FirstCollective, FirstResult, TorchFirst};
+use pg_lab::results::{AllReduceResult, AllReduceSize, Measure, TaskRanks};
+use serde_json::Value;
 
 use crate::Settings;
 
@@ -18,51 +23,113 @@ pub fn task(settings: &Settings, task: &str, ranks: &[Value]) -> Result<bool, St
         // The machine line: date, GPU, driver, how many ranks on how many GPUs, commit, libnccl.
         let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
         let markdown = format!("# Conformance on NCCL, {} rank(s)\n\n{label}\n{markdown}", ranks.len());
-        merged["machine"] = json!(label);
+        merged.machine = Some(label);
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
     if task == "interop" {
-        let (ok, markdown, checks) = crate::interop::merge(ranks);
+        let typed = ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("interop rank {rank}: {e}")))
+            .collect::<Result<Vec<InteropRank>, String>>()?;
+        let (ok, markdown, checks) = crate::interop::merge(&typed);
         print!("{markdown}");
         let label = std::env::var("PG_RUN_LABEL").unwrap_or_default();
         let command = format!("pg-nccl-gpu run --tasks interop --nproc {}", ranks.len());
+        let versions = typed.first().and_then(|r| r.versions.clone());
         let markdown = format!(
             "# Interop on NCCL, {} rank(s)\n\n{label}\n\n`{command}`; {}\n{markdown}",
             ranks.len(),
-            ranks[0]["versions"]
+            serde_json::to_string(&versions).map_err(|e| e.to_string())?
         );
-        let merged = json!({ "task": task, "passed": ok, "backend": "nccl", "world_size": ranks.len(), "label": label,
-                             "command": command, "versions": ranks[0]["versions"], "checks": checks });
+        let merged = InteropResult {
+            backend: "nccl".to_owned(),
+            checks,
+            command,
+            label,
+            passed: ok,
+            task: task.to_owned(),
+            versions,
+            world_size: ranks.len() as u64,
+            ..InteropResult::default()
+        };
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
     if task == "first" {
         // One value per launch (a fresh set of rank processes), each with its ranks' results.
-        let (ok, markdown) = crate::first::report(ranks);
+        let launches = crate::first::launches(ranks)?;
+        let (ok, markdown) = crate::first::report(&launches);
         print!("{markdown}");
-        let first_rank = &ranks[0]["ranks"][0];
-        let merged = json!({ "task": task, "passed": ok, "world_size": ranks[0]["ranks"].as_array().map_or(0, Vec::len),
-                             "versions": first_rank["versions"], "launches": ranks });
+        let first_ranks = launches.first().map(|l| l.ranks.as_slice()).unwrap_or_default();
+        let merged = FirstResult {
+            passed: ok,
+            task: task.to_owned(),
+            versions: first_ranks.first().and_then(|r| r.versions.clone()),
+            world_size: first_ranks.len() as u64,
+            launches,
+        };
         return write(settings, task, &merged, &markdown).map(|()| ok);
     }
-    let (ok, markdown) = match task {
-        "experiments" => experiments(ranks),
-        "bench" => bench(ranks),
-        other if crate::report_exchange::op_of(other).is_some() => crate::report_exchange::task(other, ranks),
-        other => return Err(format!("no report for task {other}")),
+    let versions: Option<Versions> = match ranks.first().map(|r| &r["versions"]) {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value(v.clone()).map_err(|e| format!("rank 0's versions: {e}"))?),
     };
+    match task {
+        "experiments" => {
+            let typed: Vec<ExperimentsRank> = typed_ranks(task, ranks)?;
+            let (ok, markdown) = experiments(&typed);
+            finish(settings, task, ok, typed, versions, &markdown)
+        }
+        "bench" => {
+            let typed: Vec<BenchRank> = typed_ranks(task, ranks)?;
+            let (ok, markdown) = bench(&typed)?;
+            finish(settings, task, ok, typed, versions, &markdown)
+        }
+        other if crate::report_exchange::op_of(other).is_some() => {
+            let (ok, markdown) = crate::report_exchange::task(other, ranks);
+            let typed: Vec<ExchangeRank> = typed_ranks(task, ranks)?;
+            finish(settings, task, ok, typed, versions, &markdown)
+        }
+        other => Err(format!("no report for task {other}")),
+    }
+}
+
+/// Every rank's result of `task` as an `R`.
+fn typed_ranks<R: serde::de::DeserializeOwned>(task: &str, ranks: &[Value]) -> Result<Vec<R>, String> {
+    ranks
+        .iter()
+        .enumerate()
+        .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("{task} rank {rank}: {e}")))
+        .collect()
+}
+
+/// Prints the task's markdown and writes it with the merged result (every rank's own result); returns `passed`.
+fn finish<R: serde::Serialize>(
+    settings: &Settings,
+    task: &str,
+    passed: bool,
+    ranks: Vec<R>,
+    versions: Option<Versions>,
+    markdown: &str,
+) -> Result<bool, String> {
     print!("{markdown}");
-    let merged = json!({ "task": task, "passed": ok, "world_size": ranks.len(), "versions": ranks[0]["versions"], "ranks": ranks });
-    write(settings, task, &merged, &markdown)?;
-    Ok(ok)
+    let world_size = ranks.len() as u64;
+    let merged = TaskRanks { passed, ranks, task: task.to_owned(), versions, world_size };
+    write(settings, task, &merged, markdown).map(|()| passed)
 }
 
 /// Writes `<task>.json` and `<task>.md` into the output directory.
-fn write(settings: &Settings, task: &str, merged: &Value, markdown: &str) -> Result<(), String> {
+fn write(settings: &Settings, task: &str, merged: &impl serde::Serialize, markdown: &str) -> Result<(), String> {
     write_pair(&settings.out, task, merged, markdown)
 }
 
 /// Writes `dir/<stem>.json` (pretty, with a final newline) and `dir/<stem>.md`.
-pub fn write_pair(dir: &std::path::Path, stem: &str, merged: &Value, markdown: &str) -> Result<(), String> {
+pub fn write_pair(
+    dir: &std::path::Path,
+    stem: &str,
+    merged: &impl serde::Serialize,
+    markdown: &str,
+) -> Result<(), String> {
     let json_path = dir.join(format!("{stem}.json"));
     std::fs::write(&json_path, serde_json::to_string_pretty(merged).map_err(|e| e.to_string())? + "\n")
         .map_err(|e| format!("{}: {e}", json_path.display()))?;
@@ -70,12 +137,13 @@ pub fn write_pair(dir: &std::path::Path, stem: &str, merged: &Value, markdown: &
     std::fs::write(&md_path, markdown).map_err(|e| format!("{}: {e}", md_path.display()))
 }
 
-fn experiments(ranks: &[Value]) -> (bool, String) {
+/// The experiments' tables over the ranks, and whether every check of each held.
+fn experiments(ranks: &[ExperimentsRank]) -> (bool, String) {
     let world = ranks.len() as u64;
-    let sum = |f: &dyn Fn(&Value) -> u64| ranks.iter().map(f).sum::<u64>();
-    let creations = sum(&|r| r["cache"]["comm_creations"].as_u64().unwrap_or(0));
-    let correct = sum(&|r| r["cache"]["correct_ops"].as_u64().unwrap_or(0));
-    let after_first = sum(&|r| r["cache"]["creations_after_first_op"].as_u64().unwrap_or(0));
+    let sum = |f: &dyn Fn(&ExperimentsRank) -> u64| ranks.iter().map(f).sum::<u64>();
+    let creations = sum(&|r| r.cache.comm_creations);
+    let correct = sum(&|r| r.cache.correct_ops);
+    let after_first = sum(&|r| r.cache.creations_after_first_op);
     let mut ok = creations == 3 * world && correct == 9 * world && after_first == 0;
     let mut md = String::new();
     let _ = writeln!(md, "\n### Experiment 1: communicator cache (3 groups of identical membership x {world} ranks)\n");
@@ -88,7 +156,7 @@ fn experiments(ranks: &[Value]) -> (bool, String) {
         9 * world
     );
 
-    let sleep_ms = ranks[0]["semantics"]["sleep_ms_nominal"].as_f64().unwrap_or(f64::NAN);
+    let sleep_ms = ranks.first().and_then(|r| r.semantics.sleep_ms_nominal).unwrap_or(f64::NAN);
     let _ = writeln!(
         md,
         "\n### Experiment 2: completion semantics (80M-cycle sleep = {sleep_ms:.1} ms nominal, 16 MiB all_reduce)\n"
@@ -96,51 +164,43 @@ fn experiments(ranks: &[Value]) -> (bool, String) {
     let _ = writeln!(md, "| config | host time of the action (per rank) | completed after action | Future.done() after enqueue | correct |");
     let _ = writeln!(md, "|---|---|---|---|---|");
     let expected_completed = [0, 0, 1, 0];
-    let rows = ranks[0]["semantics"]["rows"].as_array().cloned().unwrap_or_default();
+    let rows = ranks.first().map(|r| r.semantics.rows.as_slice()).unwrap_or_default();
     for (index, row) in rows.iter().enumerate() {
         let mut times = Vec::new();
         let mut completed = Vec::new();
         let mut done = true;
         let mut right = true;
         for rank in ranks {
-            let this = &rank["semantics"]["rows"][index];
-            let us = this["host_action_us"].as_f64().unwrap_or(f64::NAN);
+            let this = rank.semantics.rows.get(index).cloned().unwrap_or_default();
+            let us = this.host_action_us.unwrap_or(f64::NAN);
             times.push(if us >= 1000.0 { format!("{:.1} ms", us / 1e3) } else { format!("{us:.1} us") });
-            let c = this["completed_after_action"].as_u64().unwrap_or(9);
+            // A rank without this row counts as a wrong completion.
+            let c = rank.semantics.rows.get(index).map_or(9, |r| r.completed_after_action);
             completed.push(c.to_string());
             ok &= c == expected_completed.get(index).copied().unwrap_or(9);
-            done &= this["future_done_after_enqueue"] == json!(true);
-            right &= this["correct"] == json!(true);
+            done &= this.future_done_after_enqueue;
+            right &= this.correct;
         }
         ok &= done && right;
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} |",
-            row["config"].as_str().unwrap_or("?"),
-            times.join(", "),
-            completed.join(", "),
-            done,
-            right
-        );
+        let _ =
+            writeln!(md, "| {} | {} | {} | {} | {} |", row.config, times.join(", "), completed.join(", "), done, right);
     }
 
     let _ = writeln!(md, "\n### Experiment 3: streams\n");
     let _ = writeln!(md, "| rank | current stream | comm stream | comm kernel streams | on another stream |");
     let _ = writeln!(md, "|---|---|---|---|---|");
     for (rank, value) in ranks.iter().enumerate() {
-        let s = &value["streams"];
-        let other = s["comm_kernels_on_other_stream"] == json!(true);
+        let s = &value.streams;
+        let other = s.comm_kernels_on_other_stream;
         ok &= other;
-        let _ = writeln!(
-            md,
-            "| {rank} | {} | {} | {} | {other} |",
-            s["current_stream"], s["comm_stream"], s["comm_kernel_streams"]
-        );
+        let streams = s.comm_kernel_streams.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        let _ = writeln!(md, "| {rank} | {} | {} | [{streams}] | {other} |", s.current_stream, s.comm_stream);
     }
     (ok, md)
 }
 
-fn bench(ranks: &[Value]) -> (bool, String) {
+/// The per-rank table of the `bench` task: every contestant at every size over the ranks.
+fn bench(ranks: &[BenchRank]) -> Result<(bool, String), String> {
     let mut md = String::new();
     let world = ranks.len();
     let _ = writeln!(
@@ -149,54 +209,54 @@ fn bench(ranks: &[Value]) -> (bool, String) {
     );
     let _ = writeln!(md, "| size | contestant | time/op us | GPU ahead | busbw GB/s | host enqueue us/op | wait() us | inside ncclAllReduce us | own host us | host kops/s |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
-    let rows = ranks[0]["rows"].as_array().cloned().unwrap_or_default();
+    let rows = ranks.first().map(|r| r.rows.as_slice()).unwrap_or_default();
     for (index, row) in rows.iter().enumerate() {
-        let max = |key: &str| {
-            ranks.iter().map(|r| r["rows"][index][key].as_f64().unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+        let at = |r: &BenchRank| r.rows.get(index).cloned().unwrap_or_default();
+        let max = |get: fn(&BenchRankRow) -> Option<f64>| {
+            ranks.iter().map(|r| get(&at(r)).unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
         };
-        let bytes = row["bytes"].as_u64().unwrap_or(0);
-        let time = slowest_device_time(ranks.iter().map(|r| r["rows"][index]["time_us"].as_f64()));
+        let bytes = row.bytes;
+        let time = slowest_device_time(ranks.iter().map(|r| at(r).time_us));
         let busbw = bytes as f64 / (time * 1e-6) / 1e9 * 2.0 * (world as f64 - 1.0) / world as f64;
-        let optional = |key: &str| if row[key].is_null() { "-".to_owned() } else { format!("{:.2}", max(key)) };
+        let optional = |get: fn(&BenchRankRow) -> Option<f64>| match get(row) {
+            None => "-".to_owned(),
+            Some(_) => format!("{:.2}", max(get)),
+        };
         let trials_ahead: Vec<String> = ranks
             .iter()
             .map(|r| {
-                let trials = r["rows"][index]["gpu_ahead_trials"].as_array().cloned().unwrap_or_default();
-                let ahead = trials.iter().filter(|t| t.as_bool() == Some(true)).count();
-                format!("{ahead}/{}", trials.len())
+                let trials = at(r).gpu_ahead_trials;
+                format!("{}/{}", trials.iter().filter(|ahead| **ahead).count(), trials.len())
             })
             .collect();
-        let slowest_rate = ranks.iter().filter_map(|r| r["rows"][index]["host_ops_per_s"].as_f64()).reduce(f64::min);
+        let slowest_rate = ranks.iter().filter_map(|r| at(r).host_ops_per_s).reduce(f64::min);
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {busbw:.1} | {:.2} | {} | {} | {} | {} |",
             human(bytes),
-            row["contestant"].as_str().unwrap_or("?"),
+            row.contestant,
             device_cell(time),
             trials_ahead.join(", "),
-            max("host_enqueue_us"),
-            optional("wait_us"),
-            optional("nccl_call_us"),
-            optional("own_host_us"),
+            max(|r| r.host_enqueue_us),
+            optional(|r| r.wait_us),
+            optional(|r| r.nccl_call_us),
+            optional(|r| r.own_host_us),
             slowest_rate.map(|v| format!("{:.1}", v / 1e3)).unwrap_or_else(|| "-".into()),
         );
     }
     for (rank, value) in ranks.iter().enumerate() {
-        let _ = writeln!(md, "\nrank {rank} host cost of primitives (median us): {}", value["host_costs_us"]);
+        let costs = serde_json::to_string(&value.host_costs_us).map_err(|e| e.to_string())?;
+        let _ = writeln!(md, "\nrank {rank} host cost of primitives (median us): {costs}");
     }
     // With PG_TIME_ENQUEUE=1: where each process-group contestant's enqueue time goes, step by step.
     for (rank, value) in ranks.iter().enumerate() {
-        for row in value["rows"].as_array().into_iter().flatten().filter(|row| !row["steps_us"].is_null()) {
-            let _ = writeln!(
-                md,
-                "\nrank {rank} {} {} steps (median us): {}",
-                human(row["bytes"].as_u64().unwrap_or(0)),
-                row["contestant"].as_str().unwrap_or("?"),
-                row["steps_us"]
-            );
+        for row in &value.rows {
+            let Some(steps) = &row.steps_us else { continue };
+            let steps = serde_json::to_string(steps).map_err(|e| e.to_string())?;
+            let _ = writeln!(md, "\nrank {rank} {} {} steps (median us): {steps}", human(row.bytes), row.contestant);
         }
     }
-    (!rows.is_empty(), md)
+    Ok((!rows.is_empty(), md))
 }
 
 pub fn human(bytes: u64) -> String {
@@ -237,16 +297,17 @@ fn device_cell(time_us: f64) -> String {
     }
 }
 
-fn rust_rows(bench: &Value) -> Result<Vec<BenchRow>, String> {
-    let ranks = pg_lab::results::rank_rows(bench["ranks"].as_array().map(Vec::as_slice).unwrap_or_default())?;
+/// The Rust contestants' rows over the ranks of `bench.json`: the slowest rank's figures per row.
+fn rust_rows(bench: &BenchResult) -> Vec<BenchRow> {
+    let ranks: Vec<&[BenchRankRow]> = bench.ranks.iter().map(|r| r.rows.as_slice()).collect();
     let world = ranks.len().max(1) as f64;
-    let first = ranks.first().cloned().unwrap_or_default();
-    Ok(first
+    let first = ranks.first().copied().unwrap_or_default();
+    first
         .iter()
         .enumerate()
         .map(|(index, row)| {
-            let at = |r: &Vec<RankRow>| r.get(index).cloned().unwrap_or_default();
-            let max = |get: &dyn Fn(&RankRow) -> Option<f64>| {
+            let at = |r: &&[BenchRankRow]| r.get(index).cloned().unwrap_or_default();
+            let max = |get: &dyn Fn(&BenchRankRow) -> Option<f64>| {
                 ranks.iter().map(|r| get(&at(r)).unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
             };
             let bytes = row.bytes;
@@ -267,36 +328,28 @@ fn rust_rows(bench: &Value) -> Result<Vec<BenchRow>, String> {
                     .and_then(|all| all.into_iter().reduce(f64::min)),
             }
         })
-        .collect())
+        .collect()
 }
 
 /// The host enqueue time of `contestant` minus that of `baseline` on the same rank, at `bytes`: the worst rank's
 /// difference (a paired comparison, unlike the slowest-rank medians, which may come from different ranks).
-fn same_rank_difference(bench: &Value, contestant: &str, baseline: &str, bytes: u64) -> Option<f64> {
-    let ranks = bench["ranks"].as_array()?;
-    let enqueue = |rank: &Value, who: &str| {
-        rank["rows"].as_array()?.iter().find(|row| row["contestant"] == who && row["bytes"] == bytes)?
-            ["host_enqueue_us"]
-            .as_f64()
+fn same_rank_difference(bench: &BenchResult, contestant: &str, baseline: &str, bytes: u64) -> Option<f64> {
+    let enqueue = |rank: &BenchRank, who: &str| {
+        rank.rows.iter().find(|row| row.contestant == who && row.bytes == bytes)?.host_enqueue_us
     };
-    ranks
+    bench
+        .ranks
         .iter()
         .map(|rank| Some(enqueue(rank, contestant)? - enqueue(rank, baseline)?))
         .collect::<Option<Vec<f64>>>()
         .and_then(|diffs| diffs.into_iter().reduce(f64::max))
 }
 
-fn torch_rows(torch: &Value) -> Result<Vec<BenchRow>, String> {
-    let rows = |key: &str| -> Result<Vec<RankRow>, String> {
-        match torch.get(key) {
-            None | Some(Value::Null) => Ok(Vec::new()),
-            Some(rows) => serde_json::from_value(rows.clone()).map_err(|e| format!("torch.json {key}: {e}")),
-        }
-    };
-    let eager = rows("rows")?.into_iter().map(|row| ("torch", row));
-    // `torch.cuda.graph` around K all_reduces, replayed (`graph_rows`, when the script ran them).
-    let graph = rows("graph_rows")?.into_iter().map(|row| ("torch-graph", row));
-    Ok(eager
+/// PyTorch's rows, eager and (`torch.cuda.graph` around K all_reduces, replayed) graph.
+fn torch_rows(torch: &TorchBench) -> Vec<BenchRow> {
+    let eager = torch.rows.iter().flatten().map(|row| ("torch", row));
+    let graph = torch.graph_rows.iter().flatten().map(|row| ("torch-graph", row));
+    eager
         .chain(graph)
         .map(|(contestant, row)| BenchRow {
             contestant: contestant.into(),
@@ -308,22 +361,22 @@ fn torch_rows(torch: &Value) -> Result<Vec<BenchRow>, String> {
             gpu_ahead: row.gpu_ahead,
             host_ops_per_s: row.host_ops_per_s,
         })
-        .collect())
+        .collect()
 }
 
 /// Joins `bench.json` (raw, pg) and `torch.json` (if present) in `dir` into `allreduce.md`/`allreduce.json`.
 pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
-    let load = |name: &str| -> Result<Option<Value>, String> {
-        match std::fs::read_to_string(dir.join(name)) {
-            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
-            Err(_) => Ok(None),
-        }
+    let bench: BenchResult = match std::fs::read_to_string(dir.join("bench.json")) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("bench.json: {e}"))?,
+        Err(_) => return Err("no bench.json: run the bench task first".into()),
     };
-    let bench = load("bench.json")?.ok_or("no bench.json: run the bench task first")?;
-    let torch = load("torch.json")?;
-    let mut rows = rust_rows(&bench)?;
+    let torch: Option<TorchBench> = match std::fs::read_to_string(dir.join("torch.json")) {
+        Ok(text) => Some(serde_json::from_str(&text).map_err(|e| format!("torch.json: {e}"))?),
+        Err(_) => None,
+    };
+    let mut rows = rust_rows(&bench);
     if let Some(torch) = &torch {
-        rows.extend(torch_rows(torch)?);
+        rows.extend(torch_rows(torch));
     }
     let mut sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
     sizes.sort_unstable();
@@ -332,11 +385,11 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     let mut md = String::new();
     let _ = writeln!(md, "# all_reduce: raw NCCL loop vs pg's process group vs PyTorch\n");
     let _ = writeln!(md, "{label}\n");
-    let _ = writeln!(md, "Rust: {}", bench["versions"]);
+    let _ = writeln!(md, "Rust: {}", serde_json::to_string(&bench.versions).map_err(|e| e.to_string())?);
     if let Some(torch) = &torch {
-        let _ = writeln!(md, "\nPyTorch: {}", torch["versions"]);
+        let _ = writeln!(md, "\nPyTorch: {}", torch.versions);
     }
-    let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of the trials in which the GPU was still spinning when the host had enqueued every op, slowest rank; `host-bound` when no trial was); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()). GPU ahead: every trial of raw, pg, torch had the GPU ahead of the host. Host ops/s: K ops back to back with no spin, in thousands per second of host time (slowest rank). pg bookkeeping: pg's enqueue minus `raw-with-events`', rank by rank (the worst rank).\n", bench["world_size"]);
+    let _ = writeln!(md, "\nf32, in place, {} ranks; time/op from CUDA events over K back-to-back ops after a spin (median of the trials in which the GPU was still spinning when the host had enqueued every op, slowest rank; `host-bound` when no trial was); host times are medians over every op (slowest rank); pg and torch use the synchronous form (enqueue, then wait()). GPU ahead: every trial of raw, pg, torch had the GPU ahead of the host. Host ops/s: K ops back to back with no spin, in thousands per second of host time (slowest rank). pg bookkeeping: pg's enqueue minus `raw-with-events`', rank by rank (the worst rank).\n", bench.world_size);
     let _ = writeln!(md, "| size | raw us | pg us | torch us | GPU ahead | raw busbw | pg busbw | torch busbw | pg/raw busbw | raw enqueue us | pg enqueue us | pg wait us | pg enqueue us (pool stream current) | torch enqueue us | torch wait us | pg bookkeeping us | raw kops/s | pg kops/s | torch kops/s |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut busbw_ok = true;
@@ -469,13 +522,13 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     let yes = |met: bool| if met { "yes" } else { "NO" };
     // The network profile (ranks sharing a GPU over NCCL's socket transport) has targets of its own: pg's device
     // time per op within 3% of the raw loop's from 64 KiB up, and its host enqueue within 1 us of raw's.
-    let profile = bench["ranks"][0]["profile"].as_str().unwrap_or("nvlink").to_owned();
+    let profile = bench.ranks.first().and_then(|r| r.profile.clone()).unwrap_or_else(|| "nvlink".to_owned());
     let network = network_targets(&summary, overhead_same_rank);
     let ok = match profile.as_str() {
         "network" => network.device_ok && network.enqueue_ok,
         _ => busbw_ok && overhead_ok,
     };
-    if bench["world_size"].as_u64().is_some_and(|n| n < 2) {
+    if bench.world_size < 2 {
         let _ = writeln!(
             md,
             "\nA world of 1 communicates nothing (NCCL returns at once and launches no kernel), so busbw is 0 and \
@@ -527,12 +580,12 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
              over sizes); with tracing off (`pg`) the enqueue path checks one `Option` and records nothing."
         );
     }
-    for (rank, value) in bench["ranks"].as_array().into_iter().flatten().enumerate() {
-        if let Some(error) = value["graph_error"].as_str() {
+    for (rank, value) in bench.ranks.iter().enumerate() {
+        if let Some(error) = &value.graph_error {
             let _ = writeln!(md, "\nRank {rank}: the Rust graph contestants failed: {error}");
         }
     }
-    if let Some(error) = torch.as_ref().and_then(|t| t["graph_error"].as_str()) {
+    if let Some(error) = torch.as_ref().and_then(|t| t.graph_error.as_deref()) {
         let _ = writeln!(md, "\nThe PyTorch graph contestant failed: {error}");
     }
     // CUDA graphs: K all_reduces captured once, replayed.
@@ -591,39 +644,20 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
     }
     // Time to the first collective (`first.json` from the `first` task, `torch-first.jsonl` from the PyTorch
     // script's `--first` runs), when measured.
-    let first_collective = load("first.json")?.map(|first| {
-        let launches = first["launches"].as_array().cloned().unwrap_or_default();
-        let torch: Vec<Value> = std::fs::read_to_string(dir.join("torch-first.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect();
-        crate::first::compare(&launches, &torch)
-    });
-    if let Some(first) = &first_collective {
-        let ms = |v: &Value| v.as_f64().map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            md,
-            "\nTime to the first all_reduce, from before the group's creation to the op's completion on the device \
-             (fresh processes, slowest rank, median of the trials; target pg <= 0.8x PyTorch):\n"
-        );
-        let _ = writeln!(md, "| init | pg ms | PyTorch ms | pg / PyTorch | within 0.8x |");
-        let _ = writeln!(md, "|---|---|---|---|---|");
-        for (mode, name) in [("lazy", "lazy (no device_id)"), ("eager", "eager (pg eager_init; PyTorch device_id=)")] {
-            let side = &first[mode];
-            let _ = writeln!(
-                md,
-                "| {name} | {} | {} | {} | {} |",
-                ms(&side["pg_ms"]),
-                ms(&side["torch_ms"]),
-                side["pg_over_torch"].as_f64().map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into()),
-                match side["within_0_8"].as_bool() {
-                    Some(true) => "yes",
-                    Some(false) => "NO",
-                    None => "-",
-                }
-            );
+    let first_collective = match std::fs::read_to_string(dir.join("first.json")) {
+        Err(_) => None,
+        Ok(text) => {
+            let first: FirstResult = serde_json::from_str(&text).map_err(|e| format!("first.json: {e}"))?;
+            let torch: Vec<TorchFirst> = std::fs::read_to_string(dir.join("torch-first.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|line| serde_json::from_str(line).ok())
+                .collect();
+            Some(crate::first::compare(&first.launches, &torch))
         }
+    };
+    if let Some(first) = &first_collective {
+        let _ = write!(md, "{}", first_collective_table(first));
     }
     std::fs::write(dir.join("allreduce.md"), &md).map_err(|e| e.to_string())?;
     let finite = |v: f64| Some(v).filter(|v| v.is_finite());
@@ -644,11 +678,11 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         pg_minus_raw_enqueue_us_same_rank_median: finite(overhead_same_rank),
         pg_over_raw_device_time_worst_from_64kib: network.worst_ratio,
         profile: Some(profile),
-        rust_versions: bench["versions"].clone(),
+        rust_versions: bench.versions.clone(),
         sizes: summary,
         targets_met: ok,
-        torch_versions: torch.as_ref().map(|t| t["versions"].clone()),
-        world_size: bench["world_size"].as_u64().unwrap_or(0),
+        torch_versions: torch.map(|t| t.versions),
+        world_size: bench.world_size,
     };
     std::fs::write(dir.join("allreduce.json"), serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
@@ -674,6 +708,36 @@ fn network_targets(summary: &[AllReduceSize], enqueue_same_rank_median_us: f64) 
     NetworkTargets { worst_ratio, device_ok, enqueue_ok: enqueue_same_rank_median_us <= 1.0 }
 }
 
+/// The table of the time to the first all_reduce, pg beside PyTorch per mode.
+fn first_collective_table(first: &FirstCollective) -> String {
+    let ms = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "\nTime to the first all_reduce, from before the group's creation to the op's completion on the device \
+         (fresh processes, slowest rank, median of the trials; target pg <= 0.8x PyTorch):\n"
+    );
+    let _ = writeln!(md, "| init | pg ms | PyTorch ms | pg / PyTorch | within 0.8x |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for (side, name) in
+        [(&first.lazy, "lazy (no device_id)"), (&first.eager, "eager (pg eager_init; PyTorch device_id=)")]
+    {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} |",
+            ms(side.pg_ms),
+            ms(side.torch_ms),
+            side.pg_over_torch.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into()),
+            match side.within_0_8 {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "-",
+            }
+        );
+    }
+    md
+}
+
 /// A contestant's figures as the merged result writes them (a figure that is not a number is `null`).
 fn measure(row: &BenchRow) -> Measure {
     let finite = |v: f64| Some(v).filter(|v| v.is_finite());
@@ -686,233 +750,10 @@ fn measure(row: &BenchRow) -> Measure {
     }
 }
 
-/// The median of `values` (NaN when empty).
-fn median(mut values: Vec<f64>) -> f64 {
-    pg_lab::results::median(&mut values)
-}
-
-/// Joins the training example's curve (`train-pg.json`, from `ddp_mlp --json`) and PyTorch DDP's
-/// (`train-torch.json`, from `torch_ddp_mlp.py --json`) into `train-mlp.{md,json}`: step times (median after
-/// the first `WARMUP` steps), losses, and the largest relative gap between the two loss curves (both start from
-/// the same weights and data; their float sums run in other orders). Passes when each run's loss fell.
-pub fn merge_train(dir: &std::path::Path, label: &str) -> Result<bool, String> {
-    const WARMUP: usize = 5;
-    let load = |name: &str| -> Result<Option<Value>, String> {
-        match std::fs::read_to_string(dir.join(name)) {
-            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
-            Err(_) => Ok(None),
-        }
-    };
-    let pg = load("train-pg.json")?.ok_or("no train-pg.json: run the training example first")?;
-    let torch = load("train-torch.json")?;
-    let steps = |run: &Value| -> Vec<(f64, f64)> {
-        run["steps"]
-            .as_array()
-            .map(|s| {
-                s.iter()
-                    .map(|r| (r["loss"].as_f64().unwrap_or(f64::NAN), r["ms"].as_f64().unwrap_or(f64::NAN)))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let summary = |run: &Value| {
-        let s = steps(run);
-        let ms = median(s.iter().skip(WARMUP).map(|(_, ms)| *ms).collect());
-        let (first, last) = (s.first().map_or(f64::NAN, |r| r.0), s.last().map_or(f64::NAN, |r| r.0));
-        json!({ "backend": run["backend"], "world_size": run["world_size"], "steps": s.len(), "median_step_ms": ms,
-                "first_loss": first, "last_loss": last })
-    };
-    let ours = steps(&pg);
-    let mut ok = ours.len() > 1 && ours[ours.len() - 1].0 < ours[0].0;
-    let mut rows = vec![summary(&pg)];
-    let mut gap = None;
-    if let Some(torch) = &torch {
-        rows.push(summary(torch));
-        let theirs = steps(torch);
-        let worst = ours
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a.0 - b.0).abs() / b.0.abs().max(f64::MIN_POSITIVE))
-            .fold(0.0, f64::max);
-        ok &= theirs.len() > 1 && theirs[theirs.len() - 1].0 < theirs[0].0;
-        gap = Some(worst);
-    }
-    let mut md = String::new();
-    let _ = writeln!(
-        md,
-        "# Training example: a 2-layer MLP, data-parallel, pg (cuBLAS + PTX on cudarc memory) vs PyTorch DDP\n"
-    );
-    let _ = writeln!(md, "{label}\n");
-    let _ = writeln!(md, "Model and data: {}, global batch {}.\n", pg["model"], pg["global_batch"]);
-    let _ = writeln!(md, "| run | ranks | steps | median step ms (after {WARMUP}) | first loss | last loss |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
-    for row in &rows {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {:.3} | {:.6} | {:.6} |",
-            row["backend"].as_str().unwrap_or("?"),
-            row["world_size"],
-            row["steps"],
-            row["median_step_ms"].as_f64().unwrap_or(f64::NAN),
-            row["first_loss"].as_f64().unwrap_or(f64::NAN),
-            row["last_loss"].as_f64().unwrap_or(f64::NAN)
-        );
-    }
-    match gap {
-        Some(gap) => {
-            let _ = writeln!(md, "\nLargest relative gap between the two loss curves (same weights and data, sums in other orders): {gap:.2e}.");
-        }
-        None => {
-            let _ = writeln!(md, "\nNo PyTorch curve (train-torch.json) to compare with.");
-        }
-    }
-    let _ = writeln!(md, "\n| step | pg loss | pg ms | torch loss | torch ms |\n|---|---|---|---|---|");
-    let theirs = torch.as_ref().map(steps).unwrap_or_default();
-    for (step, (loss, ms)) in ours.iter().enumerate().filter(|(i, _)| i % 10 == 0 || *i + 1 == ours.len()) {
-        let (tl, tm) =
-            theirs.get(step).map_or(("-".into(), "-".into()), |(l, m)| (format!("{l:.6}"), format!("{m:.3}")));
-        let _ = writeln!(md, "| {step} | {loss:.6} | {ms:.3} | {tl} | {tm} |");
-    }
-    let merged = json!({ "passed": ok, "label": label, "summary": rows, "max_relative_loss_gap": gap, "pg": pg, "torch": torch });
-    write_pair(dir, "train-mlp", &merged, &md)?;
-    print!("{md}");
-    Ok(ok)
-}
-
-/// One layout's pair of runs in [`merge_train_layouts`]: its summary and whether it met the targets.
-fn train_layout(dir: &std::path::Path, buckets: usize) -> Result<Value, String> {
-    const WARMUP: usize = 5;
-    let load = |name: String| -> Result<Option<Value>, String> {
-        match std::fs::read_to_string(dir.join(&name)) {
-            Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
-            Err(_) => Ok(None),
-        }
-    };
-    let pg = load(format!("train-pg-b{buckets}.json"))?;
-    let torch = load(format!("train-torch-b{buckets}.json"))?;
-    let curve = |run: &Option<Value>| -> Vec<(f64, f64)> {
-        run.as_ref()
-            .and_then(|r| r["steps"].as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .map(|r| (r["loss"].as_f64().unwrap_or(f64::NAN), r["ms"].as_f64().unwrap_or(f64::NAN)))
-            .collect()
-    };
-    let (ours, theirs) = (curve(&pg), curve(&torch));
-    let median_ms = |c: &[(f64, f64)]| (c.len() > WARMUP).then(|| median(c.iter().skip(WARMUP).map(|r| r.1).collect()));
-    let falls = |c: &[(f64, f64)]| c.len() > 1 && c[c.len() - 1].0 < c[0].0;
-    let gap = (!ours.is_empty() && ours.len() == theirs.len()).then(|| {
-        ours.iter().zip(&theirs).map(|(a, b)| (a.0 - b.0).abs() / b.0.abs().max(f64::MIN_POSITIVE)).fold(0.0, f64::max)
-    });
-    let (pg_ms, torch_ms) = (median_ms(&ours), median_ms(&theirs));
-    let curves_ok = gap.is_some_and(|g| g <= 1e-5);
-    let step_ok = pg_ms.zip(torch_ms).map(|(p, t)| p <= t);
-    Ok(json!({
-        "buckets": buckets,
-        "steps": ours.len(),
-        "pg_median_step_ms": pg_ms, "torch_median_step_ms": torch_ms,
-        "pg_over_torch_step": pg_ms.zip(torch_ms).map(|(p, t)| p / t),
-        "max_relative_loss_gap": gap,
-        "curves_within_1e-5": curves_ok,
-        "pg_step_at_or_below_torch": step_ok,
-        "losses_fell": falls(&ours) && falls(&theirs),
-        "passed": curves_ok && falls(&ours) && falls(&theirs),
-        "pg_first_last_loss": [ours.first().map(|r| r.0), ours.last().map(|r| r.0)],
-        "torch_first_last_loss": [theirs.first().map(|r| r.0), theirs.last().map(|r| r.0)],
-        "ddp_bucket_sizes": torch.as_ref().map(|t| t["model"]["ddp_bucket_sizes"].clone()),
-        "pg": pg, "torch": torch,
-    }))
-}
-
-/// Joins the training example's runs beside PyTorch DDP for each bucket layout in `layouts`
-/// (`train-pg-bK.json` and `train-torch-bK.json` in `dir`) into `train-mlp.{md,json}`: per layout the median step
-/// (after the first 5 steps) of each side, their ratio, and the largest relative gap between the loss curves.
-/// Passes when every layout's curves agree within 1e-5 and each loss fell; whether pg's median step is at or
-/// below DDP's is reported, not required.
-pub fn merge_train_layouts(dir: &std::path::Path, label: &str, layouts: &[usize]) -> Result<bool, String> {
-    let rows = layouts.iter().map(|&k| train_layout(dir, k)).collect::<Result<Vec<_>, _>>()?;
-    let ok = !rows.is_empty() && rows.iter().all(|r| r["passed"] == true);
-    let opt = |v: &Value, digits: usize| v.as_f64().map_or("-".to_owned(), |v| format!("{v:.digits$}"));
-    let yes = |v: &Value| match v.as_bool() {
-        Some(true) => "yes",
-        Some(false) => "NO",
-        None => "-",
-    };
-    let mut md = String::new();
-    let _ = writeln!(
-        md,
-        "# Training example beside PyTorch DDP: a 2-layer MLP, data-parallel, per gradient-bucket layout
-"
-    );
-    let _ = writeln!(
-        md,
-        "{label}
-"
-    );
-    if let Some(model) =
-        rows.iter().find_map(|r| r["pg"].as_object().map(|pg| (pg["model"].clone(), pg["global_batch"].clone())))
-    {
-        let _ = writeln!(
-            md,
-            "Model and data: {}, global batch {}.
-",
-            model.0, model.1
-        );
-    }
-    let _ = writeln!(
-        md,
-        "Same model, data, steps and bucket layout on both sides: two buckets = layer 2's gradients all-reduced while          layer 1's backward runs, then layer 1's (DDP: bucket cap = layer 2's gradient bytes); one bucket = every          gradient in one all_reduce after backward (DDP: bucket_cap_mb=25). Median step after the first 5 steps.
-"
-    );
-    let _ = writeln!(md, "| buckets | steps | pg median step ms | DDP median step ms | pg / DDP | pg at or below DDP | max relative loss gap | within 1e-5 | DDP's bucket sizes |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
-    for row in &rows {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            row["buckets"],
-            row["steps"],
-            opt(&row["pg_median_step_ms"], 3),
-            opt(&row["torch_median_step_ms"], 3),
-            opt(&row["pg_over_torch_step"], 3),
-            yes(&row["pg_step_at_or_below_torch"]),
-            row["max_relative_loss_gap"].as_f64().map_or("-".to_owned(), |g| format!("{g:.2e}")),
-            yes(&row["curves_within_1e-5"]),
-            row["ddp_bucket_sizes"],
-        );
-    }
-    for row in &rows {
-        let _ = writeln!(
-            md,
-            "
-## {} bucket(s)
-
-| step | pg loss | pg ms | DDP loss | DDP ms |
-|---|---|---|---|---|",
-            row["buckets"]
-        );
-        let steps = |side: &str| row[side]["steps"].as_array().cloned().unwrap_or_default();
-        let (ours, theirs) = (steps("pg"), steps("torch"));
-        for (step, r) in ours.iter().enumerate().filter(|(i, _)| i % 10 == 0 || *i + 1 == ours.len()) {
-            let t = theirs.get(step);
-            let _ = writeln!(
-                md,
-                "| {step} | {} | {} | {} | {} |",
-                opt(&r["loss"], 6),
-                opt(&r["ms"], 3),
-                t.map_or("-".to_owned(), |t| opt(&t["loss"], 6)),
-                t.map_or("-".to_owned(), |t| opt(&t["ms"], 3)),
-            );
-        }
-    }
-    let merged = json!({ "passed": ok, "label": label, "layouts": rows });
-    write_pair(dir, "train-mlp", &merged, &md)?;
-    print!("{md}");
-    Ok(ok)
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn rank(rows: Value) -> Value {
@@ -923,10 +764,11 @@ mod tests {
     fn same_rank_differences_pair_each_rank_with_itself_and_keep_the_worst() {
         let enqueue = |c: &str, us: f64| json!({ "contestant": c, "bytes": 8, "host_enqueue_us": us });
         // Slowest-rank medians would give 13.0 - 12.0 = 1.0; rank by rank the differences are 3.0 and 1.0.
-        let bench = json!({ "ranks": [
+        let bench: BenchResult = serde_json::from_value(json!({ "world_size": 2, "ranks": [
             rank(json!([enqueue("raw", 9.0), enqueue("pg", 12.0)])),
             rank(json!([enqueue("raw", 12.0), enqueue("pg", 13.0)])),
-        ] });
+        ] }))
+        .unwrap();
         assert_eq!(same_rank_difference(&bench, "pg", "raw", 8), Some(3.0));
         assert_eq!(same_rank_difference(&bench, "pg", "raw", 64), None, "no such size");
         assert_eq!(same_rank_difference(&bench, "pg", "raw-with-events", 8), None, "a contestant missing");
@@ -1061,33 +903,122 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The first-collective table of every committed all_reduce result that has one, rendered from its JSON
+    /// alone, is in the committed .md.
     #[test]
-    fn the_layouts_merge_reports_gap_and_median_step_per_bucket_layout() {
-        let dir = std::env::temp_dir().join(format!("pg-merge-train-layouts-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let run = |backend: &str, scale: f64, ms: f64| {
-            let steps: Vec<Value> =
-                (0..12).map(|s| json!({ "step": s, "loss": (1.0 - 0.05 * s as f64) * scale, "ms": ms })).collect();
-            json!({ "backend": backend, "world_size": 2, "global_batch": 256, "model": {"buckets": 2}, "steps": steps })
-        };
-        for (k, torch_scale, torch_ms) in [(1, 1.0 + 2e-6, 10.0), (2, 1.0 + 5e-5, 8.0)] {
-            std::fs::write(dir.join(format!("train-pg-b{k}.json")), run("nccl", 1.0, 9.0).to_string()).unwrap();
-            std::fs::write(dir.join(format!("train-torch-b{k}.json")), run("torch", torch_scale, torch_ms).to_string())
-                .unwrap();
+    fn the_committed_first_collective_tables_render_from_the_committed_json() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).expect("bench/results") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("name").to_string_lossy().into_owned();
+            if !(name.starts_with("allreduce-") && name.ends_with(".json")) {
+                continue;
+            }
+            let result: AllReduceResult =
+                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("an all_reduce result");
+            let Some(first) = &result.first_collective else { continue };
+            let md = std::fs::read_to_string(path.with_extension("md")).expect("its .md");
+            let table = first_collective_table(first);
+            assert!(md.contains(&table), "{name}: the rendered table\n{table}\nis not in its .md");
+            seen += 1;
         }
-        assert!(!merge_train_layouts(&dir, "2 ranks on 1 GPU", &[1, 2]).unwrap(), "layout 2's gap is 5e-5");
-        let merged: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("train-mlp.json")).unwrap()).unwrap();
-        let one = &merged["layouts"][0];
-        assert_eq!(one["curves_within_1e-5"], json!(true));
-        assert_eq!(one["pg_step_at_or_below_torch"], json!(true));
-        assert_eq!(one["pg_median_step_ms"], json!(9.0));
-        let two = &merged["layouts"][1];
-        assert_eq!(two["curves_within_1e-5"], json!(false));
-        assert_eq!(two["pg_step_at_or_below_torch"], json!(false));
-        let md = std::fs::read_to_string(dir.join("train-mlp.md")).unwrap();
-        assert!(md.contains("| 1 | 12 | 9.000 | 10.000 | 0.900 | yes |"), "{md}");
-        let _ = std::fs::remove_dir_all(&dir);
+        assert!(seen > 0, "no committed all_reduce result with a first-collective time");
+    }
+
+    /// The experiments pass when every rank's cache, semantics and streams checks hold; one rank whose comm
+    /// kernel ran on the current stream, or a missing semantics row, fails them, and the tables show the ranks.
+    #[test]
+    fn the_experiments_report_checks_every_rank() {
+        use pg_lab::results::experiments::{CacheExperiment, SemanticsRow, StreamsExperiment};
+        let rank = |on_other: bool, rows: usize| {
+            let row = |c: u64| SemanticsRow {
+                completed_after_action: c,
+                config: format!("config {c}"),
+                correct: true,
+                future_done_after_enqueue: true,
+                host_action_us: Some(1500.0),
+            };
+            let value = serde_json::to_value(ExperimentsRank {
+                cache: CacheExperiment { comm_creations: 3, correct_ops: 9, ..CacheExperiment::default() },
+                semantics: pg_lab::results::experiments::SemanticsExperiment {
+                    rows: [0, 0, 1, 0].into_iter().take(rows).map(row).collect(),
+                    sleep_ms_nominal: Some(40.4),
+                    ..Default::default()
+                },
+                streams: StreamsExperiment {
+                    comm_kernel_streams: vec![7, 7],
+                    comm_kernels_on_other_stream: on_other,
+                    comm_stream: 7,
+                    current_stream: 0,
+                },
+                ..ExperimentsRank::default()
+            })
+            .unwrap();
+            serde_json::from_value::<ExperimentsRank>(value).unwrap()
+        };
+        let (ok, md) = experiments(&[rank(true, 4), rank(true, 4)]);
+        assert!(ok, "{md}");
+        assert!(md.contains("| 6 (expect 6) | 18 (expect 18) | 0 (expect 0) |"), "{md}");
+        assert!(md.contains("| config 1 | 1.5 ms, 1.5 ms | 1, 1 | true | true |"), "{md}");
+        assert!(md.contains("| 1 | 0 | 7 | [7,7] | true |"), "{md}");
+        assert!(!experiments(&[rank(true, 4), rank(false, 4)]).0, "rank 1's comm kernels ran on the current stream");
+        assert!(!experiments(&[rank(true, 4), rank(true, 3)]).0, "rank 1 has no fourth semantics row");
+    }
+
+    /// The per-rank table takes the slowest rank's figures and shows each rank's trials ahead and host costs.
+    #[test]
+    fn the_bench_table_shows_the_slowest_rank() {
+        let rank = |time: f64, enqueue: f64, ahead: Vec<bool>| BenchRank {
+            host_costs_us: Some(pg_lab::results::bench::HostCosts { timer: 0.02, ..Default::default() }),
+            rows: vec![BenchRankRow {
+                bytes: 1 << 20,
+                contestant: "pg".into(),
+                gpu_ahead_trials: ahead,
+                host_enqueue_us: Some(enqueue),
+                host_ops_per_s: Some(enqueue * 1e4),
+                time_us: Some(time),
+                wait_us: Some(0.5),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let (ok, md) = bench(&[rank(100.0, 8.0, vec![true, true]), rank(120.0, 7.0, vec![true, false])]).unwrap();
+        assert!(ok);
+        assert!(md.contains("| 1 MiB | pg | 120.00 | 2/2, 1/2 | 8.7 | 8.00 | 0.50 | - | - | 70.0 |"), "{md}");
+        assert!(md.contains("rank 1 host cost of primitives (median us): {\"current_stream\":0.0,"), "{md}");
+        assert!(!bench(&[]).unwrap().0, "no rows");
+    }
+
+    /// A rank's result as the launcher collects it (the task's result plus its rank, world size and versions)
+    /// reads into its type and writes back the same, so the merged result keeps every rank's result whole.
+    #[test]
+    fn the_ranks_results_keep_every_key_through_their_types() {
+        fn through<R: serde::de::DeserializeOwned + serde::Serialize>(task: &str, mut rank: Value) {
+            rank["rank"] = json!(1);
+            rank["world_size"] = json!(2);
+            rank["versions"] = json!({ "nccl": "2.28.9" });
+            let typed: Vec<R> = typed_ranks(task, std::slice::from_ref(&rank)).unwrap();
+            assert_eq!(serde_json::to_value(&typed[0]).unwrap(), rank, "{task}");
+        }
+        let bench = BenchRank {
+            host_costs_us: Some(Default::default()),
+            profile: Some("nvlink".into()),
+            rows: vec![BenchRankRow { contestant: "pg".into(), bytes: 8, ..Default::default() }],
+            task: "bench".into(),
+            trace: Some(pg_lab::results::bench::TraceSummary::Unread { error: "gone".into(), file: "f".into() }),
+            ..Default::default()
+        };
+        through::<BenchRank>("bench", serde_json::to_value(bench).unwrap());
+        let p2p = ExchangeRank {
+            not_applicable: Some("no ring".into()),
+            self_send_refused: Some("refused".into()),
+            task: "bench-p2p".into(),
+            ..Default::default()
+        };
+        through::<ExchangeRank>("bench-p2p", serde_json::to_value(p2p).unwrap());
+        let experiments = ExperimentsRank { backend: "nccl".into(), task: "experiments".into(), ..Default::default() };
+        through::<ExperimentsRank>("experiments", serde_json::to_value(experiments).unwrap());
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use pg_lab::bench_exchange::{input_splits, Split, SKEWED_DEFINITION};
-use pg_lab::results::{rank_rows, ExchangeResult, ExchangeSize, Measure, RankRow};
+use pg_lab::results::exchange::{ExchangeBench, ExchangeRank, ExchangeRankRow, TorchExchange};
+use pg_lab::results::{ExchangeResult, ExchangeSize, Measure};
 use serde_json::Value;
 
 use crate::bench_exchange::busbw;
@@ -70,15 +71,14 @@ impl Row {
 }
 
 /// The Rust contestants' rows, each the slowest rank's medians (ranks list their rows in the same order).
-fn rust_rows(ranks: &[Value]) -> Result<Vec<Row>, String> {
-    let ranks = rank_rows(ranks)?;
-    let first = ranks.first().cloned().unwrap_or_default();
-    Ok(first
+fn rust_rows(ranks: &[ExchangeRank]) -> Vec<Row> {
+    let first = ranks.first().map(|r| r.rows.as_slice()).unwrap_or_default();
+    first
         .iter()
         .enumerate()
         .map(|(index, row)| {
-            let max = |get: &dyn Fn(&RankRow) -> Option<f64>| {
-                ranks.iter().map(|r| r.get(index).and_then(get).unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
+            let max = |get: &dyn Fn(&ExchangeRankRow) -> Option<f64>| {
+                ranks.iter().map(|r| r.rows.get(index).and_then(get).unwrap_or(f64::NAN)).fold(f64::NAN, f64::max)
             };
             Row {
                 contestant: row.contestant.clone(),
@@ -89,15 +89,15 @@ fn rust_rows(ranks: &[Value]) -> Result<Vec<Row>, String> {
                 wait_us: row.wait_us.map(|_| max(&|r| r.wait_us)),
             }
         })
-        .collect())
+        .collect()
 }
 
-fn torch_rows(torch: &Value) -> Result<Vec<Row>, String> {
-    let rows: Vec<RankRow> = match torch.get("rows") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(rows) => serde_json::from_value(rows.clone()).map_err(|e| format!("the PyTorch rows: {e}"))?,
-    };
-    Ok(rows
+/// PyTorch's rows (the script already took the slowest rank's figures).
+fn torch_rows(torch: &TorchExchange) -> Vec<Row> {
+    torch
+        .rows
+        .clone()
+        .unwrap_or_default()
         .into_iter()
         .map(|row| Row {
             contestant: "torch".into(),
@@ -107,17 +107,26 @@ fn torch_rows(torch: &Value) -> Result<Vec<Row>, String> {
             enqueue_us: row.host_enqueue_us.unwrap_or(f64::NAN),
             wait_us: row.wait_us,
         })
-        .collect())
+        .collect()
 }
 
 /// The table of a task's own results (`pg-nccl-gpu run --tasks bench-all-to-all`); passes when every rank
 /// produced rows, or said why none apply.
 pub fn task(task: &str, ranks: &[Value]) -> (bool, String) {
+    let typed: Result<Vec<ExchangeRank>, String> = ranks
+        .iter()
+        .enumerate()
+        .map(|(rank, r)| serde_json::from_value(r.clone()).map_err(|e| format!("rank {rank}: {e}")))
+        .collect();
+    table(task, ranks.len(), typed)
+}
+
+/// The task's table over its `world` ranks' results (`Err`: they do not read).
+fn table(task: &str, world: usize, ranks: Result<Vec<ExchangeRank>, String>) -> (bool, String) {
     let op = op_of(task).unwrap_or("?");
-    let world = ranks.len();
     let mut md = String::new();
     let _ = writeln!(md, "\n### {op}: {}, {world} ranks (slowest rank's medians)\n", describe(op));
-    if let Some(why) = ranks.first().and_then(|r| r["not_applicable"].as_str()) {
+    if let Some(why) = ranks.as_ref().ok().and_then(|r| r.first()).and_then(|r| r.not_applicable.as_deref()) {
         let _ = writeln!(md, "{why}.");
         return (true, md);
     }
@@ -126,8 +135,8 @@ pub fn task(task: &str, ranks: &[Value]) -> (bool, String) {
         "| size | split | contestant | time/op us | algbw GB/s | busbw GB/s | host enqueue us/op | wait() us |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-    let rows = match rust_rows(ranks) {
-        Ok(rows) => rows,
+    let rows = match ranks {
+        Ok(ranks) => rust_rows(&ranks),
         Err(error) => {
             let _ = writeln!(md, "\nThe ranks' rows do not read: {error}");
             return (false, md);
@@ -152,16 +161,15 @@ pub fn task(task: &str, ranks: &[Value]) -> (bool, String) {
 
 /// Checks that PyTorch's script cut the skewed splits as the Rust contestants do (its
 /// `skewed_splits_check`: the input splits of every rank for some element count).
-fn check_torch_splits(torch: &Value, world: usize) -> Result<(), String> {
-    let check = &torch["skewed_splits_check"];
-    let Some(numel) = check["numel"].as_u64() else {
+fn check_torch_splits(torch: &TorchExchange, world: usize) -> Result<(), String> {
+    let Some(check) = &torch.skewed_splits_check else {
         return Err("torch results without skewed_splits_check: the script is not the one this merge knows".into());
     };
+    let numel = check.numel;
     for rank in 0..world {
         let want = input_splits(Split::Skewed, numel as usize, world, rank);
-        let got: Option<Vec<usize>> = check["input_splits"][rank]
-            .as_array()
-            .map(|splits| splits.iter().map(|s| s.as_u64().unwrap_or(u64::MAX) as usize).collect());
+        let got: Option<Vec<usize>> =
+            check.input_splits.get(rank).map(|splits| splits.iter().map(|&s| s as usize).collect());
         if got.as_ref() != Some(&want) {
             return Err(format!(
                 "PyTorch's skewed splits differ from the Rust contestants': rank {rank} of {world}, {numel} elements: \
@@ -176,32 +184,33 @@ fn check_torch_splits(torch: &Value, world: usize) -> Result<(), String> {
 /// `<op>.json`; returns whether every contestant that ran has a row at every size.
 pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
     let task = OPS.iter().find(|(_, o, _)| *o == op).map(|(t, _, _)| *t).ok_or_else(|| format!("no benchmark {op}"))?;
-    let load = |name: &str| -> Result<Option<Value>, String> {
+    fn load<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<Option<T>, String> {
         match std::fs::read_to_string(dir.join(name)) {
             Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| format!("{name}: {e}")),
             Err(_) => Ok(None),
         }
-    };
-    let bench = load(&format!("{task}.json"))?
+    }
+    let bench: ExchangeBench = load(dir, &format!("{task}.json"))?
         .ok_or_else(|| format!("no {task}.json in {}: run {task} first", dir.display()))?;
-    let torch = load(&format!("torch-{op}.json"))?;
-    let ranks = bench["ranks"].as_array().cloned().unwrap_or_default();
+    let torch: Option<TorchExchange> = load(dir, &format!("torch-{op}.json"))?;
+    let ranks = &bench.ranks;
     let world = ranks.len();
     if world == 0 {
         return Err(format!("{task}.json holds no rank's results"));
     }
     if let Some(torch) = &torch {
-        if torch["world_size"].as_u64() != Some(world as u64) {
-            return Err(format!("torch-{op}.json is of world size {} but {task}.json of {world}", torch["world_size"]));
+        if torch.world_size != Some(world as u64) {
+            let theirs = torch.world_size.map_or("null".to_owned(), |n| n.to_string());
+            return Err(format!("torch-{op}.json is of world size {theirs} but {task}.json of {world}"));
         }
-        if op == "all-to-all" && torch["not_applicable"].is_null() {
+        if op == "all-to-all" && torch.not_applicable.is_none() {
             check_torch_splits(torch, world)?;
         }
     }
-    let not_applicable = ranks[0]["not_applicable"].as_str().map(str::to_owned);
-    let mut rows = rust_rows(&ranks)?;
+    let not_applicable = ranks[0].not_applicable.clone();
+    let mut rows = rust_rows(ranks);
     if let Some(torch) = &torch {
-        rows.extend(torch_rows(torch)?);
+        rows.extend(torch_rows(torch));
     }
     let mut keys: Vec<(Option<String>, u64)> = rows.iter().map(|r| (r.split.clone(), r.bytes)).collect();
     keys.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
@@ -214,9 +223,9 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
     let mut md = String::new();
     let _ = writeln!(md, "# {op}: raw NCCL loop vs pg's process group vs PyTorch\n");
     let _ = writeln!(md, "{label}\n");
-    let _ = writeln!(md, "Rust: {}", bench["versions"]);
+    let _ = writeln!(md, "Rust: {}", serde_json::to_string(&bench.versions).map_err(|e| e.to_string())?);
     if let Some(torch) = &torch {
-        let _ = writeln!(md, "\nPyTorch: {}", torch["versions"]);
+        let _ = writeln!(md, "\nPyTorch: {}", torch.versions);
     }
     let _ = writeln!(
         md,
@@ -283,7 +292,7 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
     }
     // The network profile's targets (ranks sharing a GPU over the socket transport): pg's device time per op
     // within 3% of raw's from 64 KiB up, pg's host enqueue within 1 us of raw's (median over sizes).
-    let profile = ranks[0]["profile"].as_str().unwrap_or("nvlink").to_owned();
+    let profile = ranks[0].profile.clone().unwrap_or_else(|| "nvlink".to_owned());
     let ratios: Vec<Option<f64>> = summary
         .iter()
         .filter(|s| s.bytes >= crate::profile::NETWORK_TARGET_FROM_BYTES)
@@ -323,11 +332,11 @@ pub fn merge(dir: &Path, op: &str, label: &str) -> Result<bool, String> {
         pg_minus_raw_enqueue_us_median: Some(enqueue_median).filter(|v| v.is_finite()),
         pg_over_raw_time_worst_from_64kib: worst_ratio,
         profile: Some(profile),
-        rust_versions: bench["versions"].clone(),
-        self_send_refused: ranks[0]["self_send_refused"].clone(),
+        rust_versions: bench.versions.clone(),
+        self_send_refused: ranks[0].self_send_refused.clone(),
         sizes: summary,
         splits_definition: (op == "all-to-all").then(|| SKEWED_DEFINITION.replace('\n', " ")),
-        torch_versions: torch.as_ref().map(|t| t["versions"].clone()),
+        torch_versions: torch.map(|t| t.versions),
         what: describe(op).to_owned(),
         world_size: world as u64,
     };
@@ -363,6 +372,15 @@ mod tests {
     fn splits_check(world: usize) -> Value {
         let splits: Vec<Vec<usize>> = (0..world).map(|r| input_splits(Split::Skewed, 1000, world, r)).collect();
         json!({ "numel": 1000, "input_splits": splits })
+    }
+
+    /// Ranks whose results do not read fail the task's table, which still names the world and says why.
+    #[test]
+    fn ranks_that_do_not_read_fail_the_table() {
+        let (ok, md) = task("bench-p2p", &[json!({ "rows": "not rows" }), json!({ "rows": [] })]);
+        assert!(!ok);
+        assert!(md.contains("2 ranks"), "{md}");
+        assert!(md.contains("The ranks' rows do not read: rank 0:"), "{md}");
     }
 
     #[test]
