@@ -211,17 +211,24 @@ fn launch(settings: &Settings) -> Result<(), String> {
             _ => launch_task(settings, task, nproc),
         };
         match launched {
-            Ok(ranks) => {
-                let ok = report::task(settings, task, &ranks)?;
-                println!(
-                    "[{task}] {} in {:.1} s",
-                    if ok { "passed" } else { "FAILED" },
-                    started.elapsed().as_secs_f64()
-                );
-                if !ok {
+            // A report that cannot be made (a rank's result that does not parse) fails its task, not the tasks
+            // after it.
+            Ok(ranks) => match report::task(settings, task, &ranks) {
+                Ok(ok) => {
+                    println!(
+                        "[{task}] {} in {:.1} s",
+                        if ok { "passed" } else { "FAILED" },
+                        started.elapsed().as_secs_f64()
+                    );
+                    if !ok {
+                        failed.push(task.clone());
+                    }
+                }
+                Err(message) => {
+                    println!("[{task}] FAILED: its report: {message}");
                     failed.push(task.clone());
                 }
-            }
+            },
             Err(message) => {
                 println!("[{task}] FAILED: {message}");
                 failed.push(task.clone());
