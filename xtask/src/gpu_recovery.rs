@@ -59,9 +59,10 @@ pub struct Row {
     /// own error).
     #[serde(default)]
     pub cause: String,
-    /// From the kill to the first failed op's return, in ms.
+    /// From the kill to the first failed op's return, in ms (`None`: no op failed, the group was found revoked
+    /// after one that succeeded).
     #[serde(default)]
-    pub op_failed_ms: f64,
+    pub op_failed_ms: Option<f64>,
 }
 
 /// Runs the task: parses the arguments, launches the ranks, writes the report.
@@ -263,7 +264,7 @@ fn rank_body(
     let buffer = device.alloc(DType::F32, NUMEL).map_err(e)?;
     let current = device.current_stream();
     let mut op = 0;
-    let mut op_failed = 0.0;
+    let mut op_failed = None;
     let error = loop {
         device.fill(&buffer, (rank + 1) as f64, &current).map_err(e)?;
         if rank == victim && op == KILL_AT {
@@ -279,7 +280,7 @@ fn rank_body(
         match result {
             Err(error) => {
                 phases.mark("op failed");
-                op_failed = wall_ms();
+                op_failed = Some(wall_ms());
                 break error.to_string();
             }
             Ok(()) if group.is_revoked() => break "the group was revoked".to_owned(),
@@ -330,6 +331,6 @@ fn rank_body(
         correct,
         error,
         cause,
-        op_failed_ms: op_failed - killed_at,
+        op_failed_ms: op_failed.map(|at| at - killed_at),
     })
 }
