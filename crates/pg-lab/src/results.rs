@@ -431,6 +431,40 @@ fn pick<'a>(contestant: &str, [raw, pg, torch]: [&'a Option<Measure>; 3]) -> Opt
     }
 }
 
+/// One committed result of `bench/results`: its file name, its JSON text and its `.md` text (empty where it has
+/// none).
+#[derive(Debug, Clone)]
+pub struct Committed {
+    /// The JSON file's name (`interop-nccl-2.json`).
+    pub name: String,
+    /// The JSON text.
+    pub json: String,
+    /// The `.md` beside it.
+    pub md: String,
+}
+
+/// The committed results whose JSON file name starts with `prefix`, in name order: what the checks that render a
+/// result's tables from its JSON alone compare with the committed `.md`.
+pub fn committed(prefix: &str) -> Vec<Committed> {
+    let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results"));
+    let mut found: Vec<Committed> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_string_lossy().into_owned();
+            (name.starts_with(prefix) && name.ends_with(".json")).then(|| Committed {
+                json: std::fs::read_to_string(&path).unwrap_or_default(),
+                md: std::fs::read_to_string(path.with_extension("md")).unwrap_or_default(),
+                name,
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,15 +473,9 @@ mod tests {
     /// JSON (no field lost, renamed or added).
     #[test]
     fn the_committed_results_parse_into_typed_rows_and_write_back_the_same() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
         let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
-        for entry in std::fs::read_dir(dir).expect("bench/results") {
-            let path = entry.expect("entry").path();
-            if path.extension().is_none_or(|x| x != "json") {
-                continue;
-            }
-            let name = path.file_stem().expect("stem").to_string_lossy().into_owned();
-            let text = std::fs::read_to_string(&path).expect("read");
+        for Committed { name, json: text, .. } in committed("") {
+            let name = name.trim_end_matches(".json").to_owned();
             let Some(parsed) = SizedResult::parse(&name, &text).unwrap_or_else(|e| panic!("{e}")) else { continue };
             let original: serde_json::Value = serde_json::from_str(&text).expect("JSON");
             let written = match &parsed {
@@ -506,18 +534,11 @@ mod tests {
     /// JSON value (every key, `null` and number kind kept).
     #[test]
     fn the_committed_documents_parse_into_their_types_and_write_back_exactly() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
         let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
-        for entry in std::fs::read_dir(dir).expect("bench/results") {
-            let path = entry.expect("entry").path();
-            let name = path.file_name().expect("name").to_string_lossy().into_owned();
-            if !name.ends_with(".json") {
-                continue;
-            }
+        for Committed { name, json: text, .. } in committed("") {
             let Some((kind, round_trip)) = DOCUMENTS.iter().find(|(prefix, _)| name.starts_with(prefix)) else {
                 continue;
             };
-            let text = std::fs::read_to_string(&path).expect("read");
             let written = round_trip(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
             let original: serde_json::Value = serde_json::from_str(&text).expect("JSON");
             let difference = first_difference(&written, &original, "");

@@ -375,17 +375,9 @@ mod tests {
     /// The table of every committed interop result, rendered from its JSON alone, is the committed table.
     #[test]
     fn the_committed_tables_render_from_the_committed_json() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
         let mut seen = 0;
-        for entry in std::fs::read_dir(dir).expect("bench/results") {
-            let path = entry.expect("entry").path();
-            let name = path.file_name().expect("name").to_string_lossy().into_owned();
-            if !(name.starts_with("interop-") && name.ends_with(".json")) {
-                continue;
-            }
-            let result: InteropResult =
-                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("an interop result");
-            let md = std::fs::read_to_string(path.with_extension("md")).expect("its .md");
+        for pg_lab::results::Committed { name, json, md } in pg_lab::results::committed("interop-") {
+            let result: InteropResult = serde_json::from_str(&json).expect("an interop result");
             let rendered = table(&result.checks);
             assert!(md.contains(&rendered), "{name}: the rendered table\n{rendered}\nis not in its .md");
             seen += 1;

@@ -468,17 +468,9 @@ mod tests {
     /// Every run's table of every committed mixed result, rendered from its JSON alone, is in the committed .md.
     #[test]
     fn the_committed_tables_render_from_the_committed_json() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
         let mut seen = 0;
-        for entry in std::fs::read_dir(dir).expect("bench/results") {
-            let path = entry.expect("entry").path();
-            let name = path.file_name().expect("name").to_string_lossy().into_owned();
-            if !(name.starts_with("mixed-") && name.ends_with(".json")) {
-                continue;
-            }
-            let result: MixedResult =
-                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("a mixed result");
-            let md = std::fs::read_to_string(path.with_extension("md")).expect("its .md");
+        for pg_lab::results::Committed { name, json, md } in pg_lab::results::committed("mixed-") {
+            let result: MixedResult = serde_json::from_str(&json).expect("a mixed result");
             for run in &result.runs {
                 let (passed, table) = run_table(&run.ranks, run.pg_rank as usize);
                 assert_eq!(passed, run.passed, "{name}: pg at {}", run.pg_rank);

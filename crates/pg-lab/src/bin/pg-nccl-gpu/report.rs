@@ -907,18 +907,10 @@ mod tests {
     /// alone, is in the committed .md.
     #[test]
     fn the_committed_first_collective_tables_render_from_the_committed_json() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
         let mut seen = 0;
-        for entry in std::fs::read_dir(dir).expect("bench/results") {
-            let path = entry.expect("entry").path();
-            let name = path.file_name().expect("name").to_string_lossy().into_owned();
-            if !(name.starts_with("allreduce-") && name.ends_with(".json")) {
-                continue;
-            }
-            let result: AllReduceResult =
-                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("an all_reduce result");
+        for pg_lab::results::Committed { name, json, md } in pg_lab::results::committed("allreduce-") {
+            let result: AllReduceResult = serde_json::from_str(&json).expect("an all_reduce result");
             let Some(first) = &result.first_collective else { continue };
-            let md = std::fs::read_to_string(path.with_extension("md")).expect("its .md");
             let table = first_collective_table(first);
             assert!(md.contains(&table), "{name}: the rendered table\n{table}\nis not in its .md");
             seen += 1;

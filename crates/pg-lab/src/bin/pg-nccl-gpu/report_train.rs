@@ -281,22 +281,14 @@ mod tests {
     /// holds below any header the committer added.
     #[test]
     fn the_committed_markdown_renders_from_the_committed_json() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
         let mut seen = 0;
-        for entry in std::fs::read_dir(dir).expect("bench/results") {
-            let path = entry.expect("entry").path();
-            let name = path.file_name().expect("name").to_string_lossy().into_owned();
-            if !(name.starts_with("train-mlp-") && name.ends_with(".json")) {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).expect("read");
-            let value: Value = serde_json::from_str(&text).expect("JSON");
+        for pg_lab::results::Committed { name, json, md } in pg_lab::results::committed("train-mlp-") {
+            let value: Value = serde_json::from_str(&json).expect("JSON");
             let rendered = match value.get("layouts") {
                 Some(_) => layouts_markdown(&serde_json::from_value(value).expect("a per-layout result")),
                 None => train_markdown(&serde_json::from_value(value).expect("a one-run result")),
             }
             .expect("markdown");
-            let md = std::fs::read_to_string(path.with_extension("md")).expect("its .md");
             // The committer may put a machine header above what the merge wrote; the rest is the merge's.
             let differs = md.lines().rev().zip(rendered.lines().rev()).position(|(a, b)| a != b);
             assert!(
