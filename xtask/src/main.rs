@@ -61,6 +61,7 @@ fn main() -> ExitCode {
         // pg's own events (errors found, revokes, agreements, shrinks, communicators made) on stderr, with times.
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
+            .with_thread_names(true)
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .init();
     }

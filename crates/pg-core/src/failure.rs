@@ -64,6 +64,7 @@ pub(crate) fn on_error<B: Backend>(
         // report: its revoke may wait on a dead peer's connections, and its caller may be busy elsewhere until
         // after the others' window.
         check_in_early(group);
+        tracing::debug!(target: "pg", pg_id = group.local_id, rank = group.rank, "revoke: checked in to the agreement");
         // The group is left for the survivors' agreement and a shrink: nothing of it runs on, no host blocks, and
         // the device stays usable for the group that follows (it is not poisoned).
         let reason = format!("rank {}: revoked after a failure: {error}", group.rank);

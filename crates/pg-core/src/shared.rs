@@ -191,7 +191,9 @@ impl<B: Backend> Shared<B> {
     /// 2.28.7). No host call blocks. The threads are told to stop; nothing waits for them.
     pub(crate) fn revoke(&self, error: &Error) {
         self.mark_revoked(error);
+        tracing::debug!(target: "pg", pg_id = self.local_id, rank = self.rank, "revoke: group revoked, Works failed");
         self.revoke_comms(&error.to_string());
+        tracing::debug!(target: "pg", pg_id = self.local_id, rank = self.rank, "revoke: communicators revoked");
         self.finish_revoke();
     }
 

@@ -18,6 +18,9 @@ use crate::premul::{self, OpPlan};
 use crate::split::{self, Ended, SplitCall, SplitKind};
 use crate::{Buffer, Nccl, Stream};
 
+/// An NCCL call of a communicator that takes longer than this is logged ([`Communicator::note_slow`]).
+const SLOW_CALL: Duration = Duration::from_millis(20);
+
 /// How long [`Communicator::abort`] waits for an issuing thread to leave NCCL before aborting under it.
 const ABORT_LOCK_WAIT: Duration = Duration::from_millis(100);
 
@@ -433,9 +436,21 @@ impl Communicator {
     fn async_state(&self) -> pg_core::Result<Status> {
         let handle = self.handle.read().unwrap_or_else(|e| e.into_inner());
         let Some(comm) = *handle else { return Err(self.aborted_error()) };
+        let start = Instant::now();
         // SAFETY: the handle is live while the read lock is held (abort and drop take it under the write
         // lock), and NCCL allows this query concurrently with calls on the communicator.
-        unsafe { self.library.comm_get_async_error(comm.0) }.map_err(nccl_error)
+        let state = unsafe { self.library.comm_get_async_error(comm.0) }.map_err(nccl_error);
+        self.note_slow("ncclCommGetAsyncError", start);
+        state
+    }
+
+    /// Logs an NCCL call of this communicator that held its thread for longer than [`SLOW_CALL`]: where a host
+    /// thread waited on the library (a peer's death, a revoke) shows in the log.
+    fn note_slow(&self, call: &str, start: Instant) {
+        let took = start.elapsed();
+        if took > SLOW_CALL {
+            tracing::warn!(rank = self.rank, size = self.size, call, took_ms = took.as_millis() as u64, "slow NCCL call");
+        }
     }
 
     /// Waits while the communicator reports in-progress (a non-blocking init or call); fails on its error or
@@ -994,11 +1009,14 @@ impl pg_core::Communicator for Communicator {
         let _issuing = self.lock_issue_briefly();
         tracing::warn!(rank = self.rank, size = self.size, reason, "revoking NCCL communicator");
         self.device.bind_to_thread().map_err(cuda_error)?;
+        let start = Instant::now();
         // SAFETY: the handle is live (it is only taken out by abort and drop, and the revoked mark keeps every new
         // call away); NCCL's revoke is meant to be called while ops of the communicator are stuck.
         let status = unsafe { self.library.comm_revoke(comm.0) }.map_err(nccl_error)?;
+        self.note_slow("ncclCommRevoke", start);
         if status.is_in_progress() {
             self.wait_while_in_progress()?;
+            self.note_slow("ncclCommRevoke (until done)", start);
         }
         Ok(())
     }
