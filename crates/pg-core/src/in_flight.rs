@@ -141,10 +141,15 @@ impl<B: Backend> InFlight<B> {
             self.overflows.fetch_add(1, Ordering::Relaxed);
             self.settle();
         }
-        match self.watched && self.intake.len() == WAKE_AT {
-            true => Pushed::Wake,
-            false => Pushed::Queued,
+        if self.watched && self.intake.len() == WAKE_AT {
+            // Experiment: the enqueuer moves the intake and pools the Works already completed itself.
+            let mut works = lock(&self.works);
+            self.take_intake(&mut works);
+            if works.len() >= self.prune_at.load(Ordering::Relaxed) {
+                self.prune(&mut works);
+            }
         }
+        Pushed::Queued
     }
 
     /// How often the enqueue path found the intake full (and took the list's lock to move it).
