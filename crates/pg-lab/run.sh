@@ -39,6 +39,7 @@
 # recovery, without and with liveness from the store) beside PyTorch's best and documented paths
 # (torch_recovery.py), on one libnccl: OUT_DIR/recovery-nccl-N.{md,json}. TORCH_RECOVERY_LIMIT_S (default 200): the
 # seconds each PyTorch path gets; a survivor still recovering then is stopped and reported as slower than the limit.
+# pg's events of every rank (RUST_LOG, default pg=info) go to OUT_DIR/recovery-pg[-liveness]-N.log.
 # ELASTIC=1: the training example's elastic loop at each world of ELASTIC_WORLDS (default "4"), one process per
 # rank: the last rank dies at step 20, the survivors (liveness on) shrink and train to step 100:
 # OUT_DIR/elastic-mlp-nccl-NtoM.json (M = N - 1).
@@ -303,10 +304,12 @@ if [ "${RECOVERY:-0}" = "1" ]; then
     PG_RUN_LABEL="$(run_label "$W")"
     export PG_RUN_LABEL
     rm -f "$OUT"/recovery-pg*.json "$OUT"/recovery-torch-*.json
-    "$HERE/pg-xtask" recovery --backend nccl --world-size "$W" --json "$OUT/recovery-pg.json" \
-      --md "$OUT/recovery-pg.md" || rc=1
-    "$HERE/pg-xtask" recovery --backend nccl --world-size "$W" --liveness --json "$OUT/recovery-pg-liveness.json" \
-      --md "$OUT/recovery-pg-liveness.md" || rc=1
+    # pg's own events of every rank (the failure each found, revokes, agreements, shrinks), with times, beside the
+    # rows: OUT_DIR/recovery-pg[-liveness]-N.log.
+    RUST_LOG="${RUST_LOG:-pg=info}" "$HERE/pg-xtask" recovery --backend nccl --world-size "$W" \
+      --json "$OUT/recovery-pg.json" --md "$OUT/recovery-pg.md" 2> "$OUT/recovery-pg-$W.log" || rc=1
+    RUST_LOG="${RUST_LOG:-pg=info}" "$HERE/pg-xtask" recovery --backend nccl --world-size "$W" --liveness \
+      --json "$OUT/recovery-pg-liveness.json" --md "$OUT/recovery-pg-liveness.md" 2> "$OUT/recovery-pg-liveness-$W.log" || rc=1
     if has_torch; then
       python3 "$HERE/torch_recovery.py" --world "$W" --out "$OUT" --limit-s "${TORCH_RECOVERY_LIMIT_S:-200}" || rc=1
     else
