@@ -14,6 +14,7 @@ use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
 use crate::flight_recorder::{current_thread, current_thread_number, ListSizes};
 use crate::lifecycle::{Call, GroupState};
+#[cfg(feature = "testing")]
 use crate::locks::lock;
 use crate::op_trace::{Identity, OpInfo, Tracer};
 use crate::shared::{Membership, Shared};
