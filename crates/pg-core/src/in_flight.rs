@@ -129,6 +129,22 @@ impl<B: Backend> InFlight<B> {
         self.pool.put(left);
     }
 
+    /// With a watchdog: moves the intake onto the list and, once the list has doubled since the last time, takes
+    /// off it the Works whose op was seen finished without an error, for the caller's bookkeeping
+    /// ([`crate::watchdog::retire_finished`]); failed and running Works stay for the watchdog.
+    pub(crate) fn take_finished(&self) -> Vec<Arc<WorkState<B>>> {
+        let mut works = self.list();
+        if works.len() < self.prune_at.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let (finished, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *works)
+            .into_iter()
+            .partition(|work| work.exception().is_none() && work.observe_end() && work.exception().is_none());
+        *works = kept;
+        self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
+        finished
+    }
+
     /// Adds a new Work. Takes no lock unless the intake is full.
     pub(crate) fn push(&self, work: &Arc<WorkState<B>>) -> Pushed {
         if !work.op.is_p2p() {

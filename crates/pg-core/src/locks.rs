@@ -17,6 +17,18 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Locks `mutex` (poisoned or not) unless another thread holds it.
+#[inline]
+pub(crate) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    #[cfg(feature = "testing")]
+    TAKEN.with(|taken| taken.set(taken.get() + 1));
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// How many of pg-core's mutexes the calling thread has locked so far (`testing` feature).
 #[cfg(feature = "testing")]
 pub fn locks_taken_on_this_thread() -> u64 {

@@ -13,7 +13,7 @@ use crate::cache::{CommCache, CommEntry, CommOwner, CommShared};
 use crate::flight_recorder::FlightRecorder;
 use crate::in_flight::{new_entry, InFlight, Pushed};
 use crate::lifecycle::{Asker, Call, GroupState, Lifecycle};
-use crate::locks::lock;
+use crate::locks::{lock, try_lock};
 use crate::op_trace::Tracer;
 use crate::reuse::WorkPool;
 use crate::rounds::Rounds;
@@ -301,9 +301,46 @@ impl<B: Backend> Shared<B> {
             return;
         }
         match self.in_flight.push(work) {
-            Pushed::Wake => self.signals.wake(&self.device),
+            // The intake filled to its mark: the Works already finished are retired here, on the thread whose cache
+            // holds them, unless a watchdog pass is under way (or desync debugging writes trace keys to the store:
+            // the watchdog's job); the watchdog is woken for the rest.
+            Pushed::Wake => {
+                if self.options.desync_debug || !self.retire_finished() {
+                    self.signals.wake(&self.device);
+                }
+            }
             Pushed::Queued => self.signals.wake_if_idle(&self.device),
         }
+    }
+
+    /// Retires, on the calling (enqueuing) thread, the Works on the list seen finished without an error, as a
+    /// watchdog pass would (stash released, recorder entries retired, the last completed sequence noted), and pools
+    /// them; `false` when a watchdog pass is under way (it retires them itself).
+    fn retire_finished(&self) -> bool {
+        let Some(_one_pass) = try_lock(&self.passes) else { return false };
+        let finished = self.in_flight.take_finished();
+        let Some(now) = finished.first().map(|_| crate::flight_recorder::nanos(self.device.now())) else {
+            return true;
+        };
+        let mut completed = Vec::with_capacity(finished.len());
+        let mut newest: Option<&WorkState<B>> = None;
+        for work in &finished {
+            if work.stashed {
+                lock(&work.stash).clear();
+            }
+            if let Some(id) = work.fr_id() {
+                completed.push(id);
+            }
+            if !work.op.is_p2p() && newest.is_none_or(|n| n.seq < work.seq) {
+                newest = Some(work.as_ref());
+            }
+        }
+        if let Some(work) = newest {
+            let _ = self.errors.note_completed(work.seq, work.op, work.start_event.is_some());
+        }
+        self.recorder.retire_completed(&completed, now);
+        self.reuse.put(finished);
+        true
     }
 
     /// Records a captured Work in the flight recorder, marked captured and with no event to query (its events
