@@ -131,7 +131,7 @@ impl<B: Backend> InFlight<B> {
 
     /// With a watchdog: moves the intake onto the list and, once the list has doubled since the last time, takes
     /// off it the Works whose op was seen finished without an error, for the caller's bookkeeping
-    /// ([`crate::watchdog::retire_finished`]); failed and running Works stay for the watchdog.
+    /// (`Shared::retire_finished`); failed and running Works stay for the watchdog.
     pub(crate) fn take_finished(&self) -> Vec<Arc<WorkState<B>>> {
         let mut works = self.list();
         if works.len() < self.prune_at.load(Ordering::Relaxed) {

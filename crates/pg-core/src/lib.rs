@@ -73,6 +73,8 @@ pub use op_type::OpType;
 pub use options::{ErrorHandling, Options, OptionsBuilder, DEFAULT_TIMEOUT};
 pub use poison::Poison;
 pub use process_group::ProcessGroup;
+#[cfg(feature = "testing")]
+pub use process_group::WatchdogHold;
 pub use recovery::{AgreeOptions, GrowOptions, ShrinkOptions, Survivors};
 pub use status::{ErrorType, GroupStatus};
 pub use stream_guard::StreamGuard;

@@ -688,6 +688,24 @@ impl<B: Backend> ProcessGroup<B> {
         *lock(&self.inner.stall) = Some(duration);
     }
 
+    /// Holds the group's watchdog between two passes until the returned guard is dropped (`testing` feature): it
+    /// runs no pass meanwhile, whatever wakes it. Returns once the watchdog is held (at once for a group without
+    /// one, or whose threads stopped).
+    #[cfg(feature = "testing")]
+    pub fn hold_watchdog(&self) -> WatchdogHold<'_, B> {
+        use crate::watchdog::hold;
+        let inner = &self.inner;
+        inner.watchdog_hold.store(hold::ASKED, Ordering::SeqCst);
+        inner.signals.wake(&inner.device);
+        while self.inner.options.enable_watchdog
+            && inner.watchdog_hold.load(Ordering::SeqCst) != hold::HELD
+            && !inner.signals.terminate.load(Ordering::SeqCst)
+        {
+            std::thread::yield_now();
+        }
+        WatchdogHold { group: self }
+    }
+
     // ===== the template =====
 
     pub(crate) fn collective_key(&self) -> CommKey {
@@ -1246,4 +1264,28 @@ fn start_threads<B: Backend>(group: &Arc<Shared<B>>) -> Result<()> {
         spawn("pt_nccl_heartbt", Box::new(move || crate::heartbeat::monitor_loop(&weak, &device, &signals, timeout)))?;
     }
     Ok(())
+}
+
+/// The watchdog of a group held between passes ([`ProcessGroup::hold_watchdog`], `testing` feature); dropping it
+/// lets the watchdog go on.
+#[cfg(feature = "testing")]
+#[must_use = "the watchdog goes on as soon as the hold is dropped"]
+pub struct WatchdogHold<'a, B: Backend> {
+    group: &'a ProcessGroup<B>,
+}
+
+#[cfg(feature = "testing")]
+impl<B: Backend> std::fmt::Debug for WatchdogHold<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchdogHold").field("rank", &self.group.rank()).finish()
+    }
+}
+
+#[cfg(feature = "testing")]
+impl<B: Backend> Drop for WatchdogHold<'_, B> {
+    fn drop(&mut self) {
+        let inner = &self.group.inner;
+        inner.watchdog_hold.store(crate::watchdog::hold::FREE, Ordering::SeqCst);
+        inner.signals.wake(&inner.device);
+    }
 }

@@ -78,6 +78,9 @@ pub(crate) struct Shared<B: Backend> {
     /// An injected wedge for the watchdog's next pass (`ProcessGroup::inject_watchdog_stall`).
     #[cfg(feature = "testing")]
     pub(crate) stall: Mutex<Option<Duration>>,
+    /// The watchdog held between passes (`ProcessGroup::hold_watchdog`): 0 free, 1 asked, 2 held.
+    #[cfg(feature = "testing")]
+    pub(crate) watchdog_hold: std::sync::atomic::AtomicU8,
 }
 
 impl<B: Backend> Shared<B> {
@@ -118,6 +121,8 @@ impl<B: Backend> Shared<B> {
             passes: Mutex::new(()),
             #[cfg(feature = "testing")]
             stall: Mutex::new(None),
+            #[cfg(feature = "testing")]
+            watchdog_hold: std::sync::atomic::AtomicU8::new(0),
             options,
         }
     }

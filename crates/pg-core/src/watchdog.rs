@@ -49,6 +49,8 @@ pub(crate) fn watchdog_loop<B: Backend>(
     while !signals.terminate.load(Ordering::SeqCst) {
         let sleep = match group.upgrade() {
             Some(group) => {
+                #[cfg(feature = "testing")]
+                stay_held(group.as_ref(), device, signals);
                 let full = due.is_none_or(|due| device.now() >= due);
                 pass(group.as_ref(), full);
                 match idle_sleep(group.as_ref(), signals) {
@@ -70,6 +72,31 @@ pub(crate) fn watchdog_loop<B: Backend>(
         if !signals.terminate.load(Ordering::SeqCst) {
             signals.wake.store(false, Ordering::SeqCst);
         }
+    }
+}
+
+/// The values of `Shared::watchdog_hold` (`testing` feature).
+#[cfg(feature = "testing")]
+pub(crate) mod hold {
+    /// No hold.
+    pub(crate) const FREE: u8 = 0;
+    /// A test asked for the watchdog to stop between passes.
+    pub(crate) const ASKED: u8 = 1;
+    /// The watchdog stopped between passes, and stays so until the hold is let go or the group stops.
+    pub(crate) const HELD: u8 = 2;
+}
+
+/// Stays between two passes while a test holds the watchdog (`ProcessGroup::hold_watchdog`), woken by whatever
+/// would have woken it, running no pass.
+#[cfg(feature = "testing")]
+fn stay_held<B: Backend>(group: &Shared<B>, device: &B::Device, signals: &Signals) {
+    let state = &group.watchdog_hold;
+    if state.compare_exchange(hold::ASKED, hold::HELD, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        return;
+    }
+    while state.load(Ordering::SeqCst) == hold::HELD && !signals.terminate.load(Ordering::SeqCst) {
+        device.sleep(Duration::from_millis(10), &signals.wake);
+        signals.wake.store(false, Ordering::SeqCst);
     }
 }
 

@@ -449,7 +449,13 @@ impl Communicator {
     fn note_slow(&self, call: &str, start: Instant) {
         let took = start.elapsed();
         if took > SLOW_CALL {
-            tracing::warn!(rank = self.rank, size = self.size, call, took_ms = took.as_millis() as u64, "slow NCCL call");
+            tracing::warn!(
+                rank = self.rank,
+                size = self.size,
+                call,
+                took_ms = took.as_millis() as u64,
+                "slow NCCL call"
+            );
         }
     }
 
