@@ -57,8 +57,9 @@ pub(crate) struct NewEntry {
     pub(crate) completed: Option<EventProbe>,
     /// Enqueued under stream capture: the op is nodes of a graph and never runs by itself (`captured` in the dump).
     pub(crate) captured: bool,
-    /// The number and name of the thread that enqueued the op (see [`current_thread`]).
-    pub(crate) thread: (u64, std::sync::Arc<str>),
+    /// The number of the thread that enqueued the op ([`current_thread_number`]; its name is looked up when
+    /// dumped).
+    pub(crate) thread: u64,
 }
 
 /// The element count and dtype of every input and every output buffer of a list op, in order.
@@ -73,8 +74,6 @@ struct Entry {
     record_id: u64,
     new: NewEntry,
     op_id: u64,
-    thread_id: u64,
-    thread_name: std::sync::Arc<str>,
     time_discovered_started_ns: Option<u64>,
     time_discovered_completed_ns: Option<u64>,
     retired: bool,
@@ -104,7 +103,7 @@ impl Entry {
         }
     }
 
-    fn to_json(&self, pg_id: u64, name: &str, desc: &str) -> Value {
+    fn to_json(&self, pg_id: u64, name: &str, desc: &str, thread_name: &str) -> Value {
         // PyTorch writes one list entry per tensor: one each for a one-buffer op, every buffer of a list op.
         let sizes = |list: &[(usize, DType)]| list.iter().map(|&(numel, _)| [numel]).collect::<Value>();
         let dtypes = |list: &[(usize, DType)]| list.iter().map(|(_, d)| d.torch_name()).collect::<Value>();
@@ -134,8 +133,8 @@ impl Entry {
             "is_p2p": new.op.is_p2p(),
             "captured": new.captured,
             "frames": Vec::<Value>::new(),
-            "thread_id": self.thread_id,
-            "thread_name": &*self.thread_name,
+            "thread_id": new.thread,
+            "thread_name": thread_name,
         }
         .into()
     }
@@ -219,13 +218,10 @@ impl FlightRecorder {
                 ring.entries.pop_front();
             }
             let op_id = new.collective_seq_id.max(new.p2p_seq_id);
-            let (thread_id, thread_name) = new.thread.clone();
             ring.entries.push_back(Entry {
                 record_id,
                 new,
                 op_id,
-                thread_id,
-                thread_name,
                 time_discovered_started_ns: None,
                 time_discovered_completed_ns: None,
                 retired: false,
@@ -271,8 +267,14 @@ impl FlightRecorder {
 
     /// The dump as a JSON value, oldest entry first.
     pub(crate) fn dump(&self, header: &DumpHeader) -> Value {
-        let entries: Vec<Value> =
-            self.ring().entries.iter().map(|e| e.to_json(header.pg_id, &header.name, &header.desc)).collect();
+        let entries: Vec<Value> = {
+            let (ring, threads) = (self.ring(), thread_names());
+            let thread = |number: u64| threads.names.get(&number).map_or("unnamed", |(name, _)| &**name);
+            ring.entries
+                .iter()
+                .map(|e| e.to_json(header.pg_id, &header.name, &header.desc, thread(e.new.thread)))
+                .collect()
+        };
         let seq = |s: Option<u64>| s.map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
         let ranks: Vec<String> = (0..header.size).map(|r| r.to_string()).collect();
         let mut pg_config = Object::new();
@@ -321,22 +323,65 @@ pub(crate) fn write_dump(path: &Path, dump: &Value) -> Result<()> {
 }
 
 thread_local! {
-    /// The calling thread's number and name, worked out once per thread.
-    static CURRENT_THREAD: (u64, std::sync::Arc<str>) = {
+    /// The calling thread's number, worked out (and its name registered) once per thread.
+    static CURRENT_THREAD: RegisteredThread = RegisteredThread::register();
+}
+
+/// The names of the threads that enqueued ops, by number, for the dumps: an entry carries only the number, so
+/// that recording an op touches no reference count. A thread's name stays after it ends (its entries may still be
+/// dumped) until more than [`KEPT_EXITED_THREADS`] ended threads are kept.
+static THREAD_NAMES: std::sync::OnceLock<Mutex<ThreadNames>> = std::sync::OnceLock::new();
+
+/// How many ended threads' names are kept at most.
+const KEPT_EXITED_THREADS: usize = 1024;
+
+#[derive(Default)]
+struct ThreadNames {
+    names: std::collections::HashMap<u64, (std::sync::Arc<str>, bool)>,
+    exited: usize,
+}
+
+fn thread_names() -> MutexGuard<'static, ThreadNames> {
+    lock(THREAD_NAMES.get_or_init(Mutex::default))
+}
+
+/// A thread's entry in [`THREAD_NAMES`], marked ended when the thread ends.
+struct RegisteredThread(u64);
+
+impl RegisteredThread {
+    fn register() -> Self {
         let thread = std::thread::current();
-        (thread_number(&thread.id()), std::sync::Arc::from(thread.name().unwrap_or("unnamed")))
-    };
+        let number = thread_number(&thread.id());
+        let name = std::sync::Arc::from(thread.name().unwrap_or("unnamed"));
+        thread_names().names.insert(number, (name, true));
+        Self(number)
+    }
 }
 
-/// The calling thread's number and name (a cheap `Arc` clone after the thread's first call: this runs on the
-/// enqueue path while the recorder is on, when the Work it fills was last made on another thread).
-pub(crate) fn current_thread() -> (u64, std::sync::Arc<str>) {
-    CURRENT_THREAD.with(|(id, name)| (*id, std::sync::Arc::clone(name)))
+impl Drop for RegisteredThread {
+    fn drop(&mut self) {
+        let mut registry = thread_names();
+        if let Some((_, alive)) = registry.names.get_mut(&self.0) {
+            *alive = false;
+            registry.exited += 1;
+        }
+        if registry.exited > KEPT_EXITED_THREADS {
+            registry.names.retain(|_, (_, alive)| *alive);
+            registry.exited = 0;
+        }
+    }
 }
 
-/// The calling thread's number alone (no counter touched).
+/// The calling thread's number (no lock and no counter touched after the thread's first call).
 pub(crate) fn current_thread_number() -> u64 {
-    CURRENT_THREAD.with(|(id, _)| *id)
+    CURRENT_THREAD.with(|thread| thread.0)
+}
+
+/// The name of the thread numbered `number` ([`current_thread_number`]), or `unnamed`.
+#[cfg(test)]
+fn thread_name(number: u64) -> std::sync::Arc<str> {
+    let registry = thread_names();
+    registry.names.get(&number).map_or_else(|| std::sync::Arc::from("unnamed"), |(name, _)| name.clone())
 }
 
 /// A stable number for a thread id (the standard library gives no integer view of it).
@@ -377,7 +422,7 @@ mod tests {
             started: None,
             completed: None,
             captured: false,
-            thread: current_thread(),
+            thread: current_thread_number(),
         }
     }
 
@@ -538,7 +583,7 @@ mod tests {
         }));
         list.captured = true;
         fr.record(list).unwrap();
-        let (thread_id, thread_name) = current_thread();
+        let (thread_id, thread_name) = (current_thread_number(), thread_name(current_thread_number()));
         let entry = |record_id: u64, seq: u64, name: &str, sizes: serde_json::Value, started: Option<u64>| {
             json!({
                 "record_id": record_id, "pg_id": 7, "process_group": ["0", "default_pg"], "collective_seq_id": seq,

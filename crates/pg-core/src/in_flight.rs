@@ -258,6 +258,6 @@ pub(crate) fn new_entry<B: Backend>(work: &WorkState<B>, captured: bool) -> NewE
         started: work.start_event.as_ref().filter(|_| !captured).map(probe),
         completed: (!captured).then(|| probe(&work.end_event)),
         captured,
-        thread: work.thread.clone().unwrap_or_else(crate::flight_recorder::current_thread),
+        thread: work.thread.unwrap_or_else(crate::flight_recorder::current_thread_number),
     }
 }

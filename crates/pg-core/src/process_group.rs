@@ -12,7 +12,7 @@ use crate::cache::{CommCache, CommEntry, CommShared};
 use crate::desync::DesyncReport;
 use crate::enqueue_timing::{EnqueueStep, StepTimer};
 use crate::failure;
-use crate::flight_recorder::{current_thread, current_thread_number, ListSizes};
+use crate::flight_recorder::{current_thread_number, ListSizes};
 use crate::lifecycle::{Call, GroupState};
 #[cfg(feature = "testing")]
 use crate::locks::lock;
@@ -938,11 +938,7 @@ impl<B: Backend> ProcessGroup<B> {
                 *stashed = !stash.is_empty();
                 *slot_stash.get_mut().unwrap_or_else(PoisonError::into_inner) = stash;
                 *waiters = std::sync::OnceLock::new();
-                match (recorded, thread.as_ref()) {
-                    (false, _) => *thread = None,
-                    (true, Some((id, _))) if *id == current_thread_number() => {}
-                    (true, _) => *thread = Some(current_thread()),
-                }
+                *thread = recorded.then(current_thread_number);
                 self.inner.tally.work_reused();
                 work
             }
@@ -969,7 +965,7 @@ impl<B: Backend> ProcessGroup<B> {
                 stashed: !stash.is_empty(),
                 stash: Mutex::new(stash),
                 waiters: std::sync::OnceLock::new(),
-                thread: recorded.then(current_thread),
+                thread: recorded.then(current_thread_number),
             }),
         };
         let work = WorkHandle { state, output: held.clone() };

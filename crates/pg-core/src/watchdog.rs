@@ -96,7 +96,10 @@ fn stay_held<B: Backend>(group: &Shared<B>, device: &B::Device, signals: &Signal
     }
     while state.load(Ordering::SeqCst) == hold::HELD && !signals.terminate.load(Ordering::SeqCst) {
         device.sleep(Duration::from_millis(10), &signals.wake);
-        signals.wake.store(false, Ordering::SeqCst);
+        // As the loop itself: a stop's wake stays set for the sleep that follows.
+        if !signals.terminate.load(Ordering::SeqCst) {
+            signals.wake.store(false, Ordering::SeqCst);
+        }
     }
 }
 

@@ -70,7 +70,7 @@ pub(crate) struct WorkState<B: Backend> {
     pub(crate) waiters: OnceLock<Arc<Waiters>>,
     /// The number and name of the thread that enqueued the op, for its flight-recorder entry (`None` with the
     /// recorder off), which is made later, off the enqueue path.
-    pub(crate) thread: Option<(u64, Arc<str>)>,
+    pub(crate) thread: Option<u64>,
 }
 
 impl<B: Backend> WorkState<B> {
