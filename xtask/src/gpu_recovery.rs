@@ -63,6 +63,14 @@ pub struct Row {
     /// after one that succeeded).
     #[serde(default)]
     pub op_failed_ms: Option<f64>,
+    /// The median wall time of one all_reduce (enqueue and wait) of the group before the kill, in ms: what the op
+    /// that ends the recovery costs by itself.
+    #[serde(default)]
+    pub healthy_op_ms: Option<f64>,
+    /// Of the recovery, the shrunk group's first all_reduce and the copy of its result to the host, in ms (its
+    /// first collective also connects its ranks).
+    #[serde(default)]
+    pub first_op_ms: Option<f64>,
 }
 
 /// Runs the task: parses the arguments, launches the ranks, writes the report.
@@ -126,15 +134,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut md = format!(
         "# A lost rank survived on NCCL, world {world}\n\n{layout}; the last rank SIGKILLed during all_reduce {} of \
          64 MiB; group with `revoke_on_error`{}, op timeout 2 s, watchdog period 50 ms; ms of wall-clock time\n\n\
-         | rank | new rank | survivors | detect | recover | of which agree | of which shrink | total | correct | \
-         revoked by |\n\
-         | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n",
+         | rank | new rank | survivors | detect | recover | of which agree | of which shrink | of which first op | \
+         total | healthy op | correct | revoked by |\n\
+         | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n",
         KILL_AT + 1,
         if liveness { " and `liveness`" } else { "" }
     );
     for row in &rows {
         md.push_str(&format!(
-            "| {} | {} | {:?} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} |\n",
+            "| {} | {} | {:?} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.1} | {} | {} | {} |\n",
             row.rank,
             row.new_rank.map_or("-".to_owned(), |r| r.to_string()),
             row.survivors,
@@ -142,7 +150,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
             row.recover_ms,
             row.agree_ms,
             row.shrink_ms,
+            row.first_op_ms.map_or("-".to_owned(), |ms| format!("{ms:.1}")),
             row.detect_ms + row.recover_ms,
+            row.healthy_op_ms.map_or("-".to_owned(), |ms| format!("{ms:.1}")),
             row.correct,
             row.cause.replace('|', "/")
         ));
@@ -265,6 +275,7 @@ fn rank_body(
     let current = device.current_stream();
     let mut op = 0;
     let mut op_failed = None;
+    let mut healthy = Vec::new();
     let error = loop {
         device.fill(&buffer, (rank + 1) as f64, &current).map_err(e)?;
         if rank == victim && op == KILL_AT {
@@ -275,6 +286,7 @@ fn rank_body(
             let _ = std::process::Command::new("kill").args(["-9", &pid]).status();
             return Err("the victim survived its own SIGKILL".to_owned());
         }
+        let op_start = std::time::Instant::now();
         let result =
             group.all_reduce(&buffer, ReduceOp::Sum).and_then(|work| work.wait_timeout(Duration::from_secs(10)));
         match result {
@@ -284,7 +296,13 @@ fn rank_body(
                 break error.to_string();
             }
             Ok(()) if group.is_revoked() => break "the group was revoked".to_owned(),
-            Ok(()) => op += 1,
+            Ok(()) => {
+                // The first op also connects the ranks: not a healthy op's cost.
+                if op > 0 {
+                    healthy.push(op_start.elapsed().as_secs_f64() * 1e3);
+                }
+                op += 1;
+            }
         }
         if op > KILL_AT + 20 {
             return Err(format!("{op} ops ran after the victim's death"));
@@ -312,9 +330,13 @@ fn rank_body(
     // A fresh device record: the failed group's buffers are not read again.
     device.poison().clear();
     device.fill(&buffer, (rank + 1) as f64, &current).map_err(e)?;
+    let first_op_start = std::time::Instant::now();
     shrunk.all_reduce(&buffer, ReduceOp::Sum).and_then(|work| work.wait()).map_err(e)?;
     let bytes = device.copy_to_host(&buffer, &current).map_err(e)?;
     let ready = wall_ms();
+    let first_op_ms = first_op_start.elapsed().as_secs_f64() * 1e3;
+    healthy.sort_by(f64::total_cmp);
+    let healthy_op_ms = healthy.get(healthy.len() / 2).copied();
     let want: f64 = survivors.ranks.iter().map(|&r| (r + 1) as f64).sum();
     let correct = bytes.chunks_exact(4).all(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])) == want);
     let killed_at: f64 = String::from_utf8_lossy(&store.get("killed_at").map_err(|e| e.to_string())?)
@@ -332,5 +354,7 @@ fn rank_body(
         error,
         cause,
         op_failed_ms: op_failed.map(|at| at - killed_at),
+        healthy_op_ms,
+        first_op_ms: Some(first_op_ms),
     })
 }

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::cache::{CommOwner, CommShared};
 use crate::desync::DesyncReport;
 use crate::flight_recorder::{dump_path, write_dump, DumpHeader};
 use crate::lifecycle::GroupState;
@@ -20,6 +21,27 @@ pub(crate) fn on_error<B: Backend>(
     error: Error,
     timed_out: Option<&WorkState<B>>,
     comm: Option<&Arc<B::Communicator>>,
+) {
+    handle(group, error, timed_out, comm, RevokeComms::Now);
+}
+
+/// Who revokes the communicators of a group that revokes on error.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RevokeComms {
+    /// The thread that found the error (the watchdog, the heartbeat monitor).
+    Now,
+    /// The group's watchdog, woken for it: the error was found by a caller waiting on a Work, which gets it as soon
+    /// as the group is revoked (its Works failed, its later calls refused), without waiting for the backend's
+    /// revoke, which may take long (NCCL's waits for its proxy thread, whose poll sleeps up to 500 ms).
+    ByWatchdog,
+}
+
+fn handle<B: Backend>(
+    group: &Shared<B>,
+    error: Error,
+    timed_out: Option<&WorkState<B>>,
+    comm: Option<&Arc<B::Communicator>>,
+    revoke_comms: RevokeComms,
 ) {
     if matches!(group.state(), GroupState::ShutDown | GroupState::Aborted) {
         let aborted = group.state();
@@ -71,7 +93,15 @@ pub(crate) fn on_error<B: Backend>(
         if let Some(work) = timed_out {
             work.set_exception(error.clone());
         }
-        group.revoke(&Error::Revoked { reason });
+        let revoked = Error::Revoked { reason };
+        match revoke_comms {
+            RevokeComms::Now => group.revoke(&revoked),
+            RevokeComms::ByWatchdog => {
+                // The watchdog's next pass finds the failed Work and revokes the communicators.
+                group.mark_revoked(&revoked);
+                group.signals.wake(&group.device);
+            }
+        }
         return;
     }
     let mode = options.error_handling;
@@ -185,5 +215,32 @@ pub(crate) fn check_in_early<B: Backend>(group: &crate::shared::Shared<B>) {
     let key = round_key(round, "alive", group.rank);
     if let Some(Err(error)) = group.store_op(|store| store.set(&key, b"1")) {
         tracing::warn!(target: "pg", pg_id = group.local_id, %error, "could not check in to the agreement early");
+    }
+}
+
+/// A communicator's abort after an op on it failed under a caller (a Work's `wait` saw the error first).
+impl<B: Backend> CommOwner<B> for Shared<B> {
+    fn abort_comm(&self, entry: &CommShared<B>, error: &Error) {
+        // A group that revokes on error is revoked here (its Works fail, its later calls are refused, the rank checks
+        // in to the agreement) and its running watchdog revokes the communicators: the caller gets its error at
+        // once and goes on to the agreement while the backend's revoke runs.
+        let watched = self.options.enable_watchdog && !self.signals.terminate.load(Ordering::SeqCst);
+        if self.options.revoke_on_error && watched {
+            handle(self, error.clone(), None, None, RevokeComms::ByWatchdog);
+            return;
+        }
+        let on = |work: &WorkState<B>| std::ptr::eq(Arc::as_ptr(&work.entry), entry);
+        let finished = self.in_flight.finished(on);
+        let drained = Error::Aborted {
+            reason: format!(
+                "rank {}: the communicator was aborted after an op on it failed ({error}) before this op had run",
+                self.rank
+            ),
+        };
+        // Failed before the abort, so that nothing woken by the draining stream sees a passed end event alone.
+        self.in_flight.fail_unfinished(on, &finished, &drained);
+        if let Err(abort_error) = entry.comm.abort(&error.to_string()) {
+            tracing::warn!(target: "pg", pg_id = self.local_id, %abort_error, "aborting a communicator failed");
+        }
     }
 }

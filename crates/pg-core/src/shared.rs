@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use pg_store::Store;
 
-use crate::cache::{CommCache, CommEntry, CommOwner, CommShared};
+use crate::cache::{CommCache, CommEntry};
 use crate::flight_recorder::FlightRecorder;
 use crate::in_flight::{new_entry, InFlight, Pushed};
 use crate::lifecycle::{Asker, Call, GroupState, Lifecycle};
@@ -425,23 +425,5 @@ impl<B: Backend> Drop for Shared<B> {
         }
         self.stop_threads();
         // A traced group's trace is written as its tracer is dropped, with this group's log rendered once.
-    }
-}
-
-impl<B: Backend> CommOwner<B> for Shared<B> {
-    fn abort_comm(&self, entry: &CommShared<B>, error: &Error) {
-        let on = |work: &WorkState<B>| std::ptr::eq(Arc::as_ptr(&work.entry), entry);
-        let finished = self.in_flight.finished(on);
-        let drained = Error::Aborted {
-            reason: format!(
-                "rank {}: the communicator was aborted after an op on it failed ({error}) before this op had run",
-                self.rank
-            ),
-        };
-        // Failed before the abort, so that nothing woken by the draining stream sees a passed end event alone.
-        self.in_flight.fail_unfinished(on, &finished, &drained);
-        if let Err(abort_error) = entry.comm.abort(&error.to_string()) {
-            tracing::warn!(target: "pg", pg_id = self.local_id, %abort_error, "aborting a communicator failed");
-        }
     }
 }

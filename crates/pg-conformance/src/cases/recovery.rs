@@ -78,7 +78,7 @@ fn until_revoked<B: pg_core::Backend>(r: &Rank<B>, group: &ProcessGroup<B>, limi
 
 /// A rank is killed mid-all_reduce: on the mock a killed thread whose ring neighbours see its connections close, on
 /// NCCL a rank whose communicator is aborted in place of the op. A blocking wait on the dying op fails typed within
-/// the op's timeout (the neighbours' with the remote error, at once, and their wait aborts that communicator; the
+/// the op's timeout (the neighbours' with the remote error, at once, and their wait revokes the group; the
 /// others' revoked by a neighbour's report); the watchdog revokes; the op queued behind fails (`Revoked`, or
 /// `Aborted` unrun); every later op is `Revoked`; the device is still readable. The survivors, one of them late,
 /// agree on every rank but the dead one and shrink (by one path, whichever communicators were aborted); their next
@@ -116,7 +116,8 @@ fn killed_mid_all_reduce<H: Harness>(h: &H, liveness: bool) -> Check<Outcome> {
         let behind = r.filled(1.0, 16)?;
         let queued = group.all_reduce(&behind, ReduceOp::Sum).ctx("an all_reduce queued behind it")?;
         // A blocking wait on the op the victim died in returns its error: at once on the victim's ring neighbours,
-        // whose connections to it closed (NCCL's remote error; such a wait aborts the communicator it failed on), at
+        // whose connections to it closed (NCCL's remote error; such a wait revokes the group, and the watchdog then
+        // revokes the communicator it failed on), at
         // the next watchdog pass on the others, revoked by a neighbour's report through the store (a revoking
         // group tells its peers), and at the op's timeout at the latest.
         let (waited, took) = r.host_time(|| work.wait_timeout(OP_TIMEOUT + Duration::from_secs(1)));
