@@ -71,6 +71,14 @@ pub enum Fault {
         /// The op number on the communicator.
         op: u64,
     },
+    /// `rank`'s communicators take `duration` of host time to tear down: an abort or a revoke stops the communicator
+    /// at once and then holds its caller that long (as NCCL's do over sockets, up to half a second).
+    SlowTeardown {
+        /// The rank.
+        rank: usize,
+        /// The host time an abort or a revoke takes.
+        duration: std::time::Duration,
+    },
     /// The world's store is hosted by `rank`'s process: when that process is killed ([`Fault::KillProcessAt`]),
     /// the store goes with it and every later store operation fails.
     StoreHostedBy {

@@ -63,6 +63,7 @@ impl Capabilities<Mock> for MockCaps {
             // The simulated rank's death closes its store connections too.
             Fault::KillAt { rank, op } | Fault::KillProcessAt { rank, op } => pg_mock::Fault::KillAt { rank, op },
             Fault::StoreHostedBy { rank } => pg_mock::Fault::StoreHostedBy { rank },
+            Fault::SlowTeardown { rank, duration } => pg_mock::Fault::SlowTeardown { rank, duration },
         });
         true
     }

@@ -72,7 +72,11 @@ impl Capabilities<Nccl> for NcclCapabilities {
             }
             // A rank process reports its cases to the end: it is not killed whole mid-case, and the store lives in
             // the launcher.
-            Fault::NeverJoin { .. } | Fault::KillProcessAt { .. } | Fault::StoreHostedBy { .. } => false,
+            // NCCL's own teardown takes what it takes: the recovery benchmark measures it.
+            Fault::NeverJoin { .. }
+            | Fault::KillProcessAt { .. }
+            | Fault::StoreHostedBy { .. }
+            | Fault::SlowTeardown { .. } => false,
         }
     }
 }

@@ -365,6 +365,16 @@ impl State {
         }
     }
 
+    /// The host time an abort or a revoke of device `device`'s communicators takes ([`Fault::SlowTeardown`]; the
+    /// longest injected, zero without one).
+    pub(crate) fn teardown(&self, device: usize) -> std::time::Duration {
+        let slow = |f: &Fault| match f {
+            Fault::SlowTeardown { rank, duration } if *rank == device => Some(*duration),
+            _ => None,
+        };
+        self.faults.iter().filter_map(slow).max().unwrap_or_default()
+    }
+
     /// What NCCL's ring neighbours of a killed rank see: `rank` of `group` died at `at`, and
     /// [`WorldConfig::peer_loss`](crate::WorldConfig::peer_loss) later the ranks one below and one above it report
     /// the closed connection as an asynchronous remote error (unless an error came first).
@@ -1114,6 +1124,8 @@ impl pg_core::Communicator for MockCommunicator {
             let time = st.local(tid);
             tracing::info!(target: "pg_mock", group = self.group, rank = self.rank, reason, "communicator revoked");
             st.revoke_rank(self.group, self.rank, reason, time);
+            let teardown = st.teardown(self.device);
+            st.charge(tid, teardown);
             Ok(())
         })
     }
@@ -1281,6 +1293,8 @@ impl pg_core::Communicator for MockCommunicator {
             let time = st.local(tid);
             tracing::info!(target: "pg_mock", group = self.group, rank = self.rank, reason, "communicator aborted");
             st.abort_rank(self.group, self.rank, reason, time);
+            let teardown = st.teardown(self.device);
+            st.charge(tid, teardown);
             Ok(())
         })
     }

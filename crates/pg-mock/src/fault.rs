@@ -62,6 +62,15 @@ pub enum Fault {
         /// The operation number.
         op: u64,
     },
+    /// The rank's communicators take `duration` of host time to tear down: an abort or a revoke stops the
+    /// communicator at once (its ops end) and then holds its caller that long, as NCCL's do while they join the
+    /// proxy thread (over sockets, after a poll that sleeps up to 500 ms).
+    SlowTeardown {
+        /// The rank (device index).
+        rank: usize,
+        /// The host time an abort or a revoke takes.
+        duration: Duration,
+    },
     /// The store is hosted by the rank's process: when the rank is killed ([`Fault::KillAt`]) the store goes with
     /// it, and every later store operation fails at once with a network error (the connections closed), as a
     /// `TCPStore` server hosted by a rank that dies.

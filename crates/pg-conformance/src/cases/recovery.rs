@@ -29,6 +29,7 @@ pub(crate) fn cases<H: Harness>() -> Vec<Case<H>> {
         case!(a_store_that_dies_with_its_host_is_a_clear_error, 2),
         case!(a_communicator_error_revokes_the_group_with_revoke_on_error, 2),
         case!(a_communicator_error_revokes_the_group_with_liveness, 2),
+        case!(a_wait_that_finds_its_communicators_error_returns_without_the_backends_teardown, 2),
         case!(survivors_agree_on_one_list_and_a_late_or_reported_rank_is_excluded, 2),
         case!(a_group_shrinks_twice_and_maps_its_ranks_to_the_world, 3),
         case!(a_mesh_is_rebuilt_over_the_shrunk_world_or_refused_by_name, 4),
@@ -173,6 +174,58 @@ fn killed_mid_all_reduce<H: Harness>(h: &H, liveness: bool) -> Check<Outcome> {
         }
         ensure!(group.is_revoked(), "the parent is still revoked");
         shrunk.barrier_sync().ctx("barrier")?;
+        shrunk.shutdown().ctx("shutdown of the shrunk group")
+    })
+}
+
+/// In a group that revokes on error, a blocking wait that finds its communicator's error itself (a ring neighbour of
+/// a killed rank) returns as soon as the group is revoked: its error, the group refusing ops and the rank checked in
+/// to the agreement, without waiting for the backend to tear the communicator down (NCCL's abort and revoke hold
+/// their caller up to half a second over sockets); the watchdog revokes the communicator meanwhile, and the
+/// survivors agree and shrink as usual.
+fn a_wait_that_finds_its_communicators_error_returns_without_the_backends_teardown<H: Harness>(
+    h: &H,
+) -> Check<Outcome> {
+    need!(needs_faults(h));
+    need!(clock_of(h));
+    const TEARDOWN: Duration = Duration::from_secs(5);
+    let n = h.world_size();
+    let victim = 1;
+    let neighbour = |rank: usize| rank == (victim + 1) % n || rank == (victim + n - 1) % n;
+    on_each_rank(h, n, |r| {
+        let faults = [Fault::KillAt { rank: victim, op: 1 }, Fault::SlowTeardown { rank: r.rank, duration: TEARDOWN }];
+        if !faults.into_iter().all(|fault| r.caps.inject(fault)) {
+            return Err("the fault was refused".into());
+        }
+        // A watchdog that passes seldom: the waiting thread is the one that finds the communicator's error.
+        let group = r.ready_group("0", revoking().watchdog_period(Duration::from_secs(60)))?;
+        let dying = r.filled((r.rank + 1) as f64, 256)?;
+        let work = group.all_reduce(&dying, ReduceOp::Sum).ctx("the all_reduce the victim dies in")?;
+        if r.rank == victim {
+            group.abort("the process was killed");
+            return Ok(());
+        }
+        let (waited, took) = r.host_time(|| work.wait_timeout(OP_TIMEOUT + Duration::from_secs(1)));
+        let error = waited.err().ok_or("the wait on the op the victim died in succeeded")?;
+        if neighbour(r.rank) {
+            ensure!(matches!(error.kind(), ErrorKind::Communicator | ErrorKind::Remote), "a neighbour's wait: {error}");
+            ensure!(took < TEARDOWN / 2, "the wait returned after {took:?}: it waited for the communicator's teardown");
+            ensure!(group.is_revoked(), "the group was not revoked when the wait returned");
+        }
+        until_revoked(r, &group, OP_TIMEOUT + TEARDOWN)?;
+        let later = group.all_reduce(&dying, ReduceOp::Sum).err().ok_or("an op of the revoked group was accepted")?;
+        ensure_eq!(later.kind(), ErrorKind::Revoked, "a later op's error ({later})");
+        // The ranks further round the ring learn of the death only at their wait's timeout: the agreement waits
+        // for them (the victim reported dead).
+        let agree = AgreeOptions { timeout: OP_TIMEOUT + TEARDOWN, dead: vec![victim], ..AgreeOptions::default() };
+        let survivors = group.agree_survivors(&agree).ctx("agree_survivors")?;
+        let others: Vec<usize> = (0..n).filter(|&rank| rank != victim).collect();
+        ensure_eq!(survivors.ranks, others, "the survivors");
+        let options = ShrinkOptions { timeout: Some(SHRINK_TIMEOUT), ..ShrinkOptions::default() };
+        let shrunk = group.shrink(&survivors.excluded, &options).ctx("shrink")?;
+        let buffer = r.filled((r.rank + 1) as f64, 256)?;
+        shrunk.all_reduce_sync(&buffer, ReduceOp::Sum).ctx("all_reduce on the shrunk group")?;
+        all_equal(&r.read(&buffer)?, triangle(n) - (victim + 1) as f64)?;
         shrunk.shutdown().ctx("shutdown of the shrunk group")
     })
 }
