@@ -137,6 +137,9 @@ pub struct Offers {
     /// [`Capabilities::inject`] takes [`Fault::KillProcessAt`] and [`Fault::StoreHostedBy`]: a rank's whole process
     /// dies, its store connections (or the store it hosts) with it.
     pub process_kills: bool,
+    /// [`Capabilities::inject`] takes [`Fault::SlowTeardown`]: the harness can make the backend's abort and revoke
+    /// slow.
+    pub slow_teardown: bool,
     /// [`Capabilities::other_device`] gives a second device.
     pub other_device: bool,
 }

@@ -107,6 +107,7 @@ impl Harness for MockHarness {
             hazards: true,
             faults: true,
             process_kills: true,
+            slow_teardown: true,
             other_device: true,
         }
     }

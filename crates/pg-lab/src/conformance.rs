@@ -130,6 +130,8 @@ impl Harness for NcclHarness {
             hazards: false,
             faults: true,
             process_kills: false,
+            // NCCL's own teardown takes what it takes (up to 500 ms over sockets; the recovery benchmark shows it).
+            slow_teardown: false,
             other_device: pg_cuda::device_count().unwrap_or(1) > 1,
         }
     }
