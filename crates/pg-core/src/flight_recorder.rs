@@ -269,10 +269,9 @@ impl FlightRecorder {
     pub(crate) fn dump(&self, header: &DumpHeader) -> Value {
         let entries: Vec<Value> = {
             let (ring, threads) = (self.ring(), thread_names());
-            let thread = |number: u64| threads.names.get(&number).map_or("unnamed", |(name, _)| &**name);
             ring.entries
                 .iter()
-                .map(|e| e.to_json(header.pg_id, &header.name, &header.desc, thread(e.new.thread)))
+                .map(|e| e.to_json(header.pg_id, &header.name, &header.desc, threads.name(e.new.thread)))
                 .collect()
         };
         let seq = |s: Option<u64>| s.map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
@@ -341,6 +340,13 @@ struct ThreadNames {
     exited: usize,
 }
 
+impl ThreadNames {
+    /// The name of the thread numbered `number`, or `unnamed`.
+    fn name(&self, number: u64) -> &str {
+        self.names.get(&number).map_or("unnamed", |(name, _)| name)
+    }
+}
+
 fn thread_names() -> MutexGuard<'static, ThreadNames> {
     lock(THREAD_NAMES.get_or_init(Mutex::default))
 }
@@ -379,9 +385,8 @@ pub(crate) fn current_thread_number() -> u64 {
 
 /// The name of the thread numbered `number` ([`current_thread_number`]), or `unnamed`.
 #[cfg(test)]
-fn thread_name(number: u64) -> std::sync::Arc<str> {
-    let registry = thread_names();
-    registry.names.get(&number).map_or_else(|| std::sync::Arc::from("unnamed"), |(name, _)| name.clone())
+fn thread_name(number: u64) -> String {
+    thread_names().name(number).to_owned()
 }
 
 /// A stable number for a thread id (the standard library gives no integer view of it).

@@ -110,10 +110,7 @@ impl<B: Backend> InFlight<B> {
     /// offered to the reuse pool. Pruning runs when the list has doubled since the last time, so it costs O(1) per
     /// op.
     fn prune(&self, works: &mut Vec<Arc<WorkState<B>>>) {
-        let (left, kept): (Vec<_>, Vec<_>) =
-            std::mem::take(works).into_iter().partition(|work| work.observe_end() || work.exception().is_some());
-        *works = kept;
-        self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
+        let left = self.split_off(works, |work| work.observe_end() || work.exception().is_some());
         let Some(now) = left.first().map(|work| nanos(work.entry.device.now())) else { return };
         // The completed ones under one lock of the recorder, as a watchdog pass retires them; a failed one keeps
         // its last state.
@@ -137,12 +134,22 @@ impl<B: Backend> InFlight<B> {
         if works.len() < self.prune_at.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        let (finished, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *works)
-            .into_iter()
-            .partition(|work| work.exception().is_none() && work.observe_end() && work.exception().is_none());
+        self.split_off(&mut works, |work| {
+            work.exception().is_none() && work.observe_end() && work.exception().is_none()
+        })
+    }
+
+    /// Takes the Works for which `leaves` holds off `works`, and sets the next pruning mark at twice what stays (so
+    /// that pruning costs O(1) per op).
+    fn split_off(
+        &self,
+        works: &mut Vec<Arc<WorkState<B>>>,
+        leaves: impl FnMut(&Arc<WorkState<B>>) -> bool,
+    ) -> Vec<Arc<WorkState<B>>> {
+        let (left, kept): (Vec<_>, Vec<_>) = std::mem::take(works).into_iter().partition(leaves);
         *works = kept;
         self.prune_at.store((2 * works.len()).max(MIN_PRUNE_LEN), Ordering::Relaxed);
-        finished
+        left
     }
 
     /// Adds a new Work. Takes no lock unless the intake is full.

@@ -330,12 +330,7 @@ impl<B: Backend> Shared<B> {
         let mut completed = Vec::with_capacity(finished.len());
         let mut newest: Option<&WorkState<B>> = None;
         for work in &finished {
-            if work.stashed {
-                lock(&work.stash).clear();
-            }
-            if let Some(id) = work.fr_id() {
-                completed.push(id);
-            }
+            work.release_completed(&mut completed);
             if !work.op.is_p2p() && newest.is_none_or(|n| n.seq < work.seq) {
                 newest = Some(work.as_ref());
             }

@@ -248,12 +248,7 @@ fn note_started<B: Backend>(group: &Shared<B>, work: &WorkState<B>) {
 /// The bookkeeping of a completed Work: stash released, its flight-recorder entry queued in `completed` for
 /// retirement, status and trace keys.
 fn note_completed<B: Backend>(group: &Shared<B>, work: &WorkState<B>, completed: &mut Vec<u64>) {
-    if work.stashed {
-        lock(&work.stash).clear();
-    }
-    if let Some(id) = work.fr_id() {
-        completed.push(id);
-    }
+    work.release_completed(completed);
     if work.op.is_p2p() {
         return;
     }

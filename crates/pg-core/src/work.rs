@@ -103,6 +103,17 @@ impl<B: Backend> WorkState<B> {
         }
     }
 
+    /// What every retirer of a completed Work does with it (a watchdog pass, the enqueue path's own retirement):
+    /// releases its stash and queues its flight-recorder entry in `completed`, to be retired in one batch.
+    pub(crate) fn release_completed(&self, completed: &mut Vec<u64>) {
+        if self.stashed {
+            lock(&self.stash).clear();
+        }
+        if let Some(id) = self.fr_id() {
+            completed.push(id);
+        }
+    }
+
     /// Reads the communicator's async error into this Work (PyTorch's `checkAndSetException`).
     pub(crate) fn check_and_set_exception(&self) {
         if let Err(error) = self.entry.comm.async_error() {
