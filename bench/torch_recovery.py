@@ -123,6 +123,16 @@ def best_path(store, device, new_rank, survivors):
     return group
 
 
+def wait_polling():
+    """Blocks until the current stream has run everything enqueued on it, polling every millisecond as pg's blocking
+    wait does (a spinning `synchronize()` on every survivor takes the cores NCCL's proxy threads move data with)."""
+    import torch
+
+    stream = torch.cuda.current_stream()
+    while not stream.query():
+        time.sleep(0.001)
+
+
 def worker(out, path_kind):
     import torch
     import torch.distributed as dist
@@ -167,7 +177,7 @@ def worker(out, path_kind):
         path = f"new ProcessGroupNCCL on a PrefixStore of the job's store, no destroy; {left}"
         spare.fill_(rank + 1)
         new_group.allreduce([spare]).wait()
-        torch.cuda.current_stream().synchronize()
+        wait_polling()
         ready = time.time() * 1e3
         finish(out, path_kind, rank, new_rank, survivors, path, error, detected, killed_at, ready, spare)
         # The failed group is never destroyed (its destructor may wait on the dead peer): the process ends here.
@@ -193,7 +203,7 @@ def worker(out, path_kind):
         dist.init_process_group("nccl", store=new_store, rank=new_rank, world_size=len(survivors), device_id=device)
     buffer.fill_(rank + 1)
     dist.all_reduce(buffer, group=group)
-    torch.cuda.synchronize()
+    wait_polling()
     ready = time.time() * 1e3
     finish(out, path_kind, rank, new_rank, survivors, path, error, detected, killed_at, ready, buffer)
     dist.destroy_process_group()

@@ -25,7 +25,8 @@ cargo xtask recovery --backend nccl [--world-size N] [--liveness] [--json PATH] 
 N ranks (default 4; rank r on GPU r % GPUs, ranks sharing a GPU over NCCL's network transport) all-reduce 64 MiB
 in a loop in a group that revokes itself on a failed peer; the last rank SIGKILLs itself during its sixth op. Every
 survivor reports detection (kill to revoke), recovery (revoke to the first correct all_reduce of the group shrunk
-to the survivors: agreement, ncclCommShrink, the op) and the total, in ms of wall-clock time. --liveness turns
+to the survivors: agreement, ncclCommShrink, the op until it has run on the device; the result is read back and
+checked after) and the total, in ms of wall-clock time. --liveness turns
 Options::liveness on: the store (hosted by rank 0) tells every survivor of the victim's closed connection.
 ";
 
@@ -331,10 +332,13 @@ fn rank_body(
     device.poison().clear();
     device.fill(&buffer, (rank + 1) as f64, &current).map_err(e)?;
     let first_op_start = std::time::Instant::now();
-    shrunk.all_reduce(&buffer, ReduceOp::Sum).and_then(|work| work.wait()).map_err(e)?;
-    let bytes = device.copy_to_host(&buffer, &current).map_err(e)?;
+    // Ready when the op has run on the device, waited for as the healthy ops were (a blocking wait that polls:
+    // seven host threads spinning in a CUDA synchronize would take the cores NCCL's proxy threads move the data
+    // with). Reading the result back to check it is the harness's work, not the recovery's.
+    shrunk.all_reduce(&buffer, ReduceOp::Sum).and_then(|work| work.wait_timeout(Duration::from_secs(10))).map_err(e)?;
     let ready = wall_ms();
     let first_op_ms = first_op_start.elapsed().as_secs_f64() * 1e3;
+    let bytes = device.copy_to_host(&buffer, &current).map_err(e)?;
     healthy.sort_by(f64::total_cmp);
     let healthy_op_ms = healthy.get(healthy.len() / 2).copied();
     let want: f64 = survivors.ranks.iter().map(|&r| (r + 1) as f64).sum();
