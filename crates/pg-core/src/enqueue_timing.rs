@@ -91,7 +91,9 @@ impl StepTimer {
         Self { last: enabled().then(Instant::now) }
     }
 
-    /// Ends `step`: the time since the previous lap goes to it.
+    /// Ends `step`: the time since the previous lap goes to it. Inlined, so that with timing off a lap is one
+    /// branch on the template's path.
+    #[inline]
     pub(crate) fn lap(&mut self, step: EnqueueStep) {
         if let Some(last) = self.last {
             let now = Instant::now();

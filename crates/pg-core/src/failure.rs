@@ -179,7 +179,7 @@ pub(crate) fn dump_json<B: Backend>(group: &Shared<B>) -> crate::json::Value {
         .iter()
         .find(|(name, _)| name.eq_ignore_ascii_case("nccl"))
         .map_or_else(|| B::NAME.to_owned(), |(_, version)| version.clone());
-    group.recorder.dump(&DumpHeader {
+    group.in_flight.dump(&DumpHeader {
         pg_id: group.local_id,
         name: options.group_name.clone(),
         desc: options.group_desc.clone(),

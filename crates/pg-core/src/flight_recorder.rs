@@ -1,12 +1,14 @@
 //! The flight recorder: a bounded ring of a group's recent ops, dumped as JSON with PyTorch's field names (S24).
 //!
-//! Every op the group enqueues gets an entry; the watchdog marks it started and completed as it observes the
-//! op's events, and retires it.
+//! Every op the group enqueues gets an entry; the watchdog (or the enqueue path's own retirement) marks it started
+//! and completed as it observes the op's events, and retires it. An entry holds no event: the state of one not yet
+//! retired is asked of its op's events at dump time through the in-flight list, which holds the op's Work until
+//! the entry is retired ([`Progress`]), so that recording and retiring an op touch no reference count.
 //! A dump lists the entries oldest first with their state (`scheduled`, `started` or `completed`), next to
 //! the group's configuration and its last enqueued, started and completed sequence numbers, in the layout of
 //! PyTorch's `_dump_nccl_trace_json` (version `2.10`), so that PyTorch's own tools can read it too.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -19,28 +21,21 @@ use crate::{DType, Error, OpType, Result};
 /// The dump format version, as PyTorch writes it.
 pub const FR_VERSION: &str = "2.10";
 
-/// A non-blocking query of one of an op's events, kept by its entry until the entry is retired.
-///
-/// Any backend's event is one (an `Arc<B::Event>` coerces to an `EventProbe` without allocating, which matters
-/// on the enqueue path).
-pub(crate) trait Probe: Send + Sync {
-    /// Whether the event's recorded point has passed (false when the query fails).
-    fn passed(&self) -> bool;
+/// What an op's events say at dump time, for an entry not yet retired: read from the op's Work on the in-flight
+/// list (which holds the Work, and so its events, until the entry is retired), so that an entry holds no event and
+/// recording an op touches no reference count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Progress {
+    /// The start event has passed (only ops with a start event: desync debugging).
+    pub(crate) started: bool,
+    /// The end event has passed.
+    pub(crate) completed: bool,
 }
-
-impl<E: crate::Event> Probe for E {
-    fn passed(&self) -> bool {
-        self.query().unwrap_or(false)
-    }
-}
-
-/// A shared [`Probe`].
-pub(crate) type EventProbe = std::sync::Arc<dyn Probe>;
 
 /// What the caller knows about an op when it records it.
 pub(crate) struct NewEntry {
-    pub(crate) collective_seq_id: u64,
-    pub(crate) p2p_seq_id: u64,
+    /// The op's sequence number: its collective one, or its point-to-point one for a point-to-point op.
+    pub(crate) seq: u64,
     pub(crate) op: OpType,
     pub(crate) time_created_ns: u64,
     /// The input's element count and dtype (every op has one input and one output).
@@ -51,10 +46,6 @@ pub(crate) struct NewEntry {
     /// are totals); `None` for a one-buffer op.
     pub(crate) lists: Option<std::sync::Arc<ListSizes>>,
     pub(crate) timeout_ms: u64,
-    /// Whether the start event was done, queried at dump time until the watchdog saw it.
-    pub(crate) started: Option<EventProbe>,
-    /// Whether the end event was done, queried at dump time until the watchdog retired the entry.
-    pub(crate) completed: Option<EventProbe>,
     /// Enqueued under stream capture: the op is nodes of a graph and never runs by itself (`captured` in the dump).
     pub(crate) captured: bool,
     /// The number of the thread that enqueued the op ([`current_thread_number`]; its name is looked up when
@@ -73,37 +64,39 @@ pub(crate) struct ListSizes {
 struct Entry {
     record_id: u64,
     new: NewEntry,
-    op_id: u64,
     time_discovered_started_ns: Option<u64>,
     time_discovered_completed_ns: Option<u64>,
     retired: bool,
 }
 
 impl Entry {
-    /// Retires the entry: completed at `completed_ns` when given (a failed op keeps its last state); its event
-    /// queries are dropped, so that the ring no longer keeps the op's events alive.
+    /// Retires the entry: completed at `completed_ns` when given (a failed op keeps its last state). From then on
+    /// its state is what the recorder saw, whatever the op's events say.
     fn retire(&mut self, completed_ns: Option<u64>) {
         if let Some(now) = completed_ns {
             self.time_discovered_started_ns.get_or_insert(now);
             self.time_discovered_completed_ns = Some(now);
         }
         self.retired = true;
-        self.new.started = None;
-        self.new.completed = None;
     }
 
-    fn state(&self) -> &'static str {
-        let probe = |p: &Option<EventProbe>| p.as_ref().is_some_and(|probe| probe.passed());
-        if self.time_discovered_completed_ns.is_some() || probe(&self.new.completed) {
+    /// The entry's state: what the recorder saw, and for an entry not yet retired what its op's events say now
+    /// (`progress`; a captured op has none to ask).
+    fn state(&self, progress: Progress) -> &'static str {
+        let progress = match self.retired || self.new.captured {
+            true => Progress::default(),
+            false => progress,
+        };
+        if self.time_discovered_completed_ns.is_some() || progress.completed {
             "completed"
-        } else if self.time_discovered_started_ns.is_some() || probe(&self.new.started) {
+        } else if self.time_discovered_started_ns.is_some() || progress.started {
             "started"
         } else {
             "scheduled"
         }
     }
 
-    fn to_json(&self, pg_id: u64, name: &str, desc: &str, thread_name: &str) -> Value {
+    fn to_json(&self, pg_id: u64, name: &str, desc: &str, thread_name: &str, progress: Progress) -> Value {
         // PyTorch writes one list entry per tensor: one each for a one-buffer op, every buffer of a list op.
         let sizes = |list: &[(usize, DType)]| list.iter().map(|&(numel, _)| [numel]).collect::<Value>();
         let dtypes = |list: &[(usize, DType)]| list.iter().map(|(_, d)| d.torch_name()).collect::<Value>();
@@ -112,25 +105,27 @@ impl Entry {
             Some(lists) => (lists.inputs.as_slice(), lists.outputs.as_slice()),
             None => (std::slice::from_ref(&new.input), std::slice::from_ref(&new.output)),
         };
+        let is_p2p = new.op.is_p2p();
+        let (collective_seq_id, p2p_seq_id) = if is_p2p { (0, new.seq) } else { (new.seq, 0) };
         json_object! {
             "record_id": self.record_id,
             "pg_id": pg_id,
             "process_group": [name, desc],
-            "collective_seq_id": new.collective_seq_id,
-            "p2p_seq_id": new.p2p_seq_id,
-            "op_id": self.op_id,
+            "collective_seq_id": collective_seq_id,
+            "p2p_seq_id": p2p_seq_id,
+            "op_id": new.seq,
             "profiling_name": new.op.profiling_name(),
             "time_created_ns": new.time_created_ns,
             "input_sizes": sizes(inputs),
             "input_dtypes": dtypes(inputs),
             "output_sizes": sizes(outputs),
             "output_dtypes": dtypes(outputs),
-            "state": self.state(),
+            "state": self.state(progress),
             "time_discovered_started_ns": self.time_discovered_started_ns,
             "time_discovered_completed_ns": self.time_discovered_completed_ns,
             "retired": self.retired,
             "timeout_ms": new.timeout_ms,
-            "is_p2p": new.op.is_p2p(),
+            "is_p2p": is_p2p,
             "captured": new.captured,
             "frames": Vec::<Value>::new(),
             "thread_id": new.thread,
@@ -140,18 +135,45 @@ impl Entry {
     }
 }
 
-/// The ring proper.
+/// The ring proper: the entries in record order from slot `oldest`, wrapping around; once the ring is full, a new
+/// record is written in place over the oldest (no division on the way: the slots are counted, not computed).
 #[derive(Default)]
 struct Ring {
-    entries: VecDeque<Entry>,
+    slots: Vec<Entry>,
+    /// The slot of the oldest entry (0 until the ring is full).
+    oldest: usize,
     next_id: u64,
 }
 
 impl Ring {
+    /// Adds `entry` (numbered `next_id`) to a ring of `capacity` (at least 1), over the oldest entry when full.
+    #[inline]
+    fn push(&mut self, entry: Entry, capacity: usize) {
+        self.next_id += 1;
+        if self.slots.len() < capacity {
+            self.slots.push(entry);
+            return;
+        }
+        self.slots[self.oldest] = entry;
+        self.oldest += 1;
+        if self.oldest == self.slots.len() {
+            self.oldest = 0;
+        }
+    }
+
+    /// The entry of record `id`, if the ring still holds it.
     fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
-        let first = self.entries.front()?.record_id;
-        let index = usize::try_from(id.checked_sub(first)?).ok()?;
-        self.entries.get_mut(index).filter(|entry| entry.record_id == id)
+        let held = self.slots.len();
+        let first = self.next_id - u64::try_from(held).ok()?;
+        let offset = usize::try_from(id.checked_sub(first)?).ok().filter(|&offset| offset < held)?;
+        let index = self.oldest + offset;
+        self.slots.get_mut(if index >= held { index - held } else { index })
+    }
+
+    /// The entries oldest first.
+    fn oldest_first(&self) -> impl Iterator<Item = &Entry> {
+        let (newer, older) = self.slots.split_at(self.oldest);
+        older.iter().chain(newer)
     }
 }
 
@@ -213,19 +235,14 @@ impl FlightRecorder {
         let mut ring = self.ring();
         for new in entries {
             let record_id = ring.next_id;
-            ring.next_id += 1;
-            if ring.entries.len() == self.capacity {
-                ring.entries.pop_front();
-            }
-            let op_id = new.collective_seq_id.max(new.p2p_seq_id);
-            ring.entries.push_back(Entry {
+            let entry = Entry {
                 record_id,
                 new,
-                op_id,
                 time_discovered_started_ns: None,
                 time_discovered_completed_ns: None,
                 retired: false,
-            });
+            };
+            ring.push(entry, self.capacity);
             recorded(record_id);
         }
     }
@@ -234,12 +251,11 @@ impl FlightRecorder {
     pub(crate) fn mark_started(&self, id: u64, now_ns: u64) {
         if let Some(entry) = self.ring().get_mut(id) {
             entry.time_discovered_started_ns.get_or_insert(now_ns);
-            entry.new.started = None;
         }
     }
 
-    /// Retires the entry: completed at `completed_ns` when given (a failed op keeps its last state); the
-    /// entry's event queries are dropped, so that the ring no longer keeps the op's events alive.
+    /// Retires the entry: completed at `completed_ns` when given (a failed op keeps its last state); from then on
+    /// the dump no longer asks the op's events.
     pub(crate) fn retire(&self, id: u64, completed_ns: Option<u64>) {
         if let Some(entry) = self.ring().get_mut(id) {
             entry.retire(completed_ns);
@@ -262,16 +278,20 @@ impl FlightRecorder {
 
     /// The number of entries held.
     pub(crate) fn len(&self) -> usize {
-        self.ring().entries.len()
+        self.ring().slots.len()
     }
 
-    /// The dump as a JSON value, oldest entry first.
-    pub(crate) fn dump(&self, header: &DumpHeader) -> Value {
+    /// The dump as a JSON value, oldest entry first. `progress` says what the events of the ops whose entries are
+    /// not yet retired say now, by record id (the in-flight list's Works; an entry it does not name is taken as
+    /// neither started nor completed).
+    pub(crate) fn dump(&self, header: &DumpHeader, progress: &HashMap<u64, Progress>) -> Value {
         let entries: Vec<Value> = {
             let (ring, threads) = (self.ring(), thread_names());
-            ring.entries
-                .iter()
-                .map(|e| e.to_json(header.pg_id, &header.name, &header.desc, threads.name(e.new.thread)))
+            ring.oldest_first()
+                .map(|e| {
+                    let now = progress.get(&e.record_id).copied().unwrap_or_default();
+                    e.to_json(header.pg_id, &header.name, &header.desc, threads.name(e.new.thread), now)
+                })
                 .collect()
         };
         let seq = |s: Option<u64>| s.map_or(-1, |s| i64::try_from(s).unwrap_or(i64::MAX));
@@ -402,30 +422,31 @@ pub(crate) fn nanos(time: std::time::Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
     use serde_json::json;
 
     use super::*;
 
-    /// The dump of `fr` as serde_json reads its text back.
+    /// The dump of `fr` as serde_json reads its text back, with no op's events to ask.
     fn dump_of(fr: &FlightRecorder) -> serde_json::Value {
-        serde_json::from_str(&fr.dump(&header()).to_pretty_string()).expect("valid JSON")
+        dump_with(fr, &HashMap::new())
+    }
+
+    /// The dump of `fr`, the ops of the entries in `progress` having got as far as it says.
+    fn dump_with(fr: &FlightRecorder, progress: &HashMap<u64, Progress>) -> serde_json::Value {
+        serde_json::from_str(&fr.dump(&header(), progress).to_pretty_string()).expect("valid JSON")
     }
 
     fn entry(seq: u64, op: OpType) -> NewEntry {
         NewEntry {
-            collective_seq_id: if op.is_p2p() { 0 } else { seq },
-            p2p_seq_id: if op.is_p2p() { seq } else { 0 },
+            seq,
             op,
             time_created_ns: seq * 1000,
             input: (16, DType::F32),
             output: (16, DType::F32),
             lists: None,
             timeout_ms: 600_000,
-            started: None,
-            completed: None,
             captured: false,
             thread: current_thread_number(),
         }
@@ -465,65 +486,77 @@ mod tests {
     }
 
     #[test]
-    fn states_follow_the_watchdog_and_the_event_probes() {
+    fn states_follow_the_watchdog_and_the_events_of_entries_not_yet_retired() {
         let fr = FlightRecorder::new(8);
-        struct Flag(AtomicBool);
-        impl Probe for Flag {
-            fn passed(&self) -> bool {
-                self.0.load(Ordering::SeqCst)
-            }
-        }
-        let end_done = Arc::new(Flag(AtomicBool::new(false)));
-        let mut pending = entry(1, OpType::AllReduce);
-        pending.completed = Some(Arc::clone(&end_done) as EventProbe);
-        let a = fr.record(pending).unwrap();
+        let a = fr.record(entry(1, OpType::AllReduce)).unwrap();
         let b = fr.record(entry(2, OpType::Broadcast)).unwrap();
         let c = fr.record(entry(3, OpType::Send)).unwrap();
+        let mut captured = entry(4, OpType::AllReduce);
+        captured.captured = true;
+        let d = fr.record(captured).unwrap();
         fr.mark_started(b, 50);
         fr.retire(c, Some(90));
-        let states = |fr: &FlightRecorder| -> Vec<String> {
-            let dump = dump_of(fr);
+        let states = |progress: &[(u64, Progress)]| -> Vec<String> {
+            let dump = dump_with(&fr, &progress.iter().copied().collect());
             dump["entries"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap().to_owned()).collect()
         };
-        assert_eq!(states(&fr), ["scheduled", "started", "completed"]);
-        end_done.0.store(true, Ordering::SeqCst);
-        assert_eq!(states(&fr), ["completed", "started", "completed"], "the end event is queried at dump time");
+        let (started, done) =
+            (Progress { started: true, completed: false }, Progress { started: true, completed: true });
+        assert_eq!(states(&[]), ["scheduled", "started", "completed", "scheduled"]);
+        assert_eq!(states(&[(a, started)]), ["started", "started", "completed", "scheduled"]);
+        assert_eq!(
+            states(&[(a, done), (b, done), (d, done)]),
+            ["completed", "completed", "completed", "scheduled"],
+            "the events of an entry not yet retired say how far its op got; a captured op has none to ask"
+        );
         fr.retire(a, None);
-        end_done.0.store(false, Ordering::SeqCst);
-        assert_eq!(states(&fr)[0], "scheduled", "a retired entry no longer holds its event");
+        assert_eq!(states(&[(a, done)])[0], "scheduled", "a retired entry keeps what the recorder saw");
     }
 
     #[test]
-    fn completed_entries_retire_together_and_let_go_of_their_events() {
+    fn completed_entries_retire_together() {
         let fr = FlightRecorder::new(2);
-        let end = Arc::new(AtomicBool::new(false));
-        struct Shared(Arc<AtomicBool>);
-        impl Probe for Shared {
-            fn passed(&self) -> bool {
-                self.0.load(Ordering::SeqCst)
-            }
-        }
-        let probe = Arc::new(Shared(Arc::clone(&end)));
-        let mut first = entry(1, OpType::AllReduce);
-        first.completed = Some(Arc::clone(&probe) as EventProbe);
-        let a = fr.record(first).unwrap();
+        fr.record(entry(1, OpType::AllReduce)).unwrap();
         let b = fr.record(entry(2, OpType::AllReduce)).unwrap();
         fr.record(entry(3, OpType::AllReduce)).unwrap();
-        assert_eq!(Arc::strong_count(&probe), 1, "record {a} left the ring of 2 with its probe");
-        let mut second = entry(4, OpType::AllReduce);
-        second.completed = Some(Arc::clone(&probe) as EventProbe);
-        let d = fr.record(second).unwrap();
-        assert_eq!(Arc::strong_count(&probe), 2);
+        let d = fr.record(entry(4, OpType::AllReduce)).unwrap();
         fr.retire_completed(&[b, d, 999], 7_000);
-        assert_eq!(Arc::strong_count(&probe), 1, "the retired entry no longer holds the event");
         let dump = dump_of(&fr);
         let entries = dump["entries"].as_array().unwrap();
+        let ids: Vec<u64> = entries.iter().map(|e| e["record_id"].as_u64().unwrap()).collect();
+        assert_eq!(ids, [2, 3]);
         let last = entries.last().unwrap();
         assert_eq!(last["retired"], true);
         assert_eq!(last["state"], "completed");
         assert_eq!(last["time_discovered_completed_ns"], 7_000);
         assert_eq!(last["time_discovered_started_ns"], 7_000);
         assert_eq!(entries[0]["retired"], false, "record 2 was not in the list; record {b} had left the ring");
+    }
+
+    #[test]
+    fn a_full_ring_overwrites_its_oldest_slot_and_finds_entries_by_record_id() {
+        let fr = FlightRecorder::new(3);
+        let ids: Vec<u64> = (1..=7).map(|seq| fr.record(entry(seq, OpType::AllReduce)).unwrap()).collect();
+        assert_eq!(fr.len(), 3);
+        // Records 0 to 3 left the ring: retiring them changes nothing; 4 to 6 are found in their slots.
+        fr.retire_completed(&ids, 1_000);
+        fr.mark_started(ids[3], 500);
+        let dump = dump_of(&fr);
+        let entries = dump["entries"].as_array().unwrap();
+        let seen: Vec<(u64, u64, bool)> = entries
+            .iter()
+            .map(|e| {
+                let (id, seq) = (e["record_id"].as_u64().unwrap(), e["collective_seq_id"].as_u64().unwrap());
+                (id, seq, e["retired"].as_bool().unwrap())
+            })
+            .collect();
+        assert_eq!(seen, [(4, 5, true), (5, 6, true), (6, 7, true)]);
+        assert!(entries.iter().all(|e| e["time_discovered_completed_ns"] == 1_000));
+        fr.record(entry(8, OpType::AllReduce)).unwrap();
+        let dump = dump_of(&fr);
+        let ids: Vec<u64> =
+            dump["entries"].as_array().unwrap().iter().map(|e| e["record_id"].as_u64().unwrap()).collect();
+        assert_eq!(ids, [5, 6, 7]);
     }
 
     #[test]
@@ -616,7 +649,8 @@ mod tests {
             ],
         });
         assert_eq!(dump_of(&fr), expected);
-        let compact: serde_json::Value = serde_json::from_str(&fr.dump(&header()).to_string()).unwrap();
+        let compact: serde_json::Value =
+            serde_json::from_str(&fr.dump(&header(), &HashMap::new()).to_string()).unwrap();
         assert_eq!(compact, expected);
     }
 
@@ -628,7 +662,7 @@ mod tests {
         fr.record(entry(1, OpType::AllReduce));
         let path = dump_path(&prefix, 3);
         assert!(path.ends_with("trace_rank_3"));
-        write_dump(&path, &fr.dump(&header())).unwrap();
+        write_dump(&path, &fr.dump(&header(), &HashMap::new())).unwrap();
         let read: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(read["entries"].as_array().map(Vec::len), Some(1));
         std::fs::remove_dir_all(&dir).unwrap();

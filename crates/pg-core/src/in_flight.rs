@@ -7,18 +7,23 @@
 //! intake onto the list under the list's lock and records those Works in the flight recorder under one lock for
 //! the batch. So the list, the recorder's ring and their locks belong to the readers; the enqueue path takes a
 //! lock only when the intake is full (no reader came for [`INTAKE_CAPACITY`] ops), and then moves the batch itself.
+//!
+//! A recorder entry holds no event: until it is retired, its op's Work stays on the list (every path that takes
+//! Works off retires their entries first, or under the list's lock), and a dump, made under the list's lock, asks
+//! the Works' events for the state of the entries not yet retired.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::flight_recorder::{nanos, EventProbe, FlightRecorder, NewEntry};
+use crate::flight_recorder::{nanos, DumpHeader, FlightRecorder, NewEntry, Progress};
+use crate::json::Value;
 use crate::locks::lock;
 use crate::reuse::WorkPool;
 use crate::work::WorkState;
-use crate::{Backend, Device as _, Error, OpType};
+use crate::{Backend, Device as _, Error, Event as _, OpType};
 
 /// Without a watchdog, the list is pruned once it holds this many Works (or twice as many as the last pruning
 /// kept).
@@ -127,16 +132,26 @@ impl<B: Backend> InFlight<B> {
     }
 
     /// With a watchdog: moves the intake onto the list and, once the list has doubled since the last time, takes
-    /// off it the Works whose op was seen finished without an error, for the caller's bookkeeping
+    /// off it the Works whose op was seen finished without an error, releases their stash and retires their
+    /// recorder entries as completed now (under the list's lock, so that a dump never finds an entry open whose
+    /// Work has left the list), and returns them for the rest of the caller's bookkeeping
     /// (`Shared::retire_finished`); failed and running Works stay for the watchdog.
     pub(crate) fn take_finished(&self) -> Vec<Arc<WorkState<B>>> {
         let mut works = self.list();
         if works.len() < self.prune_at.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        self.split_off(&mut works, |work| {
+        let finished = self.split_off(&mut works, |work| {
             work.exception().is_none() && work.observe_end() && work.exception().is_none()
-        })
+        });
+        if let Some(now) = finished.first().map(|work| nanos(work.entry.device.now())) {
+            let mut completed = Vec::with_capacity(finished.len());
+            for work in &finished {
+                work.release_completed(&mut completed);
+            }
+            self.recorder.retire_completed(&completed, now);
+        }
+        finished
     }
 
     /// Takes the Works for which `leaves` holds off `works`, and sets the next pruning mark at twice what stays (so
@@ -224,9 +239,31 @@ impl<B: Backend> InFlight<B> {
         }
     }
 
-    /// Takes every Work off the list.
+    /// Takes every Work off the list, retiring their recorder entries in their last state (under the list's lock:
+    /// a dump never finds an entry open whose Work has left the list).
     pub(crate) fn take_all(&self) -> Vec<Arc<WorkState<B>>> {
-        std::mem::take(&mut *self.list())
+        let mut works = self.list();
+        for id in works.iter().filter_map(|work| work.fr_id()) {
+            self.recorder.retire(id, None);
+        }
+        std::mem::take(&mut *works)
+    }
+
+    /// The flight recorder's dump, made under the list's lock (the intake moved in first): the entries not yet
+    /// retired take their state from their Works' events, queried now (a start event only with desync debugging).
+    pub(crate) fn dump(&self, header: &DumpHeader) -> Value {
+        let works = self.list();
+        let progress: HashMap<u64, Progress> = works
+            .iter()
+            .filter_map(|work| {
+                let passed = |event: &B::Event| event.query().unwrap_or(false);
+                let started = work.start_event.as_deref().is_some_and(passed);
+                Some((work.fr_id()?, Progress { started, completed: passed(&work.end_event) }))
+            })
+            .collect();
+        let dump = self.recorder.dump(header, &progress);
+        drop(works);
+        dump
     }
 
     /// Takes the Works marked `retired` off the list, in one linear pass reading a flag. The intake is not moved:
@@ -248,22 +285,18 @@ impl<B: Backend> InFlight<B> {
     }
 }
 
-/// The flight-recorder entry of a Work: a captured one is marked so, with no event to query (its events belong to
-/// the capture, and the watchdog never sees it); another has its events probed for started and completed.
+/// The flight-recorder entry of a Work: a captured one is marked so (its events belong to the capture, and the
+/// watchdog never sees it); another's state is asked of its events at dump time while it is not retired.
+#[inline]
 pub(crate) fn new_entry<B: Backend>(work: &WorkState<B>, captured: bool) -> NewEntry {
-    let probe = |event: &Arc<B::Event>| Arc::clone(event) as EventProbe;
-    let is_p2p = work.op.is_p2p();
     NewEntry {
-        collective_seq_id: if is_p2p { 0 } else { work.seq },
-        p2p_seq_id: if is_p2p { work.seq } else { 0 },
+        seq: work.seq,
         op: work.op,
         time_created_ns: nanos(work.start_time),
         input: work.input,
         output: work.output,
         lists: work.lists.clone(),
         timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
-        started: work.start_event.as_ref().filter(|_| !captured).map(probe),
-        completed: (!captured).then(|| probe(&work.end_event)),
         captured,
         thread: work.thread.unwrap_or_else(crate::flight_recorder::current_thread_number),
     }

@@ -1,6 +1,6 @@
 //! The pool of completed Works for reuse: a Work that completed without error is kept when the watchdog retires it,
-//! and an op overwrites it in place, end event included, once nothing else holds it (no handle, no `Future`, no
-//! flight-recorder entry) (`Options::reuse_works`), so that a steady stream of ops allocates nothing.
+//! and an op overwrites it in place, end event included, once nothing else holds it (no handle, no `Future`)
+//! (`Options::reuse_works`), so that a steady stream of ops allocates nothing.
 
 use std::sync::Arc;
 

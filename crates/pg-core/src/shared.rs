@@ -323,22 +323,12 @@ impl<B: Backend> Shared<B> {
     /// them; `false` when a watchdog pass is under way (it retires them itself).
     fn retire_finished(&self) -> bool {
         let Some(_one_pass) = try_lock(&self.passes) else { return false };
+        // Their stash released and recorder entries retired already, under the list's lock.
         let finished = self.in_flight.take_finished();
-        let Some(now) = finished.first().map(|_| crate::flight_recorder::nanos(self.device.now())) else {
-            return true;
-        };
-        let mut completed = Vec::with_capacity(finished.len());
-        let mut newest: Option<&WorkState<B>> = None;
-        for work in &finished {
-            work.release_completed(&mut completed);
-            if !work.op.is_p2p() && newest.is_none_or(|n| n.seq < work.seq) {
-                newest = Some(work.as_ref());
-            }
-        }
+        let newest = finished.iter().filter(|work| !work.op.is_p2p()).max_by_key(|work| work.seq);
         if let Some(work) = newest {
             let _ = self.errors.note_completed(work.seq, work.op, work.start_event.is_some());
         }
-        self.recorder.retire_completed(&completed, now);
         self.reuse.put(finished);
         true
     }
@@ -363,11 +353,8 @@ impl<B: Backend> Shared<B> {
     pub(crate) fn retire_in_flight(&self) {
         // Pooled Works hold the group's communicators: a stopping group lets them go.
         self.reuse.clear();
-        for work in self.in_flight.take_all() {
-            if let Some(id) = work.fr_id() {
-                self.recorder.retire(id, None);
-            }
-        }
+        // Their recorder entries retired in their last state as they leave.
+        drop(self.in_flight.take_all());
     }
 
     /// The status as it is now (without the aborted-communicator count, which needs the cache).

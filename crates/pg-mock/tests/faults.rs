@@ -187,6 +187,45 @@ mod healthy {
     }
 
     #[test]
+    fn a_dump_asks_the_events_of_the_ops_whose_entries_are_not_retired() {
+        // No watchdog and fewer ops than the in-flight list is pruned at: no entry is retired, so each one's state
+        // comes from its op's events, asked through the in-flight list at dump time. Rank 1's second op waits for a
+        // second of its current stream: rank 0's has started (its start event, desync debugging's, passed) and
+        // waits for rank 1's part; rank 1's is scheduled.
+        let world = World::new(WorldConfig::with_devices(2));
+        let store = world.store();
+        let options = Options::builder().enable_watchdog(false).desync_debug(true).build();
+        let states = world.run(2, move |rank, device| {
+            let pg = group(&store, "progress", rank, 2, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            device.current_stream().synchronize().unwrap();
+            if rank == 1 {
+                device.sleep_kernel(&device.current_stream(), Duration::from_secs(1)).unwrap();
+            }
+            let second = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            device.sleep(Duration::from_millis(100), &AtomicBool::new(false));
+            let states = |pg: &pg_core::ProcessGroup<pg_mock::Mock>| -> Vec<(String, bool)> {
+                let dump: serde_json::Value = serde_json::from_str(&pg.flight_recorder_json()).unwrap();
+                let entries = dump["entries"].as_array().unwrap().iter();
+                entries.map(|e| (e["state"].as_str().unwrap().to_owned(), e["retired"].as_bool().unwrap())).collect()
+            };
+            let during = states(&pg);
+            second.wait().unwrap();
+            device.current_stream().synchronize().unwrap();
+            let after = states(&pg);
+            pg.shutdown().unwrap();
+            (during, after)
+        });
+        let entry = |state: &str| (state.to_owned(), false);
+        assert_eq!(states[0].0, [entry("completed"), entry("started")], "rank 0 while rank 1's part waits");
+        assert_eq!(states[1].0, [entry("completed"), entry("scheduled")], "rank 1 while its stream sleeps");
+        for (rank, (_, after)) in states.iter().enumerate() {
+            assert_eq!(after, &[entry("completed"), entry("completed")], "rank {rank} once both ended");
+        }
+    }
+
+    #[test]
     fn dropping_a_group_with_a_hung_op_neither_hangs_nor_leaves_its_communicator_running() {
         // Rank 1 never joins op 1, and neither rank waits or shuts down: dropping the groups must return, and
         // the dropped group's communicator is aborted (its pending op released).
