@@ -16,7 +16,7 @@ The host time of ProcessGroup::all_reduce plus WorkHandle::wait on a no-op backe
 returns at once): the cost of pg-core's own bookkeeping per op, median of 9 rounds of N ops (default 200000).
 Without a configuration flag it measures four: the watchdog on (passes every 100 ms, and passes that never come),
 the watchdog off, and the watchdog and flight recorder off. Writes host.md and host.json into --out (default
-bench/results). Build with --release for figures worth keeping. With PG_TIME_ENQUEUE=1 it also writes where each
+bench/results). Run it as `cargo run --release -p xtask -- bench host` for figures worth keeping. With PG_TIME_ENQUEUE=1 it also writes where each
 enqueue's time goes, step by step (the timers' own clock reads included: time the figures without it).
 ";
 
@@ -145,11 +145,17 @@ pub fn main(args: &[String]) -> std::result::Result<(), String> {
         return Err("--ops must be at least 1".to_owned());
     }
     let configs = if chosen { vec![single] } else { DEFAULT_CONFIGS.to_vec() };
-    let command = format!("cargo xtask bench host {}", args.join(" ")).trim_end().to_owned();
+    // `cargo xtask` builds the dev profile: only a release build's figures are worth keeping, and the file says
+    // which one it measured.
+    let (runner, build) = match cfg!(debug_assertions) {
+        true => ("cargo xtask", "dev build: not figures to keep"),
+        false => ("cargo run --release -p xtask --", "release build"),
+    };
+    let command = format!("{runner} bench host {}", args.join(" ")).trim_end().to_owned();
     let (machine, commit) = (machine(), commit());
     let mut md = format!(
         "# pg-core's own host cost per op (no-op backend)\n\n**Machine:** {machine}. **Commit:** {commit}. \
-         **Command:** `{command}` (release build).\n\nThe no-op backend's primitives return at once, so this is \
+         **Command:** `{command}` ({build}).\n\nThe no-op backend's primitives return at once, so this is \
          pg-core's bookkeeping alone (template, cache hit, Work, flight recorder, watchdog list) for \
          `all_reduce(..)?.wait()` back to back, {ops} ops a round, 9 rounds.\n\n\
          | configuration | median ns/op | min | max |\n| --- | ---: | ---: | ---: |\n"
