@@ -356,7 +356,7 @@ const KEPT_EXITED_THREADS: usize = 1024;
 
 #[derive(Default)]
 struct ThreadNames {
-    names: std::collections::HashMap<u64, (std::sync::Arc<str>, bool)>,
+    names: HashMap<u64, (std::sync::Arc<str>, bool)>,
     exited: usize,
 }
 

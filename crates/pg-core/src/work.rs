@@ -68,8 +68,8 @@ pub(crate) struct WorkState<B: Backend> {
     /// The tasks that await the Work; made at the first poll that finds the op still running, so an op that is
     /// never awaited allocates nothing for it.
     pub(crate) waiters: OnceLock<Arc<Waiters>>,
-    /// The number and name of the thread that enqueued the op, for its flight-recorder entry (`None` with the
-    /// recorder off), which is made later, off the enqueue path.
+    /// The number of the thread that enqueued the op, for its flight-recorder entry (`None` with the recorder off),
+    /// which is made later, off the enqueue path.
     pub(crate) thread: Option<u64>,
 }
 
