@@ -816,7 +816,7 @@ impl<B: Backend> ProcessGroup<B> {
                 &looked_up
             }
         };
-        let seq = self.inner.tally.next_seq(spec.op.is_p2p());
+        let (seq, unissued) = self.inner.tally.next_seq(spec.op.is_p2p());
         let start_time = device.now();
         timer.lap(EnqueueStep::Lookup);
 
@@ -878,7 +878,7 @@ impl<B: Backend> ProcessGroup<B> {
         }
         timer.lap(EnqueueStep::EndEvent);
 
-        self.inner.tally.op_issued();
+        unissued.issued();
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
         let (input_size, output_size, lists) = spec.sizes();
@@ -939,34 +939,36 @@ impl<B: Backend> ProcessGroup<B> {
                 *slot_stash.get_mut().unwrap_or_else(PoisonError::into_inner) = stash;
                 *waiters = std::sync::OnceLock::new();
                 *thread = recorded.then(current_thread_number);
-                self.inner.tally.work_reused();
                 work
             }
-            WorkSource::Fresh(end_event) => Arc::new(WorkState {
-                entry: Arc::clone(entry),
-                end_event,
-                start_event,
-                fr_id: AtomicU64::new(u64::MAX),
-                retired: AtomicBool::new(false),
-                seq,
-                op: spec.op,
-                input: input_size,
-                output: output_size,
-                lists,
-                start_time,
-                timeout,
-                blocking_wait: options.blocking_wait,
-                blocking_wait_poll: options.blocking_wait_poll,
-                is_barrier: spec.is_barrier,
-                captured,
-                exception: Mutex::new(None),
-                failed: AtomicBool::new(false),
-                ended: AtomicBool::new(false),
-                stashed: !stash.is_empty(),
-                stash: Mutex::new(stash),
-                waiters: std::sync::OnceLock::new(),
-                thread: recorded.then(current_thread_number),
-            }),
+            WorkSource::Fresh(end_event) => {
+                self.inner.tally.work_made();
+                Arc::new(WorkState {
+                    entry: Arc::clone(entry),
+                    end_event,
+                    start_event,
+                    fr_id: AtomicU64::new(u64::MAX),
+                    retired: AtomicBool::new(false),
+                    seq,
+                    op: spec.op,
+                    input: input_size,
+                    output: output_size,
+                    lists,
+                    start_time,
+                    timeout,
+                    blocking_wait: options.blocking_wait,
+                    blocking_wait_poll: options.blocking_wait_poll,
+                    is_barrier: spec.is_barrier,
+                    captured,
+                    exception: Mutex::new(None),
+                    failed: AtomicBool::new(false),
+                    ended: AtomicBool::new(false),
+                    stashed: !stash.is_empty(),
+                    stash: Mutex::new(stash),
+                    waiters: std::sync::OnceLock::new(),
+                    thread: recorded.then(current_thread_number),
+                })
+            }
         };
         let work = WorkHandle { state, output: held.clone() };
         timer.lap(EnqueueStep::Work);

@@ -55,8 +55,12 @@ impl Stream {
         crate::ffi::begin_capture(self.cuda(), mode)
     }
 
-    /// Whether this stream is capturing (`cuStreamIsCapturing`; an invalidated capture counts).
+    /// Whether this stream is capturing (`cuStreamIsCapturing`; an invalidated capture counts). The legacy default
+    /// stream never is (CUDA refuses to begin a capture on it or to join it to one), so its answer needs no call.
     pub fn is_capturing(&self) -> Result<bool> {
+        if self.is_legacy_default() {
+            return Ok(false);
+        }
         crate::ffi::bind(self.cuda().context())?;
         let status = crate::ffi::is_capturing(self.cuda())?;
         Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)

@@ -54,6 +54,15 @@ impl Stream {
         self.inner.cuda.cu_stream()
     }
 
+    /// Whether this is the legacy default stream (the null handle or `CU_STREAM_LEGACY`), which implicitly
+    /// synchronises with the blocking streams of its context and can take no part in a capture.
+    pub fn is_legacy_default(&self) -> bool {
+        // cuda.h's `CU_STREAM_LEGACY`, a handle value rather than a stream.
+        const CU_STREAM_LEGACY: usize = 0x1;
+        let raw = self.raw() as usize;
+        raw == 0 || raw == CU_STREAM_LEGACY
+    }
+
     /// Whether all work enqueued so far has finished.
     pub fn query(&self) -> Result<bool> {
         crate::ffi::bind(self.inner.cuda.context())?;

@@ -89,6 +89,10 @@ pub struct AllReduceSize {
     /// Same-rank enqueue difference `pg` - `raw-with-events`, us: pg's own bookkeeping.
     #[serde(default)]
     pub pg_minus_raw_with_events_enqueue_us_same_rank: Option<f64>,
+    /// Same-rank enqueue difference `pg` - `raw-with-events-pg-stream`, us: pg's own bookkeeping against the same
+    /// driver calls on pg's own communication stream.
+    #[serde(default)]
+    pub pg_minus_raw_with_events_pg_stream_enqueue_us_same_rank: Option<f64>,
     /// The process group without watchdog and flight recorder.
     #[serde(default)]
     pub pg_no_watchdog_no_fr: Option<Measure>,
@@ -182,6 +186,9 @@ pub struct AllReduceResult {
     /// pg's own bookkeeping within 0.3 us.
     #[serde(default)]
     pub pg_bookkeeping_within_0_3_us: Option<bool>,
+    /// pg's own bookkeeping per op against `raw-with-events-pg-stream`, us (median over sizes).
+    #[serde(default)]
+    pub pg_bookkeeping_pg_stream_us_same_rank_median: Option<f64>,
     /// The median over sizes of pg's enqueue minus raw's, us.
     pub pg_minus_raw_enqueue_us_median: Option<f64>,
     /// The same, rank by rank.

@@ -72,6 +72,30 @@ pub struct HostCosts {
     pub stream_wait_event: f64,
     /// Reading the clock twice.
     pub timer: f64,
+    /// The device's clock (`Device::now`), once.
+    #[serde(default)]
+    pub clock_read: Option<f64>,
+    /// Binding the device's context to the thread (already bound).
+    #[serde(default)]
+    pub context_bind: Option<f64>,
+    /// The capture query of the current stream (the legacy default stream).
+    #[serde(default)]
+    pub is_capturing_default_stream: Option<f64>,
+    /// The capture query of a pool stream.
+    #[serde(default)]
+    pub is_capturing_pool_stream: Option<f64>,
+    /// Recording one event again and again on the comm stream, the GPU idle.
+    #[serde(default)]
+    pub event_rerecord_one_on_comm_stream: Option<f64>,
+    /// Recording each of 256 events in turn on the comm stream, the GPU idle.
+    #[serde(default)]
+    pub event_record_ring_on_comm_stream: Option<f64>,
+    /// Recording one event again and again on the comm stream behind a spin (every record pending).
+    #[serde(default)]
+    pub event_rerecord_one_behind_spin: Option<f64>,
+    /// Recording each of 256 events in turn on the comm stream behind a spin (every record pending).
+    #[serde(default)]
+    pub event_record_ring_behind_spin: Option<f64>,
 }
 
 /// What the traced contestant's trace file held once written, or why it could not be read.

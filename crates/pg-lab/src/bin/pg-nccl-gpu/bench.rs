@@ -59,7 +59,11 @@ enum Contestant<'a> {
     /// With one input-ready event it is re-recorded every op, as PyTorch and the process group do; with a ring of
     /// them (`PG_BENCH_EVENT_RING=1`, contestant `raw-with-event-ring`), each op records one whose last record
     /// is long complete, to see whether re-recording a pending event costs the driver more.
-    RawWithEvents { comm: &'a RawComm, stream: &'a Stream, input_ready: &'a [pg_nccl::Event] },
+    ///
+    /// `raw-with-events-pg-stream` is the same on the process group's own communication stream: the driver's cost
+    /// of a record or a wait depends on the stream (the hardware queue the driver gave it), so that the difference
+    /// from `pg` leaves only pg's own work.
+    RawWithEvents { comm: &'a RawComm, stream: &'a Stream, input_ready: &'a [pg_nccl::Event], pg_stream: bool },
     /// A process group, the caller's current stream being the legacy default stream (as in PyTorch). `pg` is
     /// the default options; `pg-traced` the default options with the op timeline on (`Options::trace_dir`, as
     /// `PG_TRACE=DIR` sets it), beside `pg` in every run so that the cost of tracing shows against tracing off;
@@ -94,6 +98,7 @@ impl Contestant<'_> {
         match self {
             Contestant::Raw { .. } => "raw",
             Contestant::RawWithEvents { input_ready, .. } if input_ready.len() > 1 => "raw-with-event-ring",
+            Contestant::RawWithEvents { pg_stream: true, .. } => "raw-with-events-pg-stream",
             Contestant::RawWithEvents { .. } => "raw-with-events",
             Contestant::Pg { name, .. } => name,
             Contestant::PgOnStream { .. } => "pg-current-pool-stream",
@@ -151,7 +156,7 @@ fn throughput(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, 
             (Contestant::Raw { comm, stream }, _) => {
                 comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?
             }
-            (Contestant::RawWithEvents { comm, stream, input_ready }, _) => {
+            (Contestant::RawWithEvents { comm, stream, input_ready, .. }, _) => {
                 let input_ready = &input_ready[op % input_ready.len()];
                 input_ready.record(&device.current_stream()).map_err(e)?;
                 stream.wait_event(input_ready).map_err(e)?;
@@ -195,7 +200,7 @@ fn trial(ctx: &Rank, who: &Contestant<'_>, buffer: &Buffer, tiny: &Buffer, ops: 
                 comm.all_reduce_in_place(buffer, ReduceOp::Sum, stream).map_err(e)?;
                 enqueue_us.push(t.elapsed().as_secs_f64() * 1e6);
             }
-            (Contestant::RawWithEvents { comm, stream, input_ready }, _) => {
+            (Contestant::RawWithEvents { comm, stream, input_ready, .. }, _) => {
                 let input_ready = &input_ready[op % input_ready.len()];
                 let t = Instant::now();
                 input_ready.record(&device.current_stream()).map_err(e)?;
@@ -274,6 +279,7 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     };
     let tiny = filled(ctx, DType::F32, 1, 1.0)?;
     pg.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
+    let pg_comm_stream = pg.comm_stream(&device.index().to_string()).ok_or("pg has no communication stream")?;
     traced.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
     for (_, variant) in &variants {
         variant.all_reduce_sync(&tiny, ReduceOp::Sum).map_err(e)?;
@@ -303,6 +309,13 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
                 comm: &raw,
                 stream: &raw_stream,
                 input_ready: std::slice::from_ref(&input_ready),
+                pg_stream: false,
+            },
+            Contestant::RawWithEvents {
+                comm: &raw,
+                stream: &pg_comm_stream,
+                input_ready: std::slice::from_ref(&input_ready),
+                pg_stream: true,
             },
         ];
         if profile.full_breakdown() {
@@ -310,7 +323,12 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
         }
         contestants.extend(variants.iter().map(|(name, pg)| Contestant::Pg { pg, name }));
         if let Some(one_event) = &one_event {
-            contestants.push(Contestant::RawWithEvents { comm: &raw, stream: &raw_stream, input_ready: &event_ring });
+            contestants.push(Contestant::RawWithEvents {
+                comm: &raw,
+                stream: &raw_stream,
+                input_ready: &event_ring,
+                pg_stream: false,
+            });
             contestants.push(Contestant::Pg { pg: one_event, name: "pg-one-input-event" });
         }
         contestants.push(Contestant::Pg { pg: &traced, name: TRACED });
@@ -626,8 +644,38 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<HostCosts, String> {
         let _ = device.current_stream();
         Ok(())
     })?;
+    let clock_read = measure(&mut || {
+        std::hint::black_box(device.now());
+        Ok(())
+    })?;
+    let context_bind = measure(&mut || device.cuda().bind_to_thread().map_err(e))?;
+    let is_capturing_default_stream = measure(&mut || current.is_capturing().map(drop).map_err(e))?;
+    let is_capturing_pool_stream = measure(&mut || pool_stream.is_capturing().map(drop).map_err(e))?;
+    // One event re-recorded (its driver state hot) against a ring of them (each record touches another event),
+    // with the GPU idle and with every record pending behind a spin on the comm stream.
+    let ring: Vec<pg_nccl::Event> = (0..256).map(|_| device.create_event()).collect();
+    let one = device.create_event();
+    let mut next = 0;
+    let mut record_ring = || {
+        next = (next + 1) % ring.len();
+        ring[next].record(&comm_stream).map_err(e)
+    };
+    let rerecord_idle = measure(&mut || one.record(&comm_stream).map_err(e))?;
+    let ring_idle = measure(&mut record_ring)?;
+    device.synchronize().map_err(e)?;
+    device.cuda().sleep_kernel(comm_stream.cuda(), Duration::from_millis(200)).map_err(e)?;
+    let rerecord_spin = measure(&mut || one.record(&comm_stream).map_err(e))?;
+    let ring_spin = measure(&mut record_ring)?;
     device.synchronize().map_err(e)?;
     Ok(HostCosts {
+        clock_read: Some(clock_read),
+        context_bind: Some(context_bind),
+        is_capturing_default_stream: Some(is_capturing_default_stream),
+        is_capturing_pool_stream: Some(is_capturing_pool_stream),
+        event_rerecord_one_on_comm_stream: Some(rerecord_idle),
+        event_record_ring_on_comm_stream: Some(ring_idle),
+        event_rerecord_one_behind_spin: Some(rerecord_spin),
+        event_record_ring_behind_spin: Some(ring_spin),
         current_stream,
         event_create_record_drop_on_default_stream: record_default,
         event_create_record_drop_on_pool_stream: record_pool,

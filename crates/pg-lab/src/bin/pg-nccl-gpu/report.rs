@@ -455,6 +455,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             pg_minus_raw_enqueue_us: overhead.filter(|v| v.is_finite()),
             pg_minus_raw_enqueue_us_same_rank: same_rank("pg", "raw"),
             pg_minus_raw_with_events_enqueue_us_same_rank: bookkeeping,
+            pg_minus_raw_with_events_pg_stream_enqueue_us_same_rank: same_rank("pg", "raw-with-events-pg-stream"),
             pg_no_watchdog_no_fr: of("pg-no-watchdog-no-fr"),
             pg_one_input_event_minus_pg_enqueue_us_same_rank: same_rank("pg-one-input-event", "pg"),
             pg_over_raw_busbw: ratio.filter(|v| v.is_finite()),
@@ -632,6 +633,25 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
             yes(bookkeeping <= 0.3)
         );
     }
+    let bookkeeping_pg_stream = median_of(|s| s.pg_minus_raw_with_events_pg_stream_enqueue_us_same_rank);
+    if bookkeeping_pg_stream.is_finite() {
+        let _ = writeln!(
+            md,
+            "
+The same against the same driver calls on pg's own communication stream (`pg` - \
+             `raw-with-events-pg-stream`, rank by rank, worst rank, median over sizes): {bookkeeping_pg_stream:.2} us; \
+             `raw-with-events-pg-stream` - `raw-with-events` {:.2} us is what the stream alone changes.",
+            median_of(|s| {
+                match (
+                    s.pg_minus_raw_with_events_enqueue_us_same_rank,
+                    s.pg_minus_raw_with_events_pg_stream_enqueue_us_same_rank,
+                ) {
+                    (Some(a), Some(b)) => Some(a - b),
+                    _ => None,
+                }
+            }),
+        );
+    }
     let ring_saves = median_of(|s| s.pg_one_input_event_minus_pg_enqueue_us_same_rank);
     if ring_saves.is_finite() {
         let _ = writeln!(
@@ -674,6 +694,7 @@ pub fn merge_bench(dir: &std::path::Path, label: &str) -> Result<bool, String> {
         machine: None,
         pg_bookkeeping_us_same_rank_median: finite(bookkeeping),
         pg_bookkeeping_within_0_3_us: Some(bookkeeping <= 0.3),
+        pg_bookkeeping_pg_stream_us_same_rank_median: finite(bookkeeping_pg_stream),
         pg_minus_raw_enqueue_us_median: finite(overhead),
         pg_minus_raw_enqueue_us_same_rank_median: finite(overhead_same_rank),
         pg_over_raw_device_time_worst_from_64kib: network.worst_ratio,
