@@ -47,7 +47,7 @@ pub(crate) fn watchdog_loop<B: Backend>(
     // When the next full pass is due (`None`: the next pass is a full one, as after an idle sleep).
     let mut due: Option<Duration> = None;
     while !signals.terminate.load(Ordering::SeqCst) {
-        let sleep = match group.upgrade() {
+        let (sleep, idle) = match group.upgrade() {
             Some(group) => {
                 #[cfg(feature = "testing")]
                 stay_held(group.as_ref(), device, signals);
@@ -56,23 +56,37 @@ pub(crate) fn watchdog_loop<B: Backend>(
                 match idle_sleep(group.as_ref(), signals) {
                     Some(idle) => {
                         due = None;
-                        idle
+                        (idle, true)
                     }
                     None if full => {
                         due = Some(device.now().saturating_add(period));
-                        period
+                        (period, false)
                     }
-                    None => due.map_or(period, |due| due.saturating_sub(device.now())),
+                    None => (due.map_or(period, |due| due.saturating_sub(device.now())), false),
                 }
             }
             None => break,
         };
-        device.sleep(sleep, &signals.wake);
-        signals.idle.store(false, Ordering::SeqCst);
-        if !signals.terminate.load(Ordering::SeqCst) {
-            signals.wake.store(false, Ordering::SeqCst);
+        let woken = sleep_until_woken(device, signals, sleep);
+        if idle && woken {
+            // The first Work after an idle spell woke the watchdog: its first pass comes a period later, as a
+            // running watchdog's would, rather than at once beside the burst of ops that woke it (an intake filling
+            // half way, or a stop, still cuts this short).
+            sleep_until_woken(device, signals, period);
         }
     }
+}
+
+/// Sleeps for `duration` or until woken (a new Work for an idle watchdog, an intake filling, a stop); whether it was
+/// woken. The wake is consumed, unless it is a stop.
+fn sleep_until_woken<D: Device>(device: &D, signals: &Signals, duration: Duration) -> bool {
+    device.sleep(duration, &signals.wake);
+    signals.idle.store(false, Ordering::SeqCst);
+    let woken = signals.wake.load(Ordering::SeqCst);
+    if !signals.terminate.load(Ordering::SeqCst) {
+        signals.wake.store(false, Ordering::SeqCst);
+    }
+    woken && !signals.terminate.load(Ordering::SeqCst)
 }
 
 /// The values of `Shared::watchdog_hold` (`testing` feature).

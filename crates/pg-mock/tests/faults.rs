@@ -340,6 +340,35 @@ mod healthy {
         let detected = seen[0].1.unwrap();
         assert!(detected <= Duration::from_millis(1200), "the timeout was caught after {detected:?}");
     }
+
+    #[test]
+    fn the_op_that_wakes_an_idle_watchdog_gets_its_first_pass_a_period_later() {
+        // The first op after an idle spell wakes the watchdog, which then passes a period later, as a running one
+        // would, rather than at once beside the burst of ops that op starts.
+        let world = World::new(WorldConfig::with_devices(1));
+        let store = world.store();
+        let period = Duration::from_millis(100);
+        let options = Options::builder().watchdog_period(period).dump_on_timeout(false).build();
+        let seen = world.run(1, move |rank, device| {
+            let pg = group(&store, "idle-wake", rank, 1, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            let never = AtomicBool::new(false);
+            device.sleep(Duration::from_secs(60), &never);
+            let idle = pg.status().watchdog_passes;
+            let work = pg.all_reduce(&buffer, ReduceOp::Sum).unwrap();
+            device.sleep(period / 2, &never);
+            let half_a_period = pg.status().watchdog_passes;
+            device.sleep(period, &never);
+            let a_period_and_a_half = pg.status().watchdog_passes;
+            work.wait().unwrap();
+            (idle, half_a_period, a_period_and_a_half)
+        });
+        let (idle, half_a_period, a_period_and_a_half) = seen[0];
+        assert_eq!(half_a_period, idle, "a pass ran at once after the op that woke the idle watchdog");
+        assert!(a_period_and_a_half > idle, "no pass a period after the op that woke the watchdog");
+    }
 }
 
 /// How a group stops its host threads, and when it stops using the store.
