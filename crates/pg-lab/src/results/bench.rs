@@ -90,10 +90,10 @@ pub struct HostCosts {
     /// Recording each of 256 events in turn on the comm stream, the GPU idle.
     #[serde(default)]
     pub event_record_ring_on_comm_stream: Option<f64>,
-    /// Recording one event again and again on the comm stream behind a spin (every record pending).
+    /// Recording one event again and again on the comm stream behind a spin (every record pending; 256 records).
     #[serde(default)]
     pub event_rerecord_one_behind_spin: Option<f64>,
-    /// Recording each of 256 events in turn on the comm stream behind a spin (every record pending).
+    /// Recording each of 256 events in turn on the comm stream behind a spin (every record pending; 256 records).
     #[serde(default)]
     pub event_record_ring_behind_spin: Option<f64>,
 }

@@ -624,15 +624,16 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<HostCosts, String> {
     let comm_stream = pg.comm_stream(&key).ok_or("no comm stream")?;
     let pool_stream = device.stream_from_pool(false).map_err(e)?;
     let buffer = filled(ctx, DType::F32, 2, 1.0)?;
-    let measure = |body: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
-        let mut samples = Vec::with_capacity(N);
-        for _ in 0..N {
+    let measure_n = |count: usize, body: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
             let t = Instant::now();
             body()?;
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
         Ok(median(&mut samples))
     };
+    let measure = |body: &mut dyn FnMut() -> Result<(), String>| measure_n(N, body);
     let timer = measure(&mut || Ok(()))?;
     let record_default = measure(&mut || device.create_event().record(&current).map_err(e))?;
     let record_pool = measure(&mut || device.create_event().record(&pool_stream).map_err(e))?;
@@ -663,9 +664,11 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<HostCosts, String> {
     let rerecord_idle = measure(&mut || one.record(&comm_stream).map_err(e))?;
     let ring_idle = measure(&mut record_ring)?;
     device.synchronize().map_err(e)?;
-    device.cuda().sleep_kernel(comm_stream.cuda(), Duration::from_millis(200)).map_err(e)?;
-    let rerecord_spin = measure(&mut || one.record(&comm_stream).map_err(e))?;
-    let ring_spin = measure(&mut record_ring)?;
+    // Behind the spin, one record per event of the ring, few enough that none waits for room in the stream's queue.
+    const BEHIND_SPIN: usize = 256;
+    device.cuda().sleep_kernel(comm_stream.cuda(), Duration::from_millis(50)).map_err(e)?;
+    let rerecord_spin = measure_n(BEHIND_SPIN, &mut || one.record(&comm_stream).map_err(e))?;
+    let ring_spin = measure_n(BEHIND_SPIN, &mut record_ring)?;
     device.synchronize().map_err(e)?;
     Ok(HostCosts {
         clock_read: Some(clock_read),
