@@ -261,9 +261,7 @@ impl<B: Backend> InFlight<B> {
                 Some((work.fr_id()?, Progress { started, completed: passed(&work.end_event) }))
             })
             .collect();
-        let dump = self.recorder.dump(header, &progress);
-        drop(works);
-        dump
+        self.recorder.dump(header, &progress)
     }
 
     /// Takes the Works marked `retired` off the list, in one linear pass reading a flag. The intake is not moved:

@@ -218,7 +218,8 @@ pub(crate) fn pass<B: Backend>(group: &Shared<B>, full: bool) {
             note_completed(group, work, &mut completed);
         }
     }
-    // Before the pool looks at the retired Works: the entries let go of their end events here.
+    // Before the retired Works leave the list: a dump, made under the list's lock, never finds an entry open whose
+    // Work has left it.
     retire_completed(&mut completed);
     let removed = match any_done {
         true => group.in_flight.take_retired(),
