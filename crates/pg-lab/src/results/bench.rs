@@ -90,6 +90,10 @@ pub struct HostCosts {
     /// Recording each of 256 events in turn on the comm stream, the GPU idle.
     #[serde(default)]
     pub event_record_ring_on_comm_stream: Option<f64>,
+    /// Recording each of 4,096 events in turn on the comm stream, the GPU idle (as many as the process group's
+    /// pool of Works holds: each record touches an event no record touched for thousands of records).
+    #[serde(default)]
+    pub event_record_ring_4096_on_comm_stream: Option<f64>,
     /// Recording one event again and again on the comm stream behind a spin (every record pending; 256 records).
     #[serde(default)]
     pub event_rerecord_one_behind_spin: Option<f64>,

@@ -663,6 +663,12 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<HostCosts, String> {
     };
     let rerecord_idle = measure(&mut || one.record(&comm_stream).map_err(e))?;
     let ring_idle = measure(&mut record_ring)?;
+    let wide: Vec<pg_nccl::Event> = (0..4096).map(|_| device.create_event()).collect();
+    let mut next_wide = 0;
+    let ring_4096_idle = measure(&mut || {
+        next_wide = (next_wide + 1) % wide.len();
+        wide[next_wide].record(&comm_stream).map_err(e)
+    })?;
     device.synchronize().map_err(e)?;
     // Behind the spin, one record per event of the ring, few enough that none waits for room in the stream's queue.
     const BEHIND_SPIN: usize = 256;
@@ -677,6 +683,7 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<HostCosts, String> {
         is_capturing_pool_stream: Some(is_capturing_pool_stream),
         event_rerecord_one_on_comm_stream: Some(rerecord_idle),
         event_record_ring_on_comm_stream: Some(ring_idle),
+        event_record_ring_4096_on_comm_stream: Some(ring_4096_idle),
         event_rerecord_one_behind_spin: Some(rerecord_spin),
         event_record_ring_behind_spin: Some(ring_spin),
         current_stream,
