@@ -261,8 +261,10 @@ pub fn run(ctx: &Rank) -> Result<Value, String> {
     let pg = group(ctx, "bench", Options::builder())?;
     let trace_dir = bench_trace_dir();
     let traced = traced_group(ctx, "bench-traced", &trace_dir)?;
-    // The network profile measures raw, raw-with-events and pg only: each op there costs milliseconds.
-    let variant_groups: &[(&str, Variant)] = if ctx.settings.bench_profile.full_breakdown() { &GROUPS } else { &[] };
+    // The network profile measures the raw contestants, pg and pg without its watchdog and flight recorder only
+    // (the large sizes' ops there cost milliseconds): what pg's threads and recorder cost over sockets.
+    let variant_groups: &[(&str, Variant)] =
+        if ctx.settings.bench_profile.full_breakdown() { &GROUPS } else { &GROUPS[..1] };
     let variants: Vec<(&'static str, Group)> = variant_groups
         .iter()
         .map(|(name, options)| Ok((*name, group(ctx, &format!("bench-{name}"), options(Options::builder()))?)))
@@ -720,6 +722,7 @@ mod tests {
         let options = |name: &str| GROUPS.iter().find(|(n, _)| *n == name).map(|(_, f)| f(Options::builder()).build());
         let no_watchdog = options("pg-no-watchdog").unwrap();
         assert!(!no_watchdog.enable_watchdog && no_watchdog.trace_buffer_size > 0);
+        assert_eq!(GROUPS[0].0, "pg-no-watchdog-no-fr", "the network profile's one variant is the bare group");
         let bare = options("pg-no-watchdog-no-fr").unwrap();
         assert!(!bare.enable_watchdog && bare.trace_buffer_size == 0);
         assert!(!options("pg-no-reuse").unwrap().reuse_works);
