@@ -115,7 +115,8 @@ impl<B: Backend> InFlight<B> {
     /// offered to the reuse pool. Pruning runs when the list has doubled since the last time, so it costs O(1) per
     /// op.
     fn prune(&self, works: &mut Vec<Arc<WorkState<B>>>) {
-        let left = self.split_off(works, |work| work.observe_end() || work.exception().is_some());
+        WorkState::observe_ends(works);
+        let left = self.split_off(works, |work| work.ended.load(Ordering::Acquire) || work.exception().is_some());
         let Some(now) = left.first().map(|work| nanos(work.entry.device.now())) else { return };
         // The completed ones under one lock of the recorder, as a watchdog pass retires them; a failed one keeps
         // its last state.
@@ -141,9 +142,9 @@ impl<B: Backend> InFlight<B> {
         if works.len() < self.prune_at.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        let finished = self.split_off(&mut works, |work| {
-            work.exception().is_none() && work.observe_end() && work.exception().is_none()
-        });
+        WorkState::observe_ends(&works);
+        let finished =
+            self.split_off(&mut works, |work| work.exception().is_none() && work.ended.load(Ordering::Acquire));
         if let Some(now) = finished.first().map(|work| nanos(work.entry.device.now())) {
             let mut completed = Vec::with_capacity(finished.len());
             for work in &finished {
@@ -217,8 +218,10 @@ impl<B: Backend> InFlight<B> {
     /// is what the abort cannot drain: after it, an end event that passes says nothing about the op. (An op that
     /// ends between this look and the abort is failed with the rest: a false failure, never a false success.)
     pub(crate) fn finished(&self, on: impl Fn(&WorkState<B>) -> bool) -> Vec<Arc<WorkState<B>>> {
-        let works = self.list();
-        works.iter().filter(|work| on(work) && work.observe_end()).cloned().collect()
+        let mut works: Vec<_> = self.list().iter().filter(|work| on(work)).cloned().collect();
+        WorkState::observe_ends(&works);
+        works.retain(|work| work.ended.load(Ordering::Acquire));
+        works
     }
 
     /// Sets `error` on every Work on the list for which `on` holds, except those in `finished` (see
@@ -296,6 +299,6 @@ pub(crate) fn new_entry<B: Backend>(work: &WorkState<B>, captured: bool) -> NewE
         lists: work.lists.clone(),
         timeout_ms: u64::try_from(work.timeout.as_millis()).unwrap_or(u64::MAX),
         captured,
-        thread: work.thread.unwrap_or_else(crate::flight_recorder::current_thread_number),
+        thread: work.thread,
     }
 }

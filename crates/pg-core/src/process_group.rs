@@ -882,7 +882,6 @@ impl<B: Backend> ProcessGroup<B> {
         tracing::trace!(target: "pg", pg_id = self.inner.local_id, seq, op = %spec.op, "enqueued");
         let options = &self.inner.options;
         let (input_size, output_size, lists) = spec.sizes();
-        let recorded = self.inner.recorder.is_on();
         let timeout = self.inner.timeout();
         let state = match source {
             WorkSource::Recycled(mut work) => {
@@ -938,7 +937,7 @@ impl<B: Backend> ProcessGroup<B> {
                 *stashed = !stash.is_empty();
                 *slot_stash.get_mut().unwrap_or_else(PoisonError::into_inner) = stash;
                 *waiters = std::sync::OnceLock::new();
-                *thread = recorded.then(current_thread_number);
+                *thread = current_thread_number();
                 work
             }
             WorkSource::Fresh(end_event) => {
@@ -966,7 +965,7 @@ impl<B: Backend> ProcessGroup<B> {
                     stashed: !stash.is_empty(),
                     stash: Mutex::new(stash),
                     waiters: std::sync::OnceLock::new(),
-                    thread: recorded.then(current_thread_number),
+                    thread: current_thread_number(),
                 })
             }
         };

@@ -169,6 +169,8 @@ pub(crate) fn pass<B: Backend>(group: &Shared<B>, full: bool) {
         check_dump_signal(group);
     }
     let works = group.in_flight.snapshot();
+    // One event query per stream and thread for the Works whose ops have passed.
+    WorkState::observe_ends(&works);
     // Whether any Work is to leave the list (each is marked `retired`; the list may have grown meanwhile).
     let mut any_done = false;
     // The flight-recorder entries of the Works seen completed, retired together (one lock for the pass).
@@ -181,7 +183,7 @@ pub(crate) fn pass<B: Backend>(group: &Shared<B>, full: bool) {
         // One rule decides the outcome (`WorkState::is_completed`): an op seen finished is a success whatever its
         // communicator reports later (an asynchronous error then concerns the ops after it); one not yet finished
         // takes the communicator's asynchronous error, or fails once its communicator was stopped.
-        let done = work.is_completed();
+        let done = work.is_completed_observed();
         let timed_out = !done && work.check_timeout(work.timeout);
         if let Some(error) = work.exception() {
             work.retired.store(true, Ordering::Relaxed);

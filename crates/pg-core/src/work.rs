@@ -68,9 +68,9 @@ pub(crate) struct WorkState<B: Backend> {
     /// The tasks that await the Work; made at the first poll that finds the op still running, so an op that is
     /// never awaited allocates nothing for it.
     pub(crate) waiters: OnceLock<Arc<Waiters>>,
-    /// The number of the thread that enqueued the op, for its flight-recorder entry (`None` with the recorder off),
-    /// which is made later, off the enqueue path.
-    pub(crate) thread: Option<u64>,
+    /// The number of the thread that enqueued the op: for its flight-recorder entry, which is made later, off the
+    /// enqueue path, and for [`WorkState::observe_ends`] (one thread's Works are on the list in its program order).
+    pub(crate) thread: u64,
 }
 
 impl<B: Backend> WorkState<B> {
@@ -159,11 +159,51 @@ impl<B: Backend> WorkState<B> {
         }
     }
 
+    /// Observes the ends of `works`, a list in enqueue order (the in-flight list), with one event query per
+    /// communication stream and enqueuing thread where their ops have passed, rather than one per Work: a
+    /// stream runs its work in the order it was enqueued, and one thread enqueues in its program order, which is
+    /// its order on the list; so once a Work's end is observed ([`WorkState::observe_end`]), every earlier Work
+    /// of the same thread on the same communicator entry has ended too, before any abort (which is sticky: not
+    /// stopped at the later query means not stopped before). Walks the list from its newest Work back; every Work
+    /// is either queried once or inferred, so that [`WorkState::is_completed_observed`] needs no query after it.
+    /// Failed and captured Works are left as they are.
+    pub(crate) fn observe_ends(works: &[Arc<WorkState<B>>]) {
+        use std::sync::atomic::Ordering;
+        // The (communicator entry, thread) pairs with a later Work seen ended: a handful per group, kept on the
+        // stack (a pruning enqueue path allocates nothing); pairs beyond them are queried Work by Work.
+        const KEPT: usize = 16;
+        let mut passed = [(std::ptr::null::<crate::cache::CommShared<B>>(), 0u64); KEPT];
+        let mut known = 0;
+        for work in works.iter().rev() {
+            if work.captured || work.failed.load(Ordering::Acquire) {
+                continue;
+            }
+            let key = (Arc::as_ptr(&work.entry), work.thread);
+            if passed[..known].contains(&key) {
+                work.ended.store(true, Ordering::Release);
+            } else if work.observe_end() && known < KEPT {
+                passed[known] = key;
+                known += 1;
+            }
+        }
+    }
+
     /// PyTorch's `isCompleted`: an exception, or the op ran to its end ([`WorkState::observe_end`]).
     ///
     /// An op still pending on an aborted communicator will never finish: it completes with
     /// [`Error::Aborted`], so that a wait blocked on it returns (abort from another thread, S26).
     pub(crate) fn is_completed(&self) -> bool {
+        self.completed_given(WorkState::observe_end)
+    }
+
+    /// [`WorkState::is_completed`] after [`WorkState::observe_ends`] looked at the Work: its end is not queried
+    /// again.
+    pub(crate) fn is_completed_observed(&self) -> bool {
+        self.completed_given(|work| work.ended.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Whether the Work completed, `ended` telling whether its op is known to have ended.
+    fn completed_given(&self, ended: impl FnOnce(&Self) -> bool) -> bool {
         if self.captured {
             // Its end event belongs to the capture and cannot be queried; the Work itself ran nothing.
             return true;
@@ -171,7 +211,7 @@ impl<B: Backend> WorkState<B> {
         if self.exception().is_some() {
             return true;
         }
-        if self.observe_end() {
+        if ended(self) {
             return true;
         }
         if self.exception().is_none() {

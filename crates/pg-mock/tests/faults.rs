@@ -342,6 +342,46 @@ mod healthy {
     }
 
     #[test]
+    fn a_watchdog_pass_queries_one_end_event_per_thread_for_the_ops_that_passed() {
+        // Every event query costs the caller 1 ms of host time and nothing else on the host costs anything: a pass
+        // over 200 finished Works of one thread queries the newest one's end event only (a stream runs its work in
+        // order), and takes 1 ms, not 200; every Work is retired all the same, its completion noted.
+        const OPS: u64 = 200;
+        let mut config = WorldConfig::with_devices(1);
+        let zero = Duration::ZERO;
+        config.host = pg_mock::HostCosts {
+            kernel_launch: zero,
+            event_record: zero,
+            stream_wait: zero,
+            query: Duration::from_millis(1),
+            collective_enqueue: zero,
+            store_op: zero,
+        };
+        let world = World::new(config);
+        let store = world.store();
+        let options = Options::builder().watchdog_period(Duration::from_secs(3600)).dump_on_timeout(false).build();
+        let seen = world.run(1, move |rank, device| {
+            let pg = group(&store, "one-query", rank, 1, &device, options.clone());
+            let buffer = device.alloc(DType::F32, 8).unwrap();
+            device.fill(&buffer, 1.0, &device.current_stream()).unwrap();
+            let hold = pg.hold_watchdog();
+            for _ in 0..OPS {
+                pg.all_reduce(&buffer, ReduceOp::Sum).unwrap().wait().unwrap();
+            }
+            device.current_stream().synchronize().unwrap();
+            let before = device.now();
+            pg.watchdog_pass_now();
+            let took = device.now() - before;
+            let status = pg.status();
+            drop(hold);
+            (took, status.in_flight, status.last_completed_seq)
+        });
+        let (took, in_flight, last_completed) = seen[0];
+        assert!(took < Duration::from_millis(3), "the pass took {took:?} of host time: a query per Work");
+        assert_eq!((in_flight, last_completed), (0, Some(OPS)), "every Work retired, the last one's completion noted");
+    }
+
+    #[test]
     fn the_op_that_wakes_an_idle_watchdog_gets_its_first_pass_a_period_later() {
         // The first op after an idle spell wakes the watchdog, which then passes a period later, as a running one
         // would, rather than at once beside the burst of ops that op starts.
