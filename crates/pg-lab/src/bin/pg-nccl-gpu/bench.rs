@@ -657,20 +657,12 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<HostCosts, String> {
     // One event re-recorded (its driver state hot) against a ring of them (each record touches another event),
     // with the GPU idle and with every record pending behind a spin on the comm stream.
     let ring: Vec<pg_nccl::Event> = (0..256).map(|_| device.create_event()).collect();
+    let wide: Vec<pg_nccl::Event> = (0..4096).map(|_| device.create_event()).collect();
     let one = device.create_event();
-    let mut next = 0;
-    let mut record_ring = || {
-        next = (next + 1) % ring.len();
-        ring[next].record(&comm_stream).map_err(e)
-    };
+    let mut record_ring = ring_recorder(&ring, &comm_stream);
     let rerecord_idle = measure(&mut || one.record(&comm_stream).map_err(e))?;
     let ring_idle = measure(&mut record_ring)?;
-    let wide: Vec<pg_nccl::Event> = (0..4096).map(|_| device.create_event()).collect();
-    let mut next_wide = 0;
-    let ring_4096_idle = measure(&mut || {
-        next_wide = (next_wide + 1) % wide.len();
-        wide[next_wide].record(&comm_stream).map_err(e)
-    })?;
+    let ring_4096_idle = measure(&mut ring_recorder(&wide, &comm_stream))?;
     device.synchronize().map_err(e)?;
     // Behind the spin, one record per event of the ring, few enough that none waits for room in the stream's queue.
     const BEHIND_SPIN: usize = 256;
@@ -695,6 +687,15 @@ fn host_costs(ctx: &Rank, pg: &Group) -> Result<HostCosts, String> {
         stream_wait_event: wait,
         timer,
     })
+}
+
+/// Records each of `events` in turn on `stream`, one per call.
+fn ring_recorder<'a>(events: &'a [pg_nccl::Event], stream: &'a Stream) -> impl FnMut() -> Result<(), String> + 'a {
+    let mut next = 0;
+    move || {
+        next = (next + 1) % events.len();
+        events[next].record(stream).map_err(e)
+    }
 }
 
 #[cfg(test)]
